@@ -1,0 +1,53 @@
+//! Settings, from environment variables or the matching `--flags` (DESIGN §8).
+
+use std::net::SocketAddr;
+
+use clap::Parser;
+use shared::telemetry::LogFormat;
+
+/// catalog-service settings. `--help` lists each with its variable and default.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "catalog-service",
+    version,
+    about = "The catalog downstream, with fault injection on an admin port"
+)]
+pub struct Config {
+    /// Public address: GET /catalog/{sku}, /metrics, /healthz.
+    #[arg(long, env = "CATALOG_LISTEN_ADDR", default_value = "127.0.0.1:8081")]
+    pub listen_addr: SocketAddr,
+
+    /// Admin address, the only place the fault API is served. Keep it on loopback.
+    #[arg(long, env = "CATALOG_ADMIN_ADDR", default_value = "127.0.0.1:9081")]
+    pub admin_addr: SocketAddr,
+
+    /// The largest budget this service grants, whatever the caller asks for.
+    #[arg(long, env = "DEADLINE_MAX_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub deadline_max_ms: u64,
+
+    /// The budget of a request without X-Request-Timeout-Ms (clamped to the maximum).
+    #[arg(long, env = "DEADLINE_DEFAULT_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub deadline_default_ms: u64,
+
+    /// A delay injected into every catalog answer from start-up.
+    #[arg(long, env = "CATALOG_FAULT_DELAY_MS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=crate::faults::MAX_DELAY_MS))]
+    pub fault_delay_ms: u64,
+
+    /// Log format: readable text, or JSON lines.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    /// Settings for tests: both ports picked by the OS, defaults otherwise.
+    pub fn for_tests() -> Self {
+        Self::parse_from([
+            "catalog-service",
+            "--listen-addr=127.0.0.1:0",
+            "--admin-addr=127.0.0.1:0",
+        ])
+    }
+}

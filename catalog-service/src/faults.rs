@@ -1,0 +1,103 @@
+//! The fault injector: what the load experiment uses to make the catalog slow.
+//!
+//! The delay is an ordinary `sleep` inside the handler. That is the point: the ingress
+//! layer bounds the handler by the request's deadline, so a 1 s delay under a 300 ms
+//! budget is cut at 300 ms with a 504, and when the caller disconnects hyper drops the
+//! handler's future, which ends the sleep. A real slow dependency behaves the same way
+//! when its I/O runs under the deadline.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use shared::Problem;
+
+/// The largest delay or jitter the admin API accepts, in milliseconds.
+pub const MAX_DELAY_MS: u64 = 60_000;
+
+/// What to inject into each catalog answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultConfig {
+    /// Fixed delay before answering.
+    #[serde(default)]
+    pub delay_ms: u64,
+    /// Extra random delay, uniform in `0..=jitter_ms`.
+    #[serde(default)]
+    pub jitter_ms: u64,
+    /// Share of answers that fail with 500, from 0.0 to 1.0.
+    #[serde(default)]
+    pub error_rate: f64,
+}
+
+impl FaultConfig {
+    /// Checks the ranges serde cannot express; the message names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.delay_ms > MAX_DELAY_MS {
+            return Err(format!("delay_ms must be at most {MAX_DELAY_MS}"));
+        }
+        if self.jitter_ms > MAX_DELAY_MS {
+            return Err(format!("jitter_ms must be at most {MAX_DELAY_MS}"));
+        }
+        if !(0.0..=1.0).contains(&self.error_rate) {
+            return Err("error_rate must be between 0.0 and 1.0".to_owned());
+        }
+        Ok(())
+    }
+}
+
+/// The current faults, shared by the public handler and the admin API.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    current: Arc<RwLock<FaultConfig>>,
+}
+
+impl Faults {
+    /// Faults that start as `initial`.
+    pub fn new(initial: FaultConfig) -> Self {
+        Self {
+            current: Arc::new(RwLock::new(initial)),
+        }
+    }
+
+    /// The faults in force.
+    pub fn get(&self) -> FaultConfig {
+        *self
+            .current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Replaces the faults.
+    pub fn set(&self, config: FaultConfig) {
+        *self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = config;
+    }
+
+    /// Applies the faults to one request: sleeps, then maybe fails.
+    pub async fn inject(&self) -> Result<(), Problem> {
+        let config = self.get();
+        let (delay, fail) = {
+            let mut rng = rand::rng();
+            let jitter = if config.jitter_ms > 0 {
+                rng.random_range(0..=config.jitter_ms)
+            } else {
+                0
+            };
+            (
+                Duration::from_millis(config.delay_ms + jitter),
+                config.error_rate > 0.0 && rng.random_bool(config.error_rate),
+            )
+        };
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        if fail {
+            return Err(Problem::internal("injected fault"));
+        }
+        Ok(())
+    }
+}

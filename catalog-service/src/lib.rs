@@ -1,0 +1,113 @@
+//! catalog-service: the downstream of the demo, a catalog that can be made slow on demand.
+//!
+//! # Module map
+//!
+//! - [`config`]: settings from the environment and `--flags`.
+//! - [`catalog`]: the 1000 deterministic items `SKU-00001` ... `SKU-01000`.
+//! - [`faults`]: the fault injector (delay, jitter, error rate). It runs inside the
+//!   request's deadline, so an injected 1 s delay under a 300 ms budget ends at 300 ms
+//!   with a 504, and it stops as soon as the caller goes away.
+//! - [`admin`]: `GET|PUT|DELETE /admin/faults`, served only on the admin address.
+//! - [`routes`]: the public API, `GET /catalog/{sku}`.
+//!
+//! The service clamps budgets with its own maximum (defence in depth): a caller that
+//! sends no budget, like orders-service in legacy mode, is limited only by that maximum.
+
+pub mod admin;
+pub mod catalog;
+pub mod config;
+pub mod faults;
+pub mod routes;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use shared::metrics::Metrics;
+use shared::server::{ServerOptions, serve};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use config::Config;
+pub use faults::{FaultConfig, Faults};
+
+/// A built, bound catalog-service, not yet serving.
+pub struct Application {
+    public: TcpListener,
+    admin: TcpListener,
+    port: u16,
+    admin_port: u16,
+    faults: Faults,
+    metrics: Metrics,
+    drain_timeout: Duration,
+    config: Config,
+}
+
+impl Application {
+    /// Binds both listeners (port 0 picks a free port, as tests do) and builds the state.
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let public = bind(config.listen_addr, "CATALOG_LISTEN_ADDR").await?;
+        let admin = bind(config.admin_addr, "CATALOG_ADMIN_ADDR").await?;
+        let faults = Faults::new(FaultConfig {
+            delay_ms: config.fault_delay_ms,
+            ..FaultConfig::default()
+        });
+        Ok(Self {
+            port: public.local_addr()?.port(),
+            admin_port: admin.local_addr()?.port(),
+            public,
+            admin,
+            faults,
+            metrics: Metrics::new("catalog-service"),
+            drain_timeout: Duration::from_millis(config.deadline_max_ms) + Duration::from_secs(1),
+            config,
+        })
+    }
+
+    /// The public port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The admin port.
+    pub fn admin_port(&self) -> u16 {
+        self.admin_port
+    }
+
+    /// The fault injector, shared with the admin API.
+    pub fn faults(&self) -> Faults {
+        self.faults.clone()
+    }
+
+    /// This service's metrics.
+    pub fn metrics(&self) -> Metrics {
+        self.metrics.clone()
+    }
+
+    /// Serves both ports until `shutdown` resolves, then drains in-flight requests.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) {
+        let stop = CancellationToken::new();
+        let trigger = stop.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            trigger.cancel();
+        });
+        let options = ServerOptions {
+            drain_timeout: self.drain_timeout,
+            ..ServerOptions::default()
+        };
+        let public = routes::router(&self.config, self.faults.clone(), self.metrics.clone());
+        let admin = admin::router(self.faults.clone());
+        tokio::join!(
+            serve(self.public, public, stop.clone().cancelled_owned(), options),
+            serve(self.admin, admin, stop.cancelled_owned(), options),
+        );
+    }
+}
+
+async fn bind(addr: SocketAddr, variable: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} ({variable})"))
+}

@@ -1,0 +1,18 @@
+//! catalog-service: see the crate docs in `lib.rs`.
+
+use catalog_service::{Application, Config};
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = Config::parse();
+    shared::telemetry::init(config.log_format);
+    let app = Application::build(config).await?;
+    tracing::info!(
+        port = app.port(),
+        admin_port = app.admin_port(),
+        "catalog-service listening"
+    );
+    app.run_until(shared::server::shutdown_signal()).await;
+    Ok(())
+}

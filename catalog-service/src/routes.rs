@@ -1,0 +1,42 @@
+//! The public API: `GET /catalog/{sku}`, `/metrics`, `/healthz`.
+
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::routing::get;
+use axum::{Json, Router, middleware};
+use shared::metrics::{Metrics, track_http};
+use shared::{Deadline, DeadlineLayer, DeadlinePolicy, Problem};
+
+use crate::catalog::{self, Item};
+use crate::config::Config;
+use crate::faults::Faults;
+
+/// The public router. The admin API is deliberately absent: it lives on its own port.
+pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
+    let policy = DeadlinePolicy::new(
+        Duration::from_millis(config.deadline_max_ms),
+        Duration::from_millis(config.deadline_default_ms),
+    );
+    Router::new()
+        .route("/catalog/{sku}", get(get_item))
+        .with_state(faults)
+        .route("/healthz", get(|| async { "ok" }))
+        // route_layer: both see the matched route; metrics sit outside the deadline so
+        // requests cut at their deadline are measured too.
+        .route_layer(DeadlineLayer::new(policy).metrics(metrics.deadline().clone()))
+        .route_layer(middleware::from_fn_with_state(metrics.clone(), track_http))
+        .merge(metrics.router())
+}
+
+/// One catalog item, after the injected faults.
+async fn get_item(
+    State(faults): State<Faults>,
+    _deadline: Deadline,
+    Path(sku): Path<String>,
+) -> Result<Json<Item>, Problem> {
+    faults.inject().await?;
+    catalog::lookup(&sku)
+        .map(Json)
+        .ok_or_else(|| Problem::not_found(format!("no catalog item {sku:?}")))
+}

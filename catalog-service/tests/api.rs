@@ -1,0 +1,348 @@
+//! catalog-service over real HTTP on port 0.
+
+use std::time::Duration;
+
+use catalog_service::{Application, Config, FaultConfig, Faults};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use shared::metrics::Metrics;
+use test_support::{Running, metric_value, wait_until};
+use tokio::time::Instant;
+
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+struct TestApp {
+    base: String,
+    admin: String,
+    faults: Faults,
+    metrics: Metrics,
+    client: reqwest::Client,
+    _running: Running,
+}
+
+async fn spawn_app() -> TestApp {
+    spawn_app_with(Config::for_tests()).await
+}
+
+async fn spawn_app_with(config: Config) -> TestApp {
+    let app = Application::build(config).await.expect("catalog builds");
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let admin = format!("http://127.0.0.1:{}", app.admin_port());
+    let (faults, metrics) = (app.faults(), app.metrics());
+    TestApp {
+        base,
+        admin,
+        faults,
+        metrics,
+        client: reqwest::Client::new(),
+        _running: test_support::spawn(|shutdown| app.run_until(shutdown)),
+    }
+}
+
+impl TestApp {
+    async fn get_item(&self, sku: &str, budget_ms: Option<u64>) -> reqwest::Response {
+        let mut request = self.client.get(format!("{}/catalog/{sku}", self.base));
+        if let Some(ms) = budget_ms {
+            request = request.header("X-Request-Timeout-Ms", ms);
+        }
+        request.send().await.expect("request sent")
+    }
+
+    fn in_flight(&self) -> f64 {
+        metric_value(
+            &self.metrics.render(),
+            "http_server_requests_in_flight",
+            r#"uri="/catalog/{sku}""#,
+        )
+        .unwrap_or(0.0)
+    }
+}
+
+#[tokio::test]
+async fn a_known_sku_returns_its_item() {
+    let app = spawn_app().await;
+    let response = app.get_item("SKU-00042", None).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.headers().contains_key("server-timing"));
+    let item: Value = response.json().await.unwrap();
+    assert_eq!(item["sku"], "SKU-00042");
+    assert!(item["price_cents"].as_u64().unwrap() > 0);
+}
+
+#[tokio::test]
+async fn an_unknown_sku_is_a_404_problem() {
+    let app = spawn_app().await;
+    let response = app.get_item("SKU-99999", None).await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+}
+
+#[tokio::test]
+async fn a_1s_injected_delay_under_a_300ms_budget_ends_with_a_504_within_400ms() {
+    let app = spawn_app().await;
+    app.faults.set(FaultConfig {
+        delay_ms: 1000,
+        ..FaultConfig::default()
+    });
+    let started = Instant::now();
+    let response = app.get_item("SKU-00001", Some(300)).await;
+    let took = started.elapsed();
+    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert!(took >= MS(300) && took < MS(400), "answered after {took:?}");
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["stage"], "ingress");
+    assert_eq!(problem["budget_ms"], 300);
+}
+
+#[tokio::test]
+async fn a_budget_above_the_maximum_is_clamped_to_it() {
+    let mut config = Config::for_tests();
+    config.deadline_max_ms = 200;
+    let app = spawn_app_with(config).await;
+    app.faults.set(FaultConfig {
+        delay_ms: 1000,
+        ..FaultConfig::default()
+    });
+    let started = Instant::now();
+    let response = app.get_item("SKU-00001", Some(60_000)).await;
+    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert!(started.elapsed() < MS(300), "took {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_mid_delay_stops_the_work() {
+    let app = spawn_app().await;
+    app.faults.set(FaultConfig {
+        delay_ms: 3000,
+        ..FaultConfig::default()
+    });
+    let client = reqwest::Client::builder().timeout(MS(300)).build().unwrap();
+    let url = format!("{}/catalog/SKU-00001", app.base);
+    let request = tokio::spawn(async move { client.get(url).send().await });
+    wait_until("the request is in flight", MS(2000), || async {
+        app.in_flight() == 1.0
+    })
+    .await;
+    let started = Instant::now();
+    assert!(
+        request.await.unwrap().is_err(),
+        "the client gave up at 300 ms"
+    );
+    // The handler's 3 s sleep must end with the connection, not at 3 s.
+    wait_until("in-flight returns to 0", MS(1000), || async {
+        app.in_flight() == 0.0
+    })
+    .await;
+    assert!(started.elapsed() < MS(1000));
+}
+
+#[tokio::test]
+async fn the_admin_api_is_not_served_on_the_public_port() {
+    let app = spawn_app().await;
+    for method in [
+        reqwest::Method::GET,
+        reqwest::Method::PUT,
+        reqwest::Method::DELETE,
+    ] {
+        let response = app
+            .client
+            .request(method.clone(), format!("{}/admin/faults", app.base))
+            .json(&json!({"delay_ms": 5000}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND, "{method}");
+    }
+    assert_eq!(app.faults.get(), FaultConfig::default());
+}
+
+#[tokio::test]
+async fn the_admin_api_sets_reads_and_resets_faults() {
+    let app = spawn_app().await;
+    let url = format!("{}/admin/faults", app.admin);
+    let set = json!({"delay_ms": 1000, "jitter_ms": 50, "error_rate": 0.25});
+    let response = app.client.put(&url).json(&set).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let read: Value = app
+        .client
+        .get(&url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(read, set);
+    let response = app.client.delete(&url).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    assert_eq!(app.faults.get(), FaultConfig::default());
+}
+
+#[tokio::test]
+async fn bad_admin_input_is_rejected_and_changes_nothing() {
+    let app = spawn_app().await;
+    let url = format!("{}/admin/faults", app.admin);
+    let cases: [(&str, &str, StatusCode); 7] = [
+        ("application/json", "{not json", StatusCode::BAD_REQUEST),
+        (
+            "application/json",
+            r#"{"delay_ms": -5}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "application/json",
+            r#"{"delay_ms": 60001}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "application/json",
+            r#"{"error_rate": 1.5}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "application/json",
+            r#"{"error_rate": -0.1}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "application/json",
+            r#"{"delay": 5}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "text/plain",
+            r#"{"delay_ms": 5}"#,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+    ];
+    for (content_type, body, expected) in cases {
+        let response = app
+            .client
+            .put(&url)
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), expected, "{body}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
+        let problem: Value = response.json().await.unwrap();
+        assert!(!problem["detail"].as_str().unwrap().is_empty());
+    }
+    assert_eq!(app.faults.get(), FaultConfig::default());
+}
+
+#[tokio::test]
+async fn the_start_up_fault_delay_applies_to_every_answer() {
+    let mut config = Config::for_tests();
+    config.fault_delay_ms = 200;
+    let app = spawn_app_with(config).await;
+    let started = Instant::now();
+    assert_eq!(
+        app.get_item("SKU-00001", None).await.status(),
+        StatusCode::OK
+    );
+    assert!(started.elapsed() >= MS(200));
+}
+
+#[tokio::test]
+async fn an_injected_error_rate_of_one_fails_every_call_with_a_500_problem() {
+    let app = spawn_app().await;
+    app.faults.set(FaultConfig {
+        error_rate: 1.0,
+        ..FaultConfig::default()
+    });
+    let response = app.get_item("SKU-00001", None).await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["detail"], "internal error");
+}
+
+#[tokio::test]
+async fn healthz_answers_and_metrics_are_exposed() {
+    let app = spawn_app().await;
+    let health = app
+        .client
+        .get(format!("{}/healthz", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    app.get_item("SKU-00001", None).await;
+    let metrics = app
+        .client
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains(r#"http_server_requests_seconds_count{method="GET",uri="/catalog/{sku}",status="200"} 1"#), "{metrics}");
+}
+
+#[test]
+fn an_invalid_setting_stops_start_up_with_a_message_naming_the_variable() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_catalog-service"))
+        .env("DEADLINE_MAX_MS", "soon")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("DEADLINE_MAX_MS"), "{stderr}");
+}
+
+#[test]
+fn help_documents_every_setting_with_its_default() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_catalog-service"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for variable in [
+        "CATALOG_LISTEN_ADDR",
+        "CATALOG_ADMIN_ADDR",
+        "DEADLINE_MAX_MS",
+        "DEADLINE_DEFAULT_MS",
+        "CATALOG_FAULT_DELAY_MS",
+    ] {
+        assert!(
+            help.contains(&format!("env: {variable}")),
+            "{variable} missing:\n{help}"
+        );
+    }
+    assert!(help.contains("[default: 5000]"));
+}
+
+#[tokio::test]
+async fn shutdown_drains_an_in_flight_request() {
+    let app = Application::build(Config::for_tests()).await.unwrap();
+    let base = format!("http://127.0.0.1:{}", app.port());
+    app.faults().set(FaultConfig {
+        delay_ms: 300,
+        ..FaultConfig::default()
+    });
+    let metrics = app.metrics();
+    let running = test_support::spawn(|shutdown| app.run_until(shutdown));
+    let request = tokio::spawn(async move {
+        reqwest::get(format!("{base}/catalog/SKU-00001"))
+            .await
+            .map(|r| r.status())
+    });
+    wait_until("the request is in flight", MS(2000), || async {
+        metric_value(
+            &metrics.render(),
+            "http_server_requests_in_flight",
+            r#"uri="/catalog/{sku}""#,
+        ) == Some(1.0)
+    })
+    .await;
+    running.shutdown().await;
+    assert_eq!(request.await.unwrap().unwrap(), StatusCode::OK);
+}

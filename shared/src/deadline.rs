@@ -1,0 +1,326 @@
+//! The [`Deadline`]: an absolute instant by which a request must be answered.
+//!
+//! Why absolute: a relative timeout ("300 ms") handed to each step in turn lets every step
+//! spend the full amount, so three steps under "300 ms" can take 900 ms. An instant on the
+//! monotonic clock is shared by every step, and each step gets only what is left.
+//!
+//! Why `tokio::time::Instant`: it is monotonic (wall-clock jumps cannot stretch a budget)
+//! and it follows `tokio::time::pause()`, so the time logic is tested without sleeping.
+
+use std::future::IntoFuture;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::stage::Stage;
+use crate::timing::StageLog;
+
+/// How an ingress turns a client's requested budget into an accepted one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeadlinePolicy {
+    /// The most this service ever grants, whatever the client asks for. Without it a
+    /// client asking for 60 s would hold a worker, a pool slot and a database connection
+    /// for 60 s.
+    pub max: Duration,
+    /// The budget of a request that sends no header.
+    pub default: Duration,
+}
+
+impl DeadlinePolicy {
+    /// The smallest budget ever granted: a request always gets one chance to run.
+    pub const MIN: Duration = Duration::from_millis(1);
+
+    /// A policy; `default` is itself clamped to `max`.
+    pub fn new(max: Duration, default: Duration) -> Self {
+        let max = max.max(Self::MIN);
+        Self {
+            max,
+            default: default.clamp(Self::MIN, max),
+        }
+    }
+
+    /// The budget to accept: `clamp(requested, 1 ms, max)`, or the default when absent.
+    /// The flag says whether the request was clamped, which is counted.
+    pub fn accept(&self, requested: Option<Duration>) -> (Duration, bool) {
+        match requested {
+            None => (self.default, false),
+            Some(asked) => {
+                let accepted = asked.clamp(Self::MIN, self.max);
+                (accepted, accepted != asked)
+            }
+        }
+    }
+}
+
+/// The budget ran out before or during `stage`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("deadline exceeded in stage {stage} after {elapsed:?} of a {budget:?} budget")]
+pub struct DeadlineExceeded {
+    /// Where the budget ran out.
+    pub stage: Stage,
+    /// The budget the request was granted at the ingress.
+    pub budget: Duration,
+    /// Time since the ingress accepted the request.
+    pub elapsed: Duration,
+}
+
+/// An absolute deadline plus the budget it was created with.
+///
+/// Cheap to clone; clones (and [children](Deadline::child)) share one [`StageLog`], so the
+/// time every stage took ends up in the response's `Server-Timing` header.
+#[derive(Clone, Debug)]
+pub struct Deadline {
+    started: Instant,
+    at: Instant,
+    budget: Duration,
+    log: Arc<StageLog>,
+}
+
+impl Deadline {
+    /// A deadline `budget` from now, with a log of its own.
+    pub fn after(budget: Duration) -> Self {
+        Self::with_log(budget, Arc::new(StageLog::default()))
+    }
+
+    /// A deadline `budget` from now that records its stages into `log`.
+    pub fn with_log(budget: Duration, log: Arc<StageLog>) -> Self {
+        let started = Instant::now();
+        Self {
+            started,
+            at: started + budget,
+            budget,
+            log,
+        }
+    }
+
+    /// The ingress constructor: applies `policy` to the requested budget. Returns the
+    /// deadline and whether the request was clamped.
+    pub fn inbound(requested: Option<Duration>, policy: &DeadlinePolicy) -> (Self, bool) {
+        let (budget, clamped) = policy.accept(requested);
+        (Self::after(budget), clamped)
+    }
+
+    /// The instant by which the work must be done.
+    pub fn instant(&self) -> Instant {
+        self.at
+    }
+
+    /// The budget accepted at the ingress (for a child: its own, smaller budget).
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// Time spent since the deadline was created.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// What is left; zero once the deadline has passed, never negative.
+    pub fn remaining(&self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
+    }
+
+    /// True once nothing is left. No new I/O may start after this.
+    pub fn is_expired(&self) -> bool {
+        Instant::now() >= self.at
+    }
+
+    /// The budget to send downstream: `max(1, remaining - reserve)` milliseconds.
+    ///
+    /// The reserve leaves this hop time to turn the downstream's answer into its own. The
+    /// floor of 1 ms keeps the header valid; a downstream handed 1 ms answers 504 at once,
+    /// which is the truth.
+    pub fn outbound_millis(&self, reserve: Duration) -> u64 {
+        let ms = self.remaining().saturating_sub(reserve).as_millis();
+        u64::try_from(ms).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// A deadline for a sub-task that may take at most `cap`: the earlier of this
+    /// deadline and now + `cap`. A child never outlives its parent.
+    pub fn child(&self, cap: Duration) -> Self {
+        let now = Instant::now();
+        let at = self.at.min(now + cap);
+        Self {
+            started: now,
+            at,
+            budget: at.saturating_duration_since(now),
+            log: Arc::clone(&self.log),
+        }
+    }
+
+    /// The log that records this request's stages.
+    pub fn log(&self) -> &Arc<StageLog> {
+        &self.log
+    }
+
+    /// Describes the budget as spent so far, for errors raised outside [`run`](Self::run).
+    pub fn exceeded(&self, stage: Stage) -> DeadlineExceeded {
+        self.log.count_exceeded(stage);
+        DeadlineExceeded {
+            stage,
+            budget: self.budget,
+            elapsed: self.elapsed(),
+        }
+    }
+
+    /// Runs one I/O step under what is left of the budget.
+    ///
+    /// This is the one rule of the technique in code: if nothing is left, the step is
+    /// never started (a future that is never polled does no I/O); otherwise it is
+    /// raced against the deadline and dropped when the deadline fires. Dropping the
+    /// future is what cancels its work: a reqwest future closes its connection, a
+    /// semaphore waiter leaves the queue. The time the step took is logged under
+    /// `stage` for `Server-Timing` and the metrics.
+    pub async fn run<F>(&self, stage: Stage, step: F) -> Result<F::Output, DeadlineExceeded>
+    where
+        F: IntoFuture,
+    {
+        let remaining = self.remaining();
+        self.log.observe_start(stage, remaining);
+        if remaining.is_zero() {
+            return Err(self.exceeded(stage));
+        }
+        let span = tracing::info_span!(
+            "stage",
+            stage = stage.as_str(),
+            deadline.budget_ms = self.budget.as_millis() as u64,
+            deadline.remaining_ms = remaining.as_millis() as u64,
+            outcome = tracing::field::Empty,
+        );
+        let started = Instant::now();
+        let outcome = tokio::time::timeout_at(self.at, step.into_future())
+            .instrument(span.clone())
+            .await;
+        self.log.record(stage, started.elapsed());
+        match outcome {
+            Ok(output) => Ok(output),
+            Err(_elapsed) => {
+                span.record("outcome", "deadline_exceeded");
+                Err(self.exceeded(stage))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    fn policy() -> DeadlinePolicy {
+        DeadlinePolicy::new(MS(500), MS(300))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_budget_above_the_maximum_is_clamped_to_it() {
+        let (deadline, clamped) = Deadline::inbound(Some(MS(60_000)), &policy());
+        assert_eq!(deadline.budget(), MS(500));
+        assert_eq!(deadline.remaining(), MS(500));
+        assert!(clamped);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_zero_budget_is_raised_to_one_millisecond() {
+        let (deadline, clamped) = Deadline::inbound(Some(MS(0)), &policy());
+        assert_eq!(deadline.budget(), MS(1));
+        assert!(clamped);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_budget_within_bounds_is_kept_and_not_counted_as_clamped() {
+        let (deadline, clamped) = Deadline::inbound(Some(MS(250)), &policy());
+        assert_eq!(deadline.budget(), MS(250));
+        assert!(!clamped);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_absent_budget_gets_the_default() {
+        let (deadline, clamped) = Deadline::inbound(None, &policy());
+        assert_eq!(deadline.budget(), MS(300));
+        assert!(!clamped);
+    }
+
+    #[test]
+    fn a_default_above_the_maximum_is_clamped_too() {
+        assert_eq!(DeadlinePolicy::new(MS(100), MS(5000)).default, MS(100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn remaining_saturates_at_zero() {
+        let deadline = Deadline::after(MS(100));
+        tokio::time::advance(MS(60)).await;
+        assert_eq!(deadline.remaining(), MS(40));
+        assert!(!deadline.is_expired());
+        tokio::time::advance(MS(500)).await;
+        assert_eq!(deadline.remaining(), Duration::ZERO);
+        assert!(deadline.is_expired());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_outbound_header_subtracts_the_reserve_and_is_never_below_one() {
+        let deadline = Deadline::after(MS(300));
+        assert_eq!(deadline.outbound_millis(MS(5)), 295);
+        tokio::time::advance(MS(297)).await;
+        assert_eq!(deadline.outbound_millis(MS(5)), 1);
+        tokio::time::advance(MS(10)).await;
+        assert_eq!(deadline.outbound_millis(MS(5)), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_child_never_outlives_its_parent() {
+        let parent = Deadline::after(MS(1000));
+        let short = parent.child(MS(800));
+        assert_eq!(short.instant(), parent.instant() - MS(200));
+        tokio::time::advance(MS(600)).await;
+        let late = parent.child(MS(800));
+        assert_eq!(late.instant(), parent.instant());
+        assert_eq!(late.budget(), MS(400));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn run_cuts_a_slow_step_at_the_deadline() {
+        let deadline = Deadline::after(MS(300));
+        let result = deadline
+            .run(Stage::Catalog, tokio::time::sleep(MS(1000)))
+            .await;
+        let err = result.expect_err("a 1 s step under 300 ms must time out");
+        assert_eq!(err.stage, Stage::Catalog);
+        assert_eq!(err.elapsed, MS(300));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn run_never_starts_a_step_once_the_deadline_has_passed() {
+        let deadline = Deadline::after(MS(10));
+        tokio::time::advance(MS(10)).await;
+        let started = std::sync::atomic::AtomicBool::new(false);
+        let result = deadline
+            .run(Stage::Db, async {
+                started.store(true, std::sync::atomic::Ordering::SeqCst);
+            })
+            .await;
+        assert_eq!(result.map_err(|e| e.stage), Err(Stage::Db));
+        assert!(!started.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn run_records_each_stage_in_the_shared_log() {
+        let deadline = Deadline::after(MS(1000));
+        let child = deadline.child(MS(100));
+        deadline
+            .run(Stage::Catalog, tokio::time::sleep(MS(20)))
+            .await
+            .unwrap();
+        child
+            .run(Stage::Tool, tokio::time::sleep(MS(5)))
+            .await
+            .unwrap();
+        let entries = deadline.log().entries();
+        assert_eq!(
+            entries,
+            vec![(Stage::Catalog, MS(20)), (Stage::Tool, MS(5))]
+        );
+    }
+}

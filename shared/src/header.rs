@@ -1,0 +1,182 @@
+//! Parsing the `X-Request-Timeout-Ms` header (DESIGN §3).
+//!
+//! The value is the caller's *remaining* budget in milliseconds, relative, so the clocks
+//! of two hosts never need to agree. Parsing tells three cases apart, like tonic's
+//! `grpc-timeout`: absent (use the default), valid, and invalid (answer 400). Anything
+//! that is not a plain run of ASCII digits is invalid: a sign, a fraction, an exponent,
+//! a hex prefix, non-ASCII digits, or more digits than a `u64` holds. The digit count is
+//! capped before parsing so a hostile header costs nothing, and nothing here can panic.
+
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName};
+
+/// The budget header, lower-case as HTTP/2 and `http` spell it.
+pub const REQUEST_TIMEOUT_HEADER: HeaderName = HeaderName::from_static("x-request-timeout-ms");
+
+/// How the header is spelled in messages, for humans.
+pub const REQUEST_TIMEOUT_HEADER_DISPLAY: &str = "X-Request-Timeout-Ms";
+
+/// `u64::MAX` has 20 decimal digits; a longer value cannot fit and is not parsed at all.
+const MAX_DIGITS: usize = 20;
+
+/// Why a budget header was refused. The message names the header so the client knows
+/// which of its inputs was wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidTimeout {
+    /// The header is present but holds nothing but whitespace.
+    #[error("{REQUEST_TIMEOUT_HEADER_DISPLAY} is empty; send a whole number of milliseconds")]
+    Empty,
+    /// Something other than ASCII digits (a sign, a dot, an exponent, letters).
+    #[error("{REQUEST_TIMEOUT_HEADER_DISPLAY} must be a whole number of milliseconds, got {0:?}")]
+    NotAnInteger(String),
+    /// More digits than a `u64` can hold.
+    #[error("{REQUEST_TIMEOUT_HEADER_DISPLAY} is too large to be a number of milliseconds")]
+    TooLarge,
+    /// The header appears more than once with values that disagree.
+    #[error("{REQUEST_TIMEOUT_HEADER_DISPLAY} is repeated with different values")]
+    Conflicting,
+}
+
+/// Reads the caller's budget from `headers`.
+///
+/// `Ok(None)` when the header is absent, `Ok(Some(budget))` for one valid value (or the
+/// same value repeated), `Err` otherwise. Zero is valid here; the clamp raises it to 1 ms.
+pub fn parse_request_timeout(headers: &HeaderMap) -> Result<Option<Duration>, InvalidTimeout> {
+    let mut parsed: Option<u64> = None;
+    for value in headers.get_all(&REQUEST_TIMEOUT_HEADER) {
+        let ms = parse_millis(value.as_bytes())?;
+        match parsed {
+            Some(previous) if previous != ms => return Err(InvalidTimeout::Conflicting),
+            _ => parsed = Some(ms),
+        }
+    }
+    Ok(parsed.map(Duration::from_millis))
+}
+
+/// Parses one header value: optional surrounding spaces or tabs around ASCII digits.
+pub fn parse_millis(raw: &[u8]) -> Result<u64, InvalidTimeout> {
+    let digits = raw.trim_ascii();
+    if digits.is_empty() {
+        return Err(InvalidTimeout::Empty);
+    }
+    if !digits.iter().all(u8::is_ascii_digit) {
+        return Err(InvalidTimeout::NotAnInteger(
+            String::from_utf8_lossy(digits).chars().take(32).collect(),
+        ));
+    }
+    if digits.len() > MAX_DIGITS {
+        return Err(InvalidTimeout::TooLarge);
+    }
+    // Only ASCII digits remain, so the only possible failure is overflow.
+    digits.iter().try_fold(0u64, |acc, d| {
+        acc.checked_mul(10)
+            .and_then(|acc| acc.checked_add(u64::from(d - b'0')))
+            .ok_or(InvalidTimeout::TooLarge)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use proptest::prelude::*;
+
+    fn parse_one(raw: &[u8]) -> Result<Option<Duration>, InvalidTimeout> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            REQUEST_TIMEOUT_HEADER,
+            HeaderValue::from_bytes(raw).expect("test values are valid header bytes"),
+        );
+        parse_request_timeout(&headers)
+    }
+
+    #[test]
+    fn absent_header_is_none() {
+        assert_eq!(parse_request_timeout(&HeaderMap::new()), Ok(None));
+    }
+
+    #[test]
+    fn parse_table() {
+        let ms = |n| Ok(Some(Duration::from_millis(n)));
+        let not_int = |s: &str| Err(InvalidTimeout::NotAnInteger(s.to_owned()));
+        type Case = (&'static [u8], Result<Option<Duration>, InvalidTimeout>);
+        let cases: &[Case] = &[
+            (b"250", ms(250)),
+            (b" 250 ", ms(250)),
+            (b"\t250", ms(250)),
+            (b"0", ms(0)),
+            (b"0250", ms(250)),
+            (b"18446744073709551615", ms(u64::MAX)),
+            (b"", Err(InvalidTimeout::Empty)),
+            (b"   ", Err(InvalidTimeout::Empty)),
+            (b"abc", not_int("abc")),
+            (b"-5", not_int("-5")),
+            (b"+5", not_int("+5")),
+            (b"1.5", not_int("1.5")),
+            (b"1e3", not_int("1e3")),
+            (b"0x10", not_int("0x10")),
+            (b"2 50", not_int("2 50")),
+            (b"18446744073709551616", Err(InvalidTimeout::TooLarge)),
+            (b"99999999999999999999999", Err(InvalidTimeout::TooLarge)),
+            // Arabic-Indic and full-width digits are digits to Unicode, not to us.
+            ("٢٥٠".as_bytes(), not_int("٢٥٠")),
+            ("２５０".as_bytes(), not_int("２５０")),
+        ];
+        for (raw, expected) in cases {
+            assert_eq!(
+                &parse_one(raw),
+                expected,
+                "input {:?}",
+                String::from_utf8_lossy(raw)
+            );
+        }
+    }
+
+    #[test]
+    fn repeated_header_with_equal_values_is_accepted() {
+        let mut headers = HeaderMap::new();
+        headers.append(REQUEST_TIMEOUT_HEADER, HeaderValue::from_static("300"));
+        headers.append(REQUEST_TIMEOUT_HEADER, HeaderValue::from_static(" 300"));
+        assert_eq!(
+            parse_request_timeout(&headers),
+            Ok(Some(Duration::from_millis(300)))
+        );
+    }
+
+    #[test]
+    fn repeated_header_with_different_values_is_rejected() {
+        let mut headers = HeaderMap::new();
+        headers.append(REQUEST_TIMEOUT_HEADER, HeaderValue::from_static("300"));
+        headers.append(REQUEST_TIMEOUT_HEADER, HeaderValue::from_static("400"));
+        assert_eq!(
+            parse_request_timeout(&headers),
+            Err(InvalidTimeout::Conflicting)
+        );
+    }
+
+    #[test]
+    fn every_error_message_names_the_header() {
+        for err in [
+            InvalidTimeout::Empty,
+            InvalidTimeout::NotAnInteger("x".into()),
+            InvalidTimeout::TooLarge,
+            InvalidTimeout::Conflicting,
+        ] {
+            assert!(err.to_string().contains("X-Request-Timeout-Ms"), "{err}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(raw in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = parse_millis(&raw);
+        }
+
+        #[test]
+        fn any_u64_round_trips(n in any::<u64>(), pad in 0usize..3) {
+            let text = format!("{}{n}{}", " ".repeat(pad), "\t".repeat(pad));
+            prop_assert_eq!(parse_millis(text.as_bytes()), Ok(n));
+        }
+    }
+}

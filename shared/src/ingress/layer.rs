@@ -1,0 +1,63 @@
+//! [`DeadlineLayer`]: configuration only.
+
+use std::sync::Arc;
+
+use tower::Layer;
+
+use super::DeadlineMode;
+use super::service::DeadlineService;
+use crate::deadline::DeadlinePolicy;
+use crate::metrics::DeadlineMetrics;
+
+/// Wraps a service so that every request runs under a [`Deadline`](crate::Deadline).
+#[derive(Clone, Debug)]
+pub struct DeadlineLayer {
+    config: Arc<IngressConfig>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct IngressConfig {
+    pub(crate) policy: DeadlinePolicy,
+    pub(crate) mode: DeadlineMode,
+    pub(crate) metrics: Option<DeadlineMetrics>,
+}
+
+impl DeadlineLayer {
+    /// A layer that applies `policy` to every request.
+    pub fn new(policy: DeadlinePolicy) -> Self {
+        Self {
+            config: Arc::new(IngressConfig {
+                policy,
+                mode: DeadlineMode::Propagate,
+                metrics: None,
+            }),
+        }
+    }
+
+    /// Sets the mode; in [`DeadlineMode::Legacy`] the header is ignored and the handler
+    /// is not bounded, as in a service written without the technique.
+    pub fn mode(self, mode: DeadlineMode) -> Self {
+        self.map(|c| c.mode = mode)
+    }
+
+    /// Reports budgets, clamps, stage starts and expiries to `metrics`.
+    pub fn metrics(self, metrics: DeadlineMetrics) -> Self {
+        self.map(|c| c.metrics = Some(metrics))
+    }
+
+    fn map(self, f: impl FnOnce(&mut IngressConfig)) -> Self {
+        let mut config = Arc::unwrap_or_clone(self.config);
+        f(&mut config);
+        Self {
+            config: Arc::new(config),
+        }
+    }
+}
+
+impl<S> Layer<S> for DeadlineLayer {
+    type Service = DeadlineService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        DeadlineService::new(inner, Arc::clone(&self.config))
+    }
+}

@@ -1,0 +1,37 @@
+//! The ingress layer: where a client's budget becomes a [`Deadline`](crate::Deadline).
+//!
+//! For every request it
+//! 1. parses `X-Request-Timeout-Ms` (400 problem naming the header when invalid),
+//! 2. clamps the budget to the service's maximum and counts the clamp,
+//! 3. puts the `Deadline` into the request extensions (handlers take it as an argument),
+//! 4. races the handler against the deadline and answers 504 `ingress` when it loses,
+//! 5. adds `Server-Timing` with the stages the request went through.
+//!
+//! Like tower-http's middleware it *answers* (400, 504) instead of returning an error,
+//! which would make hyper drop the connection, and it keeps the inner error type.
+//!
+//! Laid out like tower's `timeout`: [`layer`] holds the configuration, [`service`] does
+//! the per-request work, [`future`] races the handler against the deadline.
+
+pub mod future;
+pub mod layer;
+pub mod service;
+
+pub use layer::DeadlineLayer;
+pub use service::DeadlineService;
+
+/// How an ingress treats budgets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum DeadlineMode {
+    /// Accept the client's budget (clamped), propagate it, answer 504 when it runs out.
+    #[default]
+    Propagate,
+    /// The "before" of the experiment: no ingress budget, fixed client timeouts, no
+    /// statement timeout. Everything else is identical so the comparison is fair.
+    Legacy,
+}
+
+impl DeadlineMode {
+    /// The fixed timeout legacy code uses where the technique would use the deadline.
+    pub const LEGACY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+}

@@ -1,0 +1,78 @@
+//! [`DeadlineService`]: builds the request's [`Deadline`] and starts the race.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::response::IntoResponse;
+use http::{Request, Response};
+use tower::Service;
+
+use super::DeadlineMode;
+use super::future::ResponseFuture;
+use super::layer::IngressConfig;
+use crate::deadline::Deadline;
+use crate::header::{REQUEST_TIMEOUT_HEADER_DISPLAY, parse_request_timeout};
+use crate::problem::Problem;
+use crate::stage::Stage;
+use crate::timing::StageLog;
+
+/// The service made by [`DeadlineLayer`](super::DeadlineLayer).
+#[derive(Clone, Debug)]
+pub struct DeadlineService<S> {
+    inner: S,
+    config: Arc<IngressConfig>,
+}
+
+impl<S> DeadlineService<S> {
+    pub(crate) fn new(inner: S, config: Arc<IngressConfig>) -> Self {
+        Self { inner, config }
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for DeadlineService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    ResBody::Error: Into<axum::BoxError>,
+{
+    type Response = axum::response::Response;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
+        let config = &self.config;
+        let log = Arc::new(match &config.metrics {
+            Some(metrics) => StageLog::with_metrics(metrics.clone()),
+            None => StageLog::default(),
+        });
+
+        if config.mode == DeadlineMode::Legacy {
+            // Handlers still get a Deadline to pass around, but nothing enforces it:
+            // the legacy components use their own fixed timeouts.
+            let deadline = Deadline::with_log(DeadlineMode::LEGACY_TIMEOUT, log);
+            request.extensions_mut().insert(deadline.clone());
+            return ResponseFuture::unbounded(self.inner.call(request), deadline);
+        }
+
+        let requested = match parse_request_timeout(request.headers()) {
+            Ok(requested) => requested,
+            Err(invalid) => {
+                let problem =
+                    Problem::invalid_header(REQUEST_TIMEOUT_HEADER_DISPLAY, invalid.to_string());
+                return ResponseFuture::reject(problem.into_response());
+            }
+        };
+        let (budget, clamped) = config.policy.accept(requested);
+        if let Some(metrics) = &config.metrics {
+            metrics.observe_inbound(budget, clamped);
+        }
+        let deadline = Deadline::with_log(budget, log);
+        deadline.log().observe_start(Stage::Ingress, budget);
+        request.extensions_mut().insert(deadline.clone());
+        ResponseFuture::bounded(self.inner.call(request), deadline)
+    }
+}

@@ -1,0 +1,379 @@
+//! The metric families, each registered under its contract name (DESIGN §7).
+//!
+//! prometheus-client appends `_total` to counters, so counters are registered without it.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::stage::Stage;
+
+/// Buckets from 1 ms to 10 s, dense around the budgets this project uses (300 ms to
+/// 2 s) so a p99 "within the budget" can be read off the histogram.
+const LATENCY_BUCKETS: [f64; 28] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4,
+    0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0,
+];
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RequestLabels {
+    pub(crate) method: String,
+    pub(crate) uri: String,
+    pub(crate) status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct UriLabel {
+    pub(crate) uri: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceLabel {
+    service: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceStage {
+    service: &'static str,
+    stage: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClientLabel {
+    client: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClientStatus {
+    client: &'static str,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClientReason {
+    client: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabels {
+    tool_name: String,
+    outcome: &'static str,
+}
+
+/// `http_server_requests_seconds` and `http_server_requests_in_flight`.
+#[derive(Clone, Debug)]
+pub struct HttpServerMetrics {
+    pub(crate) requests: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    pub(crate) in_flight: Family<UriLabel, Gauge>,
+}
+
+impl HttpServerMetrics {
+    pub(crate) fn register(registry: &mut Registry) -> Self {
+        let this = Self {
+            requests: Family::new_with_constructor(latency_histogram),
+            in_flight: Family::default(),
+        };
+        registry.register(
+            "http_server_requests_seconds",
+            "Server response time by method, route template and status",
+            this.requests.clone(),
+        );
+        registry.register(
+            "http_server_requests_in_flight",
+            "Requests being handled now, by route template",
+            this.in_flight.clone(),
+        );
+        this
+    }
+}
+
+/// The deadline families, labelled with the owning service.
+#[derive(Clone, Debug)]
+pub struct DeadlineMetrics {
+    service: &'static str,
+    inbound: Family<ServiceLabel, Histogram, fn() -> Histogram>,
+    clamped: Family<ServiceLabel, Counter>,
+    remaining: Family<ServiceStage, Histogram, fn() -> Histogram>,
+    exceeded: Family<ServiceStage, Counter>,
+}
+
+impl DeadlineMetrics {
+    pub(crate) fn register(registry: &mut Registry, service: &'static str) -> Self {
+        let this = Self {
+            service,
+            inbound: Family::new_with_constructor(latency_histogram),
+            clamped: Family::default(),
+            remaining: Family::new_with_constructor(latency_histogram),
+            exceeded: Family::default(),
+        };
+        registry.register(
+            "deadline_inbound_budget_seconds",
+            "Budget accepted at the ingress, after clamping",
+            this.inbound.clone(),
+        );
+        registry.register(
+            "deadline_clamped",
+            "Requests whose asked-for budget was clamped to [1 ms, max]",
+            this.clamped.clone(),
+        );
+        registry.register(
+            "deadline_remaining_seconds",
+            "Budget left when a stage starts",
+            this.remaining.clone(),
+        );
+        registry.register(
+            "deadline_exceeded",
+            "Budgets that ran out, by the stage they ran out in",
+            this.exceeded.clone(),
+        );
+        // Every stage shows up from the first scrape, so dashboards and rate() queries
+        // never see a series appear out of nowhere.
+        for stage in Stage::ALL {
+            let _ = this.exceeded.get_or_create(&this.stage_label(stage));
+        }
+        this
+    }
+
+    fn stage_label(&self, stage: Stage) -> ServiceStage {
+        ServiceStage {
+            service: self.service,
+            stage: stage.as_str(),
+        }
+    }
+
+    /// Records an accepted budget and whether it was clamped.
+    pub fn observe_inbound(&self, budget: Duration, clamped: bool) {
+        let label = ServiceLabel {
+            service: self.service,
+        };
+        self.inbound
+            .get_or_create(&label)
+            .observe(budget.as_secs_f64());
+        if clamped {
+            self.clamped.get_or_create(&label).inc();
+        }
+    }
+
+    /// Records the budget left as `stage` starts.
+    pub fn observe_remaining(&self, stage: Stage, remaining: Duration) {
+        self.remaining
+            .get_or_create(&self.stage_label(stage))
+            .observe(remaining.as_secs_f64());
+    }
+
+    /// Counts a budget that ran out in `stage`.
+    pub fn count_exceeded(&self, stage: Stage) {
+        self.exceeded.get_or_create(&self.stage_label(stage)).inc();
+    }
+}
+
+/// Why the bulkhead refused a call (`http_client_pool_rejections_total{reason}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RejectReason {
+    /// The pending queue was at its maximum.
+    QueueFull,
+    /// The wait for a slot passed the acquire timeout.
+    AcquireTimeout,
+    /// The request's own deadline ran out while waiting.
+    Deadline,
+}
+
+impl RejectReason {
+    fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::QueueFull => "queue_full",
+            RejectReason::AcquireTimeout => "acquire_timeout",
+            RejectReason::Deadline => "deadline",
+        }
+    }
+}
+
+/// The outbound client families for one named client.
+#[derive(Clone, Debug)]
+pub struct ClientMetrics {
+    requests: Family<ClientStatus, Histogram, fn() -> Histogram>,
+    pending: Family<ClientLabel, Gauge>,
+    active: Family<ClientLabel, Gauge>,
+    acquire: Family<ClientLabel, Histogram, fn() -> Histogram>,
+    rejections: Family<ClientReason, Counter>,
+}
+
+impl ClientMetrics {
+    pub(crate) fn register(registry: &mut Registry) -> Self {
+        let this = Self {
+            requests: Family::new_with_constructor(latency_histogram),
+            pending: Family::default(),
+            active: Family::default(),
+            acquire: Family::new_with_constructor(latency_histogram),
+            rejections: Family::default(),
+        };
+        registry.register(
+            "http_client_requests_seconds",
+            "Outbound call time (pool wait excluded) by status, or timeout/error",
+            this.requests.clone(),
+        );
+        registry.register(
+            "http_client_pool_pending_acquires",
+            "Calls waiting for a connection slot",
+            this.pending.clone(),
+        );
+        registry.register(
+            "http_client_pool_active_connections",
+            "Calls holding a connection slot",
+            this.active.clone(),
+        );
+        registry.register(
+            "http_client_pool_acquire_seconds",
+            "Time spent waiting for a connection slot",
+            this.acquire.clone(),
+        );
+        registry.register(
+            "http_client_pool_rejections",
+            "Calls refused by the pool, by reason",
+            this.rejections.clone(),
+        );
+        this
+    }
+
+    /// Makes the series of `client` exist before its first call.
+    pub fn init(&self, client: &'static str) {
+        let label = ClientLabel { client };
+        let _ = self.pending.get_or_create(&label);
+        let _ = self.active.get_or_create(&label);
+        let _ = self.acquire.get_or_create(&label);
+        for reason in [
+            RejectReason::QueueFull,
+            RejectReason::AcquireTimeout,
+            RejectReason::Deadline,
+        ] {
+            let _ = self.rejections.get_or_create(&ClientReason {
+                client,
+                reason: reason.as_str(),
+            });
+        }
+    }
+
+    /// Records one call's time and its status (`"200"`, `"timeout"`, `"error"`).
+    pub fn observe_request(&self, client: &'static str, status: &str, took: Duration) {
+        self.requests
+            .get_or_create(&ClientStatus {
+                client,
+                status: status.to_owned(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Sets the pending and active gauges.
+    pub fn set_pool(&self, client: &'static str, pending: usize, active: usize) {
+        let label = ClientLabel { client };
+        self.pending
+            .get_or_create(&label)
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        self.active
+            .get_or_create(&label)
+            .set(i64::try_from(active).unwrap_or(i64::MAX));
+    }
+
+    /// Records how long a call waited for its slot.
+    pub fn observe_acquire(&self, client: &'static str, waited: Duration) {
+        self.acquire
+            .get_or_create(&ClientLabel { client })
+            .observe(waited.as_secs_f64());
+    }
+
+    /// Counts a refused call.
+    pub fn count_rejection(&self, client: &'static str, reason: RejectReason) {
+        self.rejections
+            .get_or_create(&ClientReason {
+                client,
+                reason: reason.as_str(),
+            })
+            .inc();
+    }
+}
+
+/// `db_pool_connections{state}` and `db_pool_pending_acquires`.
+#[derive(Clone, Debug)]
+pub struct DbMetrics {
+    connections: Family<StateLabel, Gauge>,
+    pending: Gauge,
+}
+
+impl DbMetrics {
+    pub(crate) fn register(registry: &mut Registry) -> Self {
+        let this = Self {
+            connections: Family::default(),
+            pending: Gauge::default(),
+        };
+        registry.register(
+            "db_pool_connections",
+            "Database pool connections by state",
+            this.connections.clone(),
+        );
+        registry.register(
+            "db_pool_pending_acquires",
+            "Requests waiting for a database connection",
+            this.pending.clone(),
+        );
+        this
+    }
+
+    /// Sets the idle and in-use counts.
+    pub fn set_connections(&self, idle: usize, in_use: usize) {
+        for (state, n) in [("idle", idle), ("in_use", in_use)] {
+            self.connections
+                .get_or_create(&StateLabel { state })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The pending-acquire gauge, moved by the acquire helper.
+    pub fn pending(&self) -> &Gauge {
+        &self.pending
+    }
+}
+
+/// `tool_calls_total{tool_name,outcome}`.
+#[derive(Clone, Debug)]
+pub struct ToolMetrics {
+    calls: Family<ToolLabels, Counter>,
+}
+
+impl ToolMetrics {
+    pub(crate) fn register(registry: &mut Registry) -> Self {
+        let this = Self {
+            calls: Family::default(),
+        };
+        registry.register(
+            "tool_calls",
+            "Assistant tool calls by tool and outcome",
+            this.calls.clone(),
+        );
+        this
+    }
+
+    /// Counts one tool call.
+    pub fn count(&self, tool_name: &str, outcome: &'static str) {
+        self.calls
+            .get_or_create(&ToolLabels {
+                tool_name: tool_name.to_owned(),
+                outcome,
+            })
+            .inc();
+    }
+}

@@ -1,0 +1,82 @@
+//! The HTTP server middleware: request time and in-flight count by route template, and
+//! the one log line of every failed request.
+//!
+//! Apply it with `Router::route_layer` *outside* the deadline layer, so requests that
+//! time out are measured too and `MatchedPath` is known (the `uri` label is the template,
+//! `/api/orders/{id}`, never the raw path, which would make one series per order).
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use tokio::time::Instant;
+
+use super::Metrics;
+use super::families::{RequestLabels, UriLabel};
+use crate::problem::ProblemReport;
+
+/// Measures one request; use with `axum::middleware::from_fn_with_state`.
+pub async fn track_http(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
+    let uri = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", MatchedPath::as_str)
+        .to_owned();
+    let method = request.method().to_string();
+    let started = Instant::now();
+    // The guard lowers the gauge even when the client goes away and hyper drops this
+    // future half-way: in-flight must return to 0 after cancelled requests.
+    let _in_flight = InFlight::enter(&metrics, &uri);
+    let response = next.run(request).await;
+    let status = response.status();
+    metrics
+        .http()
+        .requests
+        .get_or_create(&RequestLabels {
+            method,
+            uri: uri.clone(),
+            status: status.as_str().to_owned(),
+        })
+        .observe(started.elapsed().as_secs_f64());
+    if let Some(report) = response.extensions().get::<ProblemReport>() {
+        log_problem(&uri, report);
+    }
+    response
+}
+
+/// Deadline and overload answers are the system working as designed, so they are
+/// logged at `info`; a failing dependency at `warn`; only our own faults at `error`.
+fn log_problem(uri: &str, report: &ProblemReport) {
+    let status = report.status.as_u16();
+    let stage = report.stage.map(|s| s.as_str());
+    let cause = report.cause.as_deref();
+    match status {
+        503 | 504 => tracing::info!(uri, status, stage, cause, "request refused or timed out"),
+        502 => tracing::warn!(uri, status, stage, cause, "dependency failed"),
+        500..=599 => tracing::error!(uri, status, cause, "request failed"),
+        _ => tracing::debug!(uri, status, "client error"),
+    }
+}
+
+struct InFlight {
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl InFlight {
+    fn enter(metrics: &Metrics, uri: &str) -> Self {
+        let gauge = metrics
+            .http()
+            .in_flight
+            .get_or_create(&UriLabel {
+                uri: uri.to_owned(),
+            })
+            .clone();
+        gauge.inc();
+        Self { gauge }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}

@@ -1,0 +1,139 @@
+//! Prometheus metrics with the names of the contract (DESIGN §7).
+//!
+//! Each service owns one [`Metrics`] with its own registry, so two services in one test
+//! process keep separate numbers. The families are grouped by what they explain:
+//! - HTTP server: how long requests take, by route template, and how many are in flight;
+//! - deadline: the budgets accepted, clamped, left at each stage, and where they ran out;
+//! - HTTP client: the catalog call, its bulkhead's queue (pending) and slots (active);
+//!   a rising pending gauge with a flat downstream latency means pool queueing, both
+//!   rising means the downstream is slow;
+//! - database pool and tool calls.
+
+mod families;
+mod http;
+
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+
+pub use families::{
+    ClientMetrics, DbMetrics, DeadlineMetrics, HttpServerMetrics, RejectReason, ToolMetrics,
+};
+pub use http::track_http;
+
+type ScrapeHook = Box<dyn Fn() + Send + Sync>;
+
+/// All metrics of one service, cheap to clone.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Registry,
+    http: HttpServerMetrics,
+    deadline: DeadlineMetrics,
+    client: ClientMetrics,
+    db: DbMetrics,
+    tools: ToolMetrics,
+    on_scrape: Mutex<Vec<ScrapeHook>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// A registry with every contract family; `service` labels the deadline metrics.
+    pub fn new(service: &'static str) -> Self {
+        let mut registry = Registry::default();
+        let http = HttpServerMetrics::register(&mut registry);
+        let deadline = DeadlineMetrics::register(&mut registry, service);
+        let client = ClientMetrics::register(&mut registry);
+        let db = DbMetrics::register(&mut registry);
+        let tools = ToolMetrics::register(&mut registry);
+        Self {
+            inner: Arc::new(Inner {
+                registry,
+                http,
+                deadline,
+                client,
+                db,
+                tools,
+                on_scrape: Mutex::default(),
+            }),
+        }
+    }
+
+    /// HTTP server families.
+    pub fn http(&self) -> &HttpServerMetrics {
+        &self.inner.http
+    }
+
+    /// Deadline families, labelled with this service's name.
+    pub fn deadline(&self) -> &DeadlineMetrics {
+        &self.inner.deadline
+    }
+
+    /// Outbound HTTP client families.
+    pub fn client(&self) -> &ClientMetrics {
+        &self.inner.client
+    }
+
+    /// Database pool gauges.
+    pub fn db(&self) -> &DbMetrics {
+        &self.inner.db
+    }
+
+    /// Tool call counter.
+    pub fn tools(&self) -> &ToolMetrics {
+        &self.inner.tools
+    }
+
+    /// Runs `hook` before every scrape, to copy a value that lives elsewhere (the sqlx
+    /// pool's idle count) into a gauge.
+    pub fn on_scrape(&self, hook: impl Fn() + Send + Sync + 'static) {
+        self.hooks().push(Box::new(hook));
+    }
+
+    /// The registry in the OpenMetrics text format.
+    pub fn render(&self) -> String {
+        for hook in self.hooks().iter() {
+            hook();
+        }
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.inner.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    /// `GET /metrics`, to merge into a service's router.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/metrics", get(serve_metrics))
+            .with_state(self.clone())
+    }
+
+    fn hooks(&self) -> std::sync::MutexGuard<'_, Vec<ScrapeHook>> {
+        self.inner
+            .on_scrape
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+async fn serve_metrics(State(metrics): State<Metrics>) -> impl IntoResponse {
+    (
+        [(
+            ::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        metrics.render(),
+    )
+}

@@ -1,0 +1,295 @@
+//! [`Problem`]: the one error answer of both services, `application/problem+json`
+//! (RFC 9457).
+//!
+//! Deadline answers carry the extension members `stage`, `budget_ms` and `elapsed_ms`
+//! (DESIGN §3), so a client sees *where* its budget went. A 503 also carries
+//! `Retry-After`: the request was refused before any work was done and may be retried.
+//!
+//! `into_response` never logs. Internal causes are kept out of the body (the client
+//! cannot act on them) and travel in a response extension ([`ProblemReport`]) to the
+//! HTTP middleware, which logs each failed request once, at a level that fits.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use serde::Serialize;
+
+use crate::deadline::DeadlineExceeded;
+use crate::stage::Stage;
+
+/// The media type of problem bodies.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// An error answer. Build one with the constructors; each names what went wrong in
+/// words the client can act on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'static str,
+    status: u16,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stage: Option<Stage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    budget_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    elapsed_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    header: Option<&'static str>,
+    #[serde(skip)]
+    retry_after_secs: Option<u64>,
+    #[serde(skip)]
+    cause: Option<String>,
+}
+
+/// What the HTTP middleware needs to log a failed request; put into the response's
+/// extensions by [`Problem::into_response`].
+#[derive(Debug, Clone)]
+pub struct ProblemReport {
+    /// The HTTP status sent.
+    pub status: StatusCode,
+    /// The stage for deadline and overload answers.
+    pub stage: Option<Stage>,
+    /// The internal cause, never sent to the client.
+    pub cause: Option<String>,
+}
+
+impl Problem {
+    fn new(status: StatusCode, kind: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            title: status.canonical_reason().unwrap_or("Error"),
+            status: status.as_u16(),
+            detail: detail.into(),
+            stage: None,
+            budget_ms: None,
+            elapsed_ms: None,
+            header: None,
+            retry_after_secs: None,
+            cause: None,
+        }
+    }
+
+    /// 400: the request cannot be understood (malformed JSON, a bad header).
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "urn:problem:bad-request", detail)
+    }
+
+    /// 400 for an invalid header, naming it in a `header` member.
+    pub fn invalid_header(name: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            header: Some(name),
+            ..Self::new(
+                StatusCode::BAD_REQUEST,
+                "urn:problem:invalid-header",
+                detail,
+            )
+        }
+    }
+
+    /// 404: the named thing does not exist.
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "urn:problem:not-found", detail)
+    }
+
+    /// 409: the request conflicts with the current state (not enough stock).
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "urn:problem:conflict", detail)
+    }
+
+    /// 413: the body is over the limit.
+    pub fn payload_too_large(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "urn:problem:payload-too-large",
+            detail,
+        )
+    }
+
+    /// 415: the body is not JSON.
+    pub fn unsupported_media_type(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "urn:problem:unsupported-media-type",
+            detail,
+        )
+    }
+
+    /// 422: well-formed, but a value is missing or out of range.
+    pub fn unprocessable(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "urn:problem:validation",
+            detail,
+        )
+    }
+
+    /// 504: the budget ran out in `exceeded.stage`.
+    pub fn deadline(exceeded: DeadlineExceeded) -> Self {
+        Self {
+            stage: Some(exceeded.stage),
+            budget_ms: Some(millis(exceeded.budget)),
+            elapsed_ms: Some(millis(exceeded.elapsed)),
+            ..Self::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "urn:problem:deadline-exceeded",
+                format!(
+                    "the request's time budget ran out in stage {}",
+                    exceeded.stage
+                ),
+            )
+        }
+    }
+
+    /// 503: refused before any work because `stage` is saturated; retry after
+    /// `retry_after`.
+    pub fn overloaded(stage: Stage, retry_after: Duration, detail: impl Into<String>) -> Self {
+        Self {
+            stage: Some(stage),
+            retry_after_secs: Some(retry_after.as_secs().max(1)),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "urn:problem:overloaded",
+                detail,
+            )
+        }
+    }
+
+    /// 503 for a dependency that is down (database unreachable).
+    pub fn unavailable(stage: Stage, cause: impl ToString) -> Self {
+        Self {
+            cause: Some(cause.to_string()),
+            ..Self::overloaded(
+                stage,
+                Duration::from_secs(1),
+                format!("a dependency is unavailable ({stage})"),
+            )
+        }
+    }
+
+    /// 502: a downstream failed in a way that is not the client's fault.
+    pub fn bad_gateway(stage: Stage, cause: impl ToString) -> Self {
+        Self {
+            stage: Some(stage),
+            cause: Some(cause.to_string()),
+            ..Self::new(
+                StatusCode::BAD_GATEWAY,
+                "urn:problem:bad-gateway",
+                format!("the {stage} dependency failed"),
+            )
+        }
+    }
+
+    /// 500: a bug or an unexpected failure. The cause is logged, never sent.
+    pub fn internal(cause: impl ToString) -> Self {
+        Self {
+            cause: Some(cause.to_string()),
+            ..Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "urn:problem:internal",
+                "internal error",
+            )
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    /// The stage, for deadline and overload answers.
+    pub fn stage(&self) -> Option<Stage> {
+        self.stage
+    }
+
+    /// The human-readable explanation sent to the client.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+}
+
+impl From<DeadlineExceeded> for Problem {
+    fn from(exceeded: DeadlineExceeded) -> Self {
+        Self::deadline(exceeded)
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let report = ProblemReport {
+            status,
+            stage: self.stage,
+            cause: self.cause.clone(),
+        };
+        let retry_after = self.retry_after_secs;
+        let mut response = (status, Json(self)).into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(secs) = retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response.extensions_mut().insert(report);
+        response
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn body_of(problem: Problem) -> (Response, serde_json::Value) {
+        let response = problem.into_response();
+        let (parts, body) = response.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        (
+            Response::from_parts(parts, axum::body::Body::empty()),
+            serde_json::from_slice(&bytes).unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_deadline_problem_carries_stage_budget_and_elapsed() {
+        let (response, body) = body_of(Problem::deadline(DeadlineExceeded {
+            stage: Stage::Catalog,
+            budget: Duration::from_millis(300),
+            elapsed: Duration::from_millis(301),
+        }))
+        .await;
+        assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(response.headers()[header::CONTENT_TYPE], PROBLEM_JSON);
+        assert_eq!(body["stage"], "catalog");
+        assert_eq!(body["budget_ms"], 300);
+        assert_eq!(body["elapsed_ms"], 301);
+        assert_eq!(body["status"], 504);
+    }
+
+    #[tokio::test]
+    async fn an_overload_problem_carries_retry_after() {
+        let (response, body) = body_of(Problem::overloaded(
+            Stage::CatalogPool,
+            Duration::from_millis(40),
+            "queue full",
+        ))
+        .await;
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(body["stage"], "catalog_pool");
+    }
+
+    #[tokio::test]
+    async fn an_internal_problem_hides_its_cause_from_the_client() {
+        let (response, body) = body_of(Problem::internal("password=hunter2")).await;
+        assert!(!body.to_string().contains("hunter2"));
+        let report = response.extensions().get::<ProblemReport>().unwrap();
+        assert_eq!(report.cause.as_deref(), Some("password=hunter2"));
+    }
+}

@@ -1,0 +1,122 @@
+//! Serving an axum `Router` with the limits a service under load needs.
+//!
+//! `axum::serve` has no header read timeout, so this runs hyper directly: a client that
+//! trickles its headers is dropped after [`ServerOptions::header_read_timeout`] instead of
+//! holding a connection forever. Shutdown is passed in as a future (as in mini-redis), so
+//! `main` wires it to SIGTERM/Ctrl-C and tests to a oneshot channel. On shutdown the
+//! listener closes at once and in-flight requests drain, for at most
+//! [`ServerOptions::drain_timeout`].
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tower::ServiceExt;
+
+/// Connection-level limits.
+#[derive(Clone, Copy, Debug)]
+pub struct ServerOptions {
+    /// How long a client may take to send its request headers.
+    pub header_read_timeout: Duration,
+    /// The largest request head (request line plus headers) accepted, in bytes.
+    pub max_header_bytes: usize,
+    /// How long in-flight requests may take to finish after shutdown starts. Set it to
+    /// the service's maximum budget plus a margin: no request can legitimately need more.
+    pub drain_timeout: Duration,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(5),
+            max_header_bytes: 16 * 1024,
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then drains.
+///
+/// Handlers can read the peer address with `ConnectInfo<SocketAddr>`.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send,
+    options: ServerOptions,
+) {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(options.header_read_timeout)
+        // hyper's buffer bounds the head it will parse; bigger heads get 431.
+        .max_buf_size(options.max_header_bytes.max(8192));
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(err) => {
+                    // Out of file descriptors or similar: back off instead of spinning.
+                    tracing::warn!(error = %err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
+            request
+                .extensions_mut()
+                .insert(ConnectInfo::<SocketAddr>(peer));
+            app.clone().oneshot(request)
+        });
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(error = %err, %peer, "connection ended with an error");
+            }
+        });
+    }
+
+    drop(listener);
+    tracing::info!("shutting down: draining in-flight requests");
+    if tokio::time::timeout(options.drain_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(timeout = ?options.drain_timeout, "drain timed out; closing the rest");
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM: what `main` passes to [`serve`].
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}

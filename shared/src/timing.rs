@@ -1,0 +1,107 @@
+//! [`StageLog`]: where a request's budget went, for `Server-Timing` and the metrics.
+//!
+//! One log is shared by a request's [`Deadline`](crate::Deadline) and every clone or
+//! child of it. Each stage records its duration; the ingress layer turns the entries into
+//! a `Server-Timing` header so a browser's developer tools show where the budget went.
+
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::metrics::DeadlineMetrics;
+use crate::stage::Stage;
+
+/// The stages a request went through, and the metrics they report to.
+#[derive(Debug, Default)]
+pub struct StageLog {
+    entries: Mutex<Vec<(Stage, Duration)>>,
+    metrics: Option<DeadlineMetrics>,
+}
+
+impl StageLog {
+    /// A log that also reports to a service's deadline metrics.
+    pub fn with_metrics(metrics: DeadlineMetrics) -> Self {
+        Self {
+            entries: Mutex::default(),
+            metrics: Some(metrics),
+        }
+    }
+
+    /// Adds one finished stage.
+    pub fn record(&self, stage: Stage, took: Duration) {
+        self.lock().push((stage, took));
+    }
+
+    /// The stages recorded so far, in order.
+    pub fn entries(&self) -> Vec<(Stage, Duration)> {
+        self.lock().clone()
+    }
+
+    pub(crate) fn observe_start(&self, stage: Stage, remaining: Duration) {
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_remaining(stage, remaining);
+        }
+    }
+
+    pub(crate) fn count_exceeded(&self, stage: Stage) {
+        if let Some(metrics) = &self.metrics {
+            metrics.count_exceeded(stage);
+        }
+    }
+
+    /// Renders the entries as a `Server-Timing` value, followed by `total`.
+    ///
+    /// A stage that ran more than once (three tool calls) is summed into one entry with
+    /// a count, since `Server-Timing` names should be unique.
+    pub fn server_timing(&self, total: Duration) -> String {
+        let mut sums: Vec<(Stage, Duration, u32)> = Vec::new();
+        for (stage, took) in self.lock().iter() {
+            match sums.iter_mut().find(|(s, _, _)| s == stage) {
+                Some((_, sum, n)) => {
+                    *sum += *took;
+                    *n += 1;
+                }
+                None => sums.push((*stage, *took, 1)),
+            }
+        }
+        let mut out = String::new();
+        for (stage, took, n) in sums {
+            let _ = write!(out, "{stage};dur={:.1}", millis(took));
+            if n > 1 {
+                let _ = write!(out, ";desc=\"{n} calls\"");
+            }
+            out.push_str(", ");
+        }
+        let _ = write!(out, "total;dur={:.1}", millis(total));
+        out
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Stage, Duration)>> {
+        // A panic while holding this lock leaves a valid Vec behind; keep using it.
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_timing_lists_stages_in_order_then_total() {
+        let log = StageLog::default();
+        log.record(Stage::CatalogPool, Duration::from_micros(100));
+        log.record(Stage::Catalog, Duration::from_millis(12));
+        log.record(Stage::Tool, Duration::from_millis(2));
+        log.record(Stage::Tool, Duration::from_millis(3));
+        assert_eq!(
+            log.server_timing(Duration::from_millis(20)),
+            "catalog_pool;dur=0.1, catalog;dur=12.0, tool;dur=5.0;desc=\"2 calls\", total;dur=20.0"
+        );
+    }
+}

@@ -1,0 +1,224 @@
+//! The ingress layer, driven through tower without a network.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use shared::metrics::Metrics;
+use shared::{Deadline, DeadlineLayer, DeadlineMode, DeadlinePolicy, Problem, Stage};
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+/// Reports the budget the handler was given.
+async fn report_budget(deadline: Deadline) -> String {
+    format!(
+        "{} {}",
+        deadline.budget().as_millis(),
+        deadline.remaining().as_millis()
+    )
+}
+
+async fn sleep_two_seconds(_deadline: Deadline) -> &'static str {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    "finished"
+}
+
+fn app(layer: DeadlineLayer) -> Router {
+    Router::new()
+        .route("/budget", get(report_budget))
+        .route("/slow", get(sleep_two_seconds))
+        .route_layer(layer)
+}
+
+fn policy(max_ms: u64, default_ms: u64) -> DeadlinePolicy {
+    DeadlinePolicy::new(MS(max_ms), MS(default_ms))
+}
+
+async fn call(app: Router, uri: &str, budget: Option<&str>) -> (http::response::Parts, Vec<u8>) {
+    let mut request = Request::get(uri);
+    if let Some(budget) = budget {
+        request = request.header("X-Request-Timeout-Ms", budget);
+    }
+    let response = app
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    (parts, body.collect().await.unwrap().to_bytes().to_vec())
+}
+
+fn json(body: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(body).expect("a JSON body")
+}
+
+#[tokio::test]
+async fn a_60s_request_under_a_500ms_maximum_gives_the_handler_at_most_500ms() {
+    let (parts, body) = call(
+        app(DeadlineLayer::new(policy(500, 300))),
+        "/budget",
+        Some("60000"),
+    )
+    .await;
+    assert_eq!(parts.status, StatusCode::OK);
+    let text = String::from_utf8(body).unwrap();
+    let (budget, remaining) = text.split_once(' ').unwrap();
+    assert_eq!(budget, "500");
+    assert!(remaining.parse::<u64>().unwrap() <= 500, "{text}");
+}
+
+#[tokio::test]
+async fn a_request_without_the_header_gets_the_default_budget() {
+    let (_, body) = call(app(DeadlineLayer::new(policy(500, 300))), "/budget", None).await;
+    assert!(String::from_utf8(body).unwrap().starts_with("300 "));
+}
+
+#[tokio::test]
+async fn a_malformed_budget_gets_a_400_problem_naming_the_header() {
+    for bad in [
+        "",
+        "abc",
+        "-5",
+        "+5",
+        "1.5",
+        "1e3",
+        "0x10",
+        "99999999999999999999999",
+    ] {
+        let (parts, body) = call(
+            app(DeadlineLayer::new(policy(500, 300))),
+            "/budget",
+            Some(bad),
+        )
+        .await;
+        assert_eq!(parts.status, StatusCode::BAD_REQUEST, "{bad:?}");
+        assert_eq!(parts.headers["content-type"], "application/problem+json");
+        let problem = json(&body);
+        assert_eq!(problem["header"], "X-Request-Timeout-Ms", "{bad:?}");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("X-Request-Timeout-Ms")
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_handler_slower_than_its_budget_gets_a_504_ingress_at_the_budget() {
+    let started = Instant::now();
+    let (parts, body) = call(
+        app(DeadlineLayer::new(policy(2000, 1000))),
+        "/slow",
+        Some("300"),
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(parts.status, StatusCode::GATEWAY_TIMEOUT);
+    assert!(took >= MS(300) && took < MS(400), "answered after {took:?}");
+    let problem = json(&body);
+    assert_eq!(problem["stage"], "ingress");
+    assert_eq!(problem["budget_ms"], 300);
+    assert!(problem["elapsed_ms"].as_u64().unwrap() >= 300);
+}
+
+#[tokio::test]
+async fn an_already_expired_deadline_means_the_io_step_never_starts() {
+    let io_started = Arc::new(AtomicBool::new(false));
+    let flag = io_started.clone();
+    let handler = move |deadline: Deadline| async move {
+        // Work before the I/O step (blocking on purpose) uses up the whole 1 ms budget.
+        std::thread::sleep(MS(5));
+        deadline
+            .run(Stage::Db, async { flag.store(true, Ordering::SeqCst) })
+            .await
+            .map_err(Problem::from)
+    };
+    let app = Router::new()
+        .route("/io", get(handler))
+        .route_layer(DeadlineLayer::new(policy(500, 300)));
+    let (parts, body) = call(app, "/io", Some("0")).await;
+    assert_eq!(parts.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(json(&body)["stage"], "db");
+    assert!(!io_started.load(Ordering::SeqCst), "the I/O step ran");
+}
+
+#[tokio::test]
+async fn responses_carry_server_timing_with_each_stage() {
+    let handler = |deadline: Deadline| async move {
+        deadline
+            .run(Stage::Catalog, tokio::time::sleep(MS(20)))
+            .await?;
+        deadline.run(Stage::Db, async {}).await?;
+        Ok::<_, Problem>("ok")
+    };
+    let app = Router::new()
+        .route("/", get(handler))
+        .route_layer(DeadlineLayer::new(policy(500, 300)));
+    let (parts, _) = call(app, "/", None).await;
+    let timing = parts.headers["server-timing"].to_str().unwrap();
+    assert!(timing.starts_with("catalog;dur=2"), "{timing}");
+    assert!(
+        timing.contains(", db;dur=") && timing.contains(", total;dur="),
+        "{timing}"
+    );
+}
+
+#[tokio::test]
+async fn clamps_budgets_and_expiries_are_counted() {
+    let metrics = Metrics::new("test");
+    let layer = DeadlineLayer::new(policy(500, 300)).metrics(metrics.deadline().clone());
+    call(app(layer.clone()), "/budget", Some("60000")).await;
+    call(app(layer.clone()), "/budget", Some("100")).await;
+    call(app(layer), "/slow", Some("50")).await;
+    let text = metrics.render();
+    let value = |name, labels| test_support::metric_value(&text, name, labels);
+    assert_eq!(
+        value("deadline_clamped_total", r#"service="test""#),
+        Some(1.0)
+    );
+    assert_eq!(
+        value("deadline_inbound_budget_seconds_count", r#"service="test""#),
+        Some(3.0)
+    );
+    assert_eq!(
+        value(
+            "deadline_exceeded_total",
+            r#"service="test",stage="ingress""#
+        ),
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn legacy_mode_ignores_the_header_and_does_not_bound_the_handler() {
+    let handler = |_deadline: Deadline| async {
+        tokio::time::sleep(MS(150)).await;
+        "finished"
+    };
+    let app = Router::new()
+        .route("/", get(handler))
+        .route_layer(DeadlineLayer::new(policy(500, 300)).mode(DeadlineMode::Legacy));
+    let (parts, body) = call(app, "/", Some("50")).await;
+    assert_eq!(parts.status, StatusCode::OK);
+    assert_eq!(body, b"finished");
+    let (parts, _) = call(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route_layer(DeadlineLayer::new(policy(500, 300)).mode(DeadlineMode::Legacy)),
+        "/",
+        Some("not a number"),
+    )
+    .await;
+    assert_eq!(
+        parts.status,
+        StatusCode::OK,
+        "legacy code never read the header"
+    );
+}

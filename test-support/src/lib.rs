@@ -1,0 +1,94 @@
+//! Dev-only helpers for the integration tests. Not part of the product.
+//!
+//! - [`postgres`]: a throwaway PostgreSQL cluster from the local binaries, one database
+//!   per test. `DATABASE_URL` points the tests at an existing server instead.
+//! - [`spawn`]: run an application in the background with a shutdown handle.
+//! - [`wait_until`]: wait on a condition instead of sleeping and hoping.
+//! - [`metric_value`]: read one sample out of a Prometheus text exposition.
+
+pub mod postgres;
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub use postgres::{PgCluster, TestDatabase, test_database};
+
+/// A running application and the means to stop it.
+pub struct Running {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl Running {
+    /// Starts graceful shutdown and waits for the application to finish.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+
+    /// Whether the application has stopped.
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Runs `run(shutdown)` on the runtime; the returned handle resolves `shutdown`.
+pub fn spawn<F, Fut>(run: F) -> Running
+where
+    F: FnOnce(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (stop, stopped) = oneshot::channel::<()>();
+    let shutdown = Box::pin(async move {
+        let _ = stopped.await;
+    });
+    Running {
+        stop: Some(stop),
+        task: tokio::spawn(run(shutdown)),
+    }
+}
+
+/// Polls `condition` every 10 ms until it holds; panics with `what` after `timeout`.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = tokio::time::Instant::now();
+    loop {
+        if condition().await {
+            return;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The value of the sample `name{labels}` in a text exposition; `labels` is the exact
+/// label text between the braces, e.g. `uri="/catalog/{sku}"`.
+pub fn metric_value(exposition: &str, name: &str, labels: &str) -> Option<f64> {
+    let prefix = if labels.is_empty() {
+        format!("{name} ")
+    } else {
+        format!("{name}{{{labels}}} ")
+    };
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|value| value.split_whitespace().next())
+        .and_then(|value| value.parse().ok())
+}
