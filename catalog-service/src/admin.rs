@@ -1,25 +1,53 @@
 //! The admin API: `GET|PUT|DELETE /admin/faults`, on the admin address only.
 //!
+//! Only loopback clients are served unless `CATALOG_ADMIN_ALLOW_REMOTE` is set: whoever
+//! reaches this API can make the service slow, so binding it to loopback is not left as
+//! the only line of defence.
+//!
 //! PUT replaces the faults (missing fields are 0), DELETE resets them. Malformed JSON is
 //! 400, unknown fields or out-of-range values are 422, each with a problem that names
 //! the field.
 
-use axum::extract::State;
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use shared::{JsonBody, Problem};
 
 use crate::faults::{FaultConfig, Faults};
 
-/// The admin router.
-pub fn router(faults: Faults) -> Router {
-    Router::new()
+/// The admin router; `allow_remote` lets non-loopback clients in.
+pub fn router(faults: Faults, allow_remote: bool) -> Router {
+    let router = Router::new()
         .route(
             "/admin/faults",
             get(get_faults).put(put_faults).delete(delete_faults),
         )
-        .with_state(faults)
+        .with_state(faults);
+    if allow_remote {
+        router
+    } else {
+        router.layer(middleware::from_fn(loopback_only))
+    }
+}
+
+/// 403 for any client that is not on this machine.
+async fn loopback_only(request: Request, next: Next) -> Response {
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| addr.ip());
+    match peer {
+        Some(ip) if ip.is_loopback() => next.run(request).await,
+        _ => Problem::forbidden(
+            "the admin API only answers loopback clients (see CATALOG_ADMIN_ALLOW_REMOTE)",
+        )
+        .into_response(),
+    }
 }
 
 async fn get_faults(State(faults): State<Faults>) -> Json<FaultConfig> {
@@ -40,4 +68,33 @@ async fn delete_faults(State(faults): State<Faults>) -> StatusCode {
     faults.set(FaultConfig::default());
     tracing::info!("faults reset");
     StatusCode::NO_CONTENT
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use tower::ServiceExt;
+
+    async fn get_from(peer: &str, allow_remote: bool) -> StatusCode {
+        let mut request = Request::get("/admin/faults").body(Body::empty()).unwrap();
+        let addr: SocketAddr = peer.parse().unwrap();
+        request.extensions_mut().insert(ConnectInfo(addr));
+        router(Faults::default(), allow_remote)
+            .oneshot(request)
+            .await
+            .unwrap()
+            .status()
+    }
+
+    #[tokio::test]
+    async fn remote_clients_are_refused_unless_allowed() {
+        assert_eq!(get_from("127.0.0.1:5000", false).await, StatusCode::OK);
+        assert_eq!(get_from("[::1]:5000", false).await, StatusCode::OK);
+        assert_eq!(
+            get_from("10.1.2.3:5000", false).await,
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(get_from("10.1.2.3:5000", true).await, StatusCode::OK);
+    }
 }

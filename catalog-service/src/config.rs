@@ -21,6 +21,11 @@ pub struct Config {
     #[arg(long, env = "CATALOG_ADMIN_ADDR", default_value = "127.0.0.1:9081")]
     pub admin_addr: SocketAddr,
 
+    /// Accept admin calls from non-loopback clients (compose, where k6 runs in another
+    /// container). Off by default: anyone who reaches the admin API can slow the service.
+    #[arg(long, env = "CATALOG_ADMIN_ALLOW_REMOTE", default_value_t = false, action = clap::ArgAction::Set)]
+    pub admin_allow_remote: bool,
+
     /// The largest budget this service grants, whatever the caller asks for.
     #[arg(long, env = "DEADLINE_MAX_MS", default_value_t = 5000,
           value_parser = clap::value_parser!(u64).range(1..=600_000))]

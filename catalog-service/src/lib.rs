@@ -98,7 +98,7 @@ impl Application {
             ..ServerOptions::default()
         };
         let public = routes::router(&self.config, self.faults.clone(), self.metrics.clone());
-        let admin = admin::router(self.faults.clone());
+        let admin = admin::router(self.faults.clone(), self.config.admin_allow_remote);
         tokio::join!(
             serve(self.public, public, stop.clone().cancelled_owned(), options),
             serve(self.admin, admin, stop.cancelled_owned(), options),

@@ -1,1 +1,14 @@
-fn main() {}
+//! orders-service: see the crate docs in `lib.rs`.
+
+use clap::Parser;
+use orders_service::{Application, Config};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = Config::parse();
+    shared::telemetry::init(config.log_format);
+    let app = Application::build(config).await?;
+    tracing::info!(port = app.port(), mode = ?app.mode(), "orders-service listening");
+    app.run_until(shared::server::shutdown_signal()).await;
+    Ok(())
+}

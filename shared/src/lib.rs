@@ -18,6 +18,10 @@
 //! - [`timing`]: the per-request [`StageLog`](timing::StageLog) behind `Server-Timing`.
 //! - [`problem`]: [`Problem`], the RFC 9457 error answer of both services.
 //! - [`json`]: [`JsonBody`], a JSON extractor whose rejections are problems.
+//! - [`client`]: [`BudgetedClient`](client::BudgetedClient), the bulkhead-guarded reqwest client
+//!   that spends only the remaining budget on pool wait + request + body.
+//! - [`db`]: PostgreSQL helpers: pool acquire bounded by the budget, transactions whose
+//!   `statement_timeout` and `lock_timeout` come from the remaining time.
 //! - [`metrics`]: the Prometheus families of the contract and the HTTP middleware.
 //! - [`server`]: serving a router with a header read timeout and graceful shutdown.
 //!
@@ -40,6 +44,8 @@
 //!     .route_layer(DeadlineLayer::new(policy));
 //! ```
 
+pub mod client;
+pub mod db;
 pub mod deadline;
 pub mod header;
 pub mod ingress;

@@ -23,9 +23,14 @@ use crate::stage::Stage;
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// An error answer. Build one with the constructors; each names what went wrong in
-/// words the client can act on.
+/// words the client can act on. Boxed, so `Result<T, Problem>` stays one pointer wide on
+/// the happy path.
+#[derive(Debug, Clone)]
+pub struct Problem(Box<Body>);
+
+/// The serialized members (RFC 9457 plus this project's extensions).
 #[derive(Debug, Clone, Serialize)]
-pub struct Problem {
+struct Body {
     #[serde(rename = "type")]
     kind: &'static str,
     title: &'static str,
@@ -59,7 +64,7 @@ pub struct ProblemReport {
 
 impl Problem {
     fn new(status: StatusCode, kind: &'static str, detail: impl Into<String>) -> Self {
-        Self {
+        Self(Box::new(Body {
             kind,
             title: status.canonical_reason().unwrap_or("Error"),
             status: status.as_u16(),
@@ -70,7 +75,12 @@ impl Problem {
             header: None,
             retry_after_secs: None,
             cause: None,
-        }
+        }))
+    }
+
+    fn with(mut self, f: impl FnOnce(&mut Body)) -> Self {
+        f(&mut self.0);
+        self
     }
 
     /// 400: the request cannot be understood (malformed JSON, a bad header).
@@ -80,14 +90,17 @@ impl Problem {
 
     /// 400 for an invalid header, naming it in a `header` member.
     pub fn invalid_header(name: &'static str, detail: impl Into<String>) -> Self {
-        Self {
-            header: Some(name),
-            ..Self::new(
-                StatusCode::BAD_REQUEST,
-                "urn:problem:invalid-header",
-                detail,
-            )
-        }
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "urn:problem:invalid-header",
+            detail,
+        )
+        .with(|b| b.header = Some(name))
+    }
+
+    /// 403: the client may not use this endpoint.
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "urn:problem:forbidden", detail)
     }
 
     /// 404: the named thing does not exist.
@@ -129,85 +142,81 @@ impl Problem {
 
     /// 504: the budget ran out in `exceeded.stage`.
     pub fn deadline(exceeded: DeadlineExceeded) -> Self {
-        Self {
-            stage: Some(exceeded.stage),
-            budget_ms: Some(millis(exceeded.budget)),
-            elapsed_ms: Some(millis(exceeded.elapsed)),
-            ..Self::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                "urn:problem:deadline-exceeded",
-                format!(
-                    "the request's time budget ran out in stage {}",
-                    exceeded.stage
-                ),
-            )
-        }
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "urn:problem:deadline-exceeded",
+            format!(
+                "the request's time budget ran out in stage {}",
+                exceeded.stage
+            ),
+        )
+        .with(|b| {
+            b.stage = Some(exceeded.stage);
+            b.budget_ms = Some(millis(exceeded.budget));
+            b.elapsed_ms = Some(millis(exceeded.elapsed));
+        })
     }
 
     /// 503: refused before any work because `stage` is saturated; retry after
-    /// `retry_after`.
+    /// `retry_after` (rounded up to whole seconds, at least 1, as `Retry-After` needs).
     pub fn overloaded(stage: Stage, retry_after: Duration, detail: impl Into<String>) -> Self {
-        Self {
-            stage: Some(stage),
-            retry_after_secs: Some(retry_after.as_secs().max(1)),
-            ..Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "urn:problem:overloaded",
-                detail,
-            )
-        }
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "urn:problem:overloaded",
+            detail,
+        )
+        .with(|b| {
+            b.stage = Some(stage);
+            b.retry_after_secs = Some(retry_after.as_secs().max(1));
+        })
     }
 
     /// 503 for a dependency that is down (database unreachable).
     pub fn unavailable(stage: Stage, cause: impl ToString) -> Self {
-        Self {
-            cause: Some(cause.to_string()),
-            ..Self::overloaded(
-                stage,
-                Duration::from_secs(1),
-                format!("a dependency is unavailable ({stage})"),
-            )
-        }
+        Self::overloaded(
+            stage,
+            Duration::from_secs(1),
+            format!("a dependency is unavailable ({stage})"),
+        )
+        .with(|b| b.cause = Some(cause.to_string()))
     }
 
     /// 502: a downstream failed in a way that is not the client's fault.
     pub fn bad_gateway(stage: Stage, cause: impl ToString) -> Self {
-        Self {
-            stage: Some(stage),
-            cause: Some(cause.to_string()),
-            ..Self::new(
-                StatusCode::BAD_GATEWAY,
-                "urn:problem:bad-gateway",
-                format!("the {stage} dependency failed"),
-            )
-        }
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            "urn:problem:bad-gateway",
+            format!("the {stage} dependency failed"),
+        )
+        .with(|b| {
+            b.stage = Some(stage);
+            b.cause = Some(cause.to_string());
+        })
     }
 
     /// 500: a bug or an unexpected failure. The cause is logged, never sent.
     pub fn internal(cause: impl ToString) -> Self {
-        Self {
-            cause: Some(cause.to_string()),
-            ..Self::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "urn:problem:internal",
-                "internal error",
-            )
-        }
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "urn:problem:internal",
+            "internal error",
+        )
+        .with(|b| b.cause = Some(cause.to_string()))
     }
 
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
     /// The stage, for deadline and overload answers.
     pub fn stage(&self) -> Option<Stage> {
-        self.stage
+        self.0.stage
     }
 
     /// The human-readable explanation sent to the client.
     pub fn detail(&self) -> &str {
-        &self.detail
+        &self.0.detail
     }
 }
 
@@ -220,13 +229,14 @@ impl From<DeadlineExceeded> for Problem {
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let status = self.status();
+        let body = *self.0;
         let report = ProblemReport {
             status,
-            stage: self.stage,
-            cause: self.cause.clone(),
+            stage: body.stage,
+            cause: body.cause.clone(),
         };
-        let retry_after = self.retry_after_secs;
-        let mut response = (status, Json(self)).into_response();
+        let retry_after = body.retry_after_secs;
+        let mut response = (status, Json(body)).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(secs) = retry_after {

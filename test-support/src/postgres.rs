@@ -86,8 +86,9 @@ impl PgCluster {
         format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
     }
 
-    /// Stops the server (immediate shutdown, like a crash); [`resume`](Self::resume)
-    /// starts it again on the same port with the same data.
+    /// Stops the server (fast shutdown: sessions are terminated, as in a restart;
+    /// immediate shutdown would lose data with `synchronous_commit=off`);
+    /// [`resume`](Self::resume) starts it again on the same port with the same data.
     pub fn stop(&self) -> anyhow::Result<()> {
         let mut guard = self.watchdog.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((mut child, stdin)) = guard.take() {
@@ -120,7 +121,7 @@ impl PgCluster {
              -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
              -c max_connections=400 -c shared_buffers=64MB >>{dir}/postgres.log 2>&1 &
              read _ignored
-             {run_as} {pg_ctl} -D {data} stop -m immediate >/dev/null 2>&1
+             {run_as} {pg_ctl} -D {data} stop -m fast >/dev/null 2>&1
              [ -e {dir}/.keep ] || rm -rf {dir}",
             postgres = postgres.display(),
             pg_ctl = pg_ctl.display(),

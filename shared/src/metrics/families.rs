@@ -146,6 +146,7 @@ impl DeadlineMetrics {
         for stage in Stage::ALL {
             let _ = this.exceeded.get_or_create(&this.stage_label(stage));
         }
+        let _ = this.clamped.get_or_create(&ServiceLabel { service });
         this
     }
 

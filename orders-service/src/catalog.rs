@@ -1,0 +1,71 @@
+//! The catalog as orders-service sees it: prices, fetched under the request's deadline.
+
+use serde::Deserialize;
+use shared::client::{BudgetedClient, ClientConfig};
+use shared::metrics::Metrics;
+use shared::{Deadline, Problem, Stage};
+
+use crate::config::Config;
+
+/// One catalog item; only what an order needs.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CatalogItem {
+    /// The SKU.
+    pub sku: String,
+    /// Price in cents.
+    pub price_cents: u32,
+}
+
+/// The catalog client (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct CatalogClient {
+    http: BudgetedClient,
+}
+
+impl CatalogClient {
+    /// Builds the client from the service settings.
+    pub fn new(config: &Config, metrics: &Metrics) -> Result<Self, shared::client::BuildError> {
+        let http = BudgetedClient::new(
+            ClientConfig {
+                name: "catalog",
+                base_url: config.catalog_url.trim_end_matches('/').to_owned(),
+                max_connections: usize::try_from(config.catalog_pool_max_connections)
+                    .unwrap_or(usize::MAX),
+                pending_max: usize::try_from(config.catalog_pool_pending_max).unwrap_or(usize::MAX),
+                acquire_timeout: Config::ms(config.catalog_pool_acquire_timeout_ms),
+                reserve: Config::ms(config.deadline_reserve_ms),
+                mode: config.deadline_mode,
+                idle_timeout: std::time::Duration::from_secs(30),
+            },
+            Some(metrics.client().clone()),
+        )?;
+        Ok(Self { http })
+    }
+
+    /// The item for `sku` (already validated to be URL-safe). An unknown SKU is 404.
+    pub async fn item(&self, deadline: &Deadline, sku: &str) -> Result<CatalogItem, Problem> {
+        self.http
+            .get_json(deadline, &format!("/catalog/{sku}"))
+            .await
+            .map_err(|err| match err {
+                shared::client::CallError::NotFound => {
+                    Problem::not_found(format!("unknown sku {sku:?}"))
+                }
+                other => other.into_problem(Stage::Catalog),
+            })
+    }
+
+    /// Whether the catalog answers `/healthz` within `deadline`.
+    pub async fn ping(&self, deadline: &Deadline) -> Result<(), Problem> {
+        self.http
+            .get_bytes(deadline, "/healthz")
+            .await
+            .map(drop)
+            .map_err(|err| err.into_problem(Stage::Catalog))
+    }
+
+    /// The underlying budgeted client (bulkhead gauges, tests).
+    pub fn http(&self) -> &BudgetedClient {
+        &self.http
+    }
+}

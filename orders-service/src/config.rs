@@ -1,0 +1,103 @@
+//! Settings, from environment variables or the matching `--flags` (DESIGN §8).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+use shared::DeadlineMode;
+use shared::telemetry::LogFormat;
+
+/// orders-service settings. `--help` lists each with its variable and default.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "orders-service",
+    version,
+    about = "Orders API with end-to-end deadline propagation"
+)]
+pub struct Config {
+    /// Listen address for the API, /metrics, /healthz and /readyz.
+    #[arg(long, env = "ORDERS_LISTEN_ADDR", default_value = "127.0.0.1:8080")]
+    pub listen_addr: SocketAddr,
+
+    /// Base URL of catalog-service.
+    #[arg(long, env = "CATALOG_URL", default_value = "http://127.0.0.1:8081")]
+    pub catalog_url: String,
+
+    /// PostgreSQL URL. Migrations run at start-up.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/orders"
+    )]
+    pub database_url: String,
+
+    /// The largest budget granted, whatever the client asks for.
+    #[arg(long, env = "DEADLINE_MAX_MS", default_value_t = 2000,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub deadline_max_ms: u64,
+
+    /// The budget of a request without X-Request-Timeout-Ms.
+    #[arg(long, env = "DEADLINE_DEFAULT_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub deadline_default_ms: u64,
+
+    /// Budget kept back at this hop when propagating it downstream.
+    #[arg(long, env = "DEADLINE_RESERVE_MS", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub deadline_reserve_ms: u64,
+
+    /// `propagate` (the technique) or `legacy` (the "before": fixed 30 s timeouts,
+    /// unbounded pool wait, no statement timeout).
+    #[arg(long, env = "DEADLINE_MODE", value_enum, default_value_t = DeadlineMode::Propagate)]
+    pub deadline_mode: DeadlineMode,
+
+    /// Catalog calls in flight at most.
+    #[arg(long, env = "CATALOG_POOL_MAX_CONNECTIONS", default_value_t = 50,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub catalog_pool_max_connections: u64,
+
+    /// Catalog calls waiting for a connection at most; more are refused with 503.
+    #[arg(long, env = "CATALOG_POOL_PENDING_MAX", default_value_t = 50,
+          value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    pub catalog_pool_pending_max: u64,
+
+    /// The longest a catalog call waits for a connection (the early-rejection threshold).
+    #[arg(long, env = "CATALOG_POOL_ACQUIRE_TIMEOUT_MS", default_value_t = 40,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub catalog_pool_acquire_timeout_ms: u64,
+
+    /// PostgreSQL pool size.
+    #[arg(long, env = "DB_POOL_MAX_CONNECTIONS", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub db_pool_max_connections: u32,
+
+    /// The longest a request waits for a database connection; then 503 `db_pool`.
+    #[arg(long, env = "DB_POOL_ACQUIRE_TIMEOUT_MS", default_value_t = 250,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub db_pool_acquire_timeout_ms: u64,
+
+    /// How long a client may take to send its request headers before it is dropped.
+    #[arg(long, env = "HEADER_READ_TIMEOUT_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub header_read_timeout_ms: u64,
+
+    /// Log format: readable text, or JSON lines.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    /// Settings for tests: port 0, the given catalog and database.
+    pub fn for_tests(catalog_url: &str, database_url: &str) -> Self {
+        Self::parse_from([
+            "orders-service",
+            "--listen-addr=127.0.0.1:0",
+            &format!("--catalog-url={catalog_url}"),
+            &format!("--database-url={database_url}"),
+        ])
+    }
+
+    pub(crate) fn ms(value: u64) -> Duration {
+        Duration::from_millis(value)
+    }
+}

@@ -1,0 +1,143 @@
+//! orders-service: the ingress of the demo, where a client's budget enters the system.
+//!
+//! A `POST /api/orders` spends its budget in named stages, each bounded by what is left:
+//!
+//! ```text
+//! ingress ─▶ catalog_pool ─▶ catalog ─▶ db_pool ─▶ db (set timeouts, insert, decrement, commit)
+//! ```
+//!
+//! # Module map
+//!
+//! - [`config`]: settings from the environment and `--flags`.
+//! - [`catalog`]: the catalog client: a [`BudgetedClient`](shared::client::BudgetedClient)
+//!   that looks up prices under the request's deadline.
+//! - [`orders`]: validation and the order transaction (stock decrement and insert commit
+//!   together; `Idempotency-Key` makes retries safe).
+//! - [`routes`]: the HTTP API, health and readiness.
+//!
+//! `DEADLINE_MODE=legacy` runs the same code the way it would be written without the
+//! technique, for the before/after experiment.
+
+pub mod catalog;
+pub mod config;
+pub mod orders;
+pub mod routes;
+
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use shared::DeadlineMode;
+use shared::db::{Db, DbConfig};
+use shared::metrics::Metrics;
+use shared::server::{ServerOptions, serve};
+use tokio::net::TcpListener;
+
+pub use catalog::CatalogClient;
+pub use config::Config;
+
+/// What every handler shares.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    /// The budgeted catalog client.
+    pub catalog: CatalogClient,
+    /// The database pool and its mode.
+    pub db: Db,
+    /// This service's metrics.
+    pub metrics: Metrics,
+}
+
+/// A built, bound orders-service, not yet serving.
+pub struct Application {
+    listener: TcpListener,
+    port: u16,
+    state: AppState,
+    config: Config,
+}
+
+impl Application {
+    /// Connects, migrates and binds (port 0 picks a free port, as tests do).
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let metrics = Metrics::new("orders-service");
+        let db = Db::connect_lazy(
+            &config.database_url,
+            DbConfig {
+                max_connections: config.db_pool_max_connections,
+                acquire_timeout: Config::ms(config.db_pool_acquire_timeout_ms),
+                mode: config.deadline_mode,
+            },
+            Some(metrics.db().clone()),
+        )
+        .context("DATABASE_URL is not a valid PostgreSQL URL")?;
+        migrate(&db).await?;
+        {
+            let db = db.clone();
+            metrics.on_scrape(move || db.report_pool());
+        }
+        let catalog =
+            CatalogClient::new(&config, &metrics).context("cannot build the catalog client")?;
+        let listener = TcpListener::bind(config.listen_addr)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot listen on {} (ORDERS_LISTEN_ADDR)",
+                    config.listen_addr
+                )
+            })?;
+        Ok(Self {
+            port: listener.local_addr()?.port(),
+            listener,
+            state: AppState {
+                catalog,
+                db,
+                metrics,
+            },
+            config,
+        })
+    }
+
+    /// The bound port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Propagate or legacy.
+    pub fn mode(&self) -> DeadlineMode {
+        self.config.deadline_mode
+    }
+
+    /// The shared state, for tests that look at pools and metrics.
+    pub fn state(&self) -> AppState {
+        self.state.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then drains in-flight requests. No request can
+    /// legitimately need longer than the maximum budget, so that bounds the drain.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) {
+        let options = ServerOptions {
+            drain_timeout: Config::ms(self.config.deadline_max_ms) + Duration::from_secs(1),
+            header_read_timeout: Config::ms(self.config.header_read_timeout_ms),
+            ..ServerOptions::default()
+        };
+        let app = routes::router(&self.config, self.state.clone());
+        serve(self.listener, app, shutdown, options).await;
+        self.state.db.pool().close().await;
+    }
+}
+
+/// Applies the migrations, retrying briefly: under compose the database may still be
+/// starting when this service does.
+async fn migrate(db: &Db) -> anyhow::Result<()> {
+    let mut attempt = 1;
+    loop {
+        match sqlx::migrate!("./migrations").run(db.pool()).await {
+            Ok(()) => return Ok(()),
+            Err(err) if attempt < 20 => {
+                tracing::warn!(error = %err, attempt, "migrations failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                attempt += 1;
+            }
+            Err(err) => return Err(err).context("cannot apply migrations (DATABASE_URL)"),
+        }
+    }
+}

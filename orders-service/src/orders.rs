@@ -1,0 +1,263 @@
+//! Orders: validation, and the one transaction that places an order.
+//!
+//! Placing an order is all-or-nothing: the order row and its stock decrement commit
+//! together. The decrement is conditional (`available >= quantity`), so stock can never
+//! go negative however many requests race for it. The order row goes in *first*, with
+//! `ON CONFLICT (idempotency_key) DO NOTHING`: a second request with the same key waits
+//! on the unique index until the first commits or aborts, then finds the first order
+//! instead of writing a second one. Ten identical retries at once give one order.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use shared::db::{Db, DbError};
+use shared::{Deadline, Problem};
+use sqlx::FromRow;
+
+/// The largest quantity one order may ask for.
+pub const MAX_QUANTITY: i64 = 1000;
+
+/// The longest accepted `Idempotency-Key`.
+pub const MAX_KEY_LEN: usize = 255;
+
+/// The body of `POST /api/orders`, before validation. Fields are optional here so a
+/// missing one gets a message naming it instead of a generic parse error.
+#[derive(Debug, Deserialize)]
+pub struct NewOrderRequest {
+    sku: Option<String>,
+    quantity: Option<serde_json::Number>,
+}
+
+/// A validated order request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewOrder {
+    /// A URL-safe SKU (letters, digits, `-`, `_`), at most 32 characters.
+    pub sku: String,
+    /// 1 to [`MAX_QUANTITY`].
+    pub quantity: i32,
+}
+
+impl NewOrderRequest {
+    /// Checks every field; the problem (422) names the field that is wrong.
+    pub fn validate(self) -> Result<NewOrder, Problem> {
+        let sku = self
+            .sku
+            .ok_or_else(|| Problem::unprocessable("sku is required"))?;
+        let sku_ok = !sku.is_empty()
+            && sku.len() <= 32
+            && sku
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !sku_ok {
+            return Err(Problem::unprocessable(
+                "sku must be 1 to 32 letters, digits, '-' or '_', like SKU-00001",
+            ));
+        }
+        let quantity = self
+            .quantity
+            .ok_or_else(|| Problem::unprocessable("quantity is required"))?;
+        let quantity = quantity
+            .as_i64()
+            .filter(|q| (1..=MAX_QUANTITY).contains(q))
+            .and_then(|q| i32::try_from(q).ok())
+            .ok_or_else(|| {
+                Problem::unprocessable(format!(
+                    "quantity must be a whole number from 1 to {MAX_QUANTITY}, got {quantity}"
+                ))
+            })?;
+        Ok(NewOrder { sku, quantity })
+    }
+}
+
+/// Checks an `Idempotency-Key`: 1 to 255 visible ASCII characters.
+pub fn validate_key(key: &[u8]) -> Result<String, Problem> {
+    let ok =
+        !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(|b| b.is_ascii_graphic());
+    match std::str::from_utf8(key) {
+        Ok(key) if ok => Ok(key.to_owned()),
+        _ => Err(Problem::invalid_header(
+            "Idempotency-Key",
+            format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} visible ASCII characters"),
+        )),
+    }
+}
+
+/// A placed order, as stored and as answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, FromRow)]
+pub struct Order {
+    /// Order number.
+    pub id: i64,
+    /// What was ordered.
+    pub sku: String,
+    /// How many.
+    pub quantity: i32,
+    /// Catalog price at the time of the order.
+    pub unit_price_cents: i32,
+    /// `quantity * unit_price_cents`.
+    pub total_cents: i64,
+    /// When it was committed.
+    pub created_at: DateTime<Utc>,
+}
+
+/// The outcome of [`place_order`].
+#[derive(Debug)]
+pub enum Placed {
+    /// A new order was committed.
+    Created(Order),
+    /// The key was used before for the same request: the first order.
+    Replayed(Order),
+}
+
+const ORDER_COLUMNS: &str = "id, sku, quantity, unit_price_cents, total_cents, created_at";
+
+/// Places `order` at `unit_price_cents` in one transaction, under `deadline`.
+pub async fn place_order(
+    db: &Db,
+    deadline: &Deadline,
+    order: &NewOrder,
+    unit_price_cents: u32,
+    key: Option<&str>,
+) -> Result<Placed, Problem> {
+    let unit_price = i32::try_from(unit_price_cents).map_err(Problem::internal)?;
+    let total = i64::from(unit_price) * i64::from(order.quantity);
+    let mut tx = db.begin(deadline).await?;
+
+    let inserted: Option<Order> = db
+        .run(
+            deadline,
+            sqlx::query_as(
+                "INSERT INTO orders (sku, quantity, unit_price_cents, total_cents, idempotency_key) \
+                 VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (idempotency_key) DO NOTHING \
+                 RETURNING id, sku, quantity, unit_price_cents, total_cents, created_at",
+            )
+            .bind(&order.sku)
+            .bind(order.quantity)
+            .bind(unit_price)
+            .bind(total)
+            .bind(key)
+            .fetch_optional(&mut *tx),
+        )
+        .await
+        .map_err(unknown_sku_is_404)?;
+    let Some(inserted) = inserted else {
+        // The key is taken by a committed order. Nothing was written here.
+        drop(tx);
+        return replay(db, deadline, order, key.unwrap_or_default()).await;
+    };
+
+    let decremented = db
+        .run(
+            deadline,
+            sqlx::query("UPDATE inventory SET available = available - $2 WHERE sku = $1 AND available >= $2")
+                .bind(&order.sku)
+                .bind(order.quantity)
+                .execute(&mut *tx),
+        )
+        .await?;
+    if decremented.rows_affected() == 0 {
+        // Dropping the transaction rolls the order row back.
+        return Err(Problem::conflict(format!(
+            "not enough stock of {} for {} item(s)",
+            order.sku, order.quantity
+        )));
+    }
+    db.run(deadline, tx.commit()).await?;
+    Ok(Placed::Created(inserted))
+}
+
+/// The order stored under `key`, if it was made by the same request; 422 otherwise.
+async fn replay(
+    db: &Db,
+    deadline: &Deadline,
+    order: &NewOrder,
+    key: &str,
+) -> Result<Placed, Problem> {
+    let existing: Order = db
+        .run(
+            deadline,
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT {ORDER_COLUMNS} FROM orders WHERE idempotency_key = $1"
+            )))
+            .bind(key)
+            .fetch_one(db.pool()),
+        )
+        .await?;
+    if existing.sku != order.sku || existing.quantity != order.quantity {
+        return Err(Problem::unprocessable(
+            "this Idempotency-Key was already used for a different order",
+        ));
+    }
+    Ok(Placed::Replayed(existing))
+}
+
+/// The order with `id`, if any.
+pub async fn find_order(db: &Db, deadline: &Deadline, id: i64) -> Result<Option<Order>, Problem> {
+    Ok(db
+        .run(
+            deadline,
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT {ORDER_COLUMNS} FROM orders WHERE id = $1"
+            )))
+            .bind(id)
+            .fetch_optional(db.pool()),
+        )
+        .await?)
+}
+
+/// A SKU the catalog knows but the inventory does not (foreign key violation) is the
+/// client's mistake, not ours.
+fn unknown_sku_is_404(err: DbError) -> Problem {
+    match &err {
+        DbError::Query(sqlx::Error::Database(db)) if db.code().as_deref() == Some("23503") => {
+            Problem::not_found("unknown sku: not in the inventory")
+        }
+        _ => err.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(json: &str) -> Result<NewOrder, String> {
+        let parsed: NewOrderRequest = serde_json::from_str(json).unwrap();
+        parsed.validate().map_err(|p| p.detail().to_owned())
+    }
+
+    #[test]
+    fn a_valid_request_passes() {
+        assert_eq!(
+            request(r#"{"sku":"SKU-00001","quantity":3}"#),
+            Ok(NewOrder {
+                sku: "SKU-00001".into(),
+                quantity: 3
+            })
+        );
+    }
+
+    #[test]
+    fn each_invalid_field_is_named() {
+        for (json, field) in [
+            (r#"{"quantity":1}"#, "sku"),
+            (r#"{"sku":"SKU-00001"}"#, "quantity"),
+            (r#"{"sku":"SKU-00001","quantity":0}"#, "quantity"),
+            (r#"{"sku":"SKU-00001","quantity":-1}"#, "quantity"),
+            (r#"{"sku":"SKU-00001","quantity":1001}"#, "quantity"),
+            (r#"{"sku":"SKU-00001","quantity":1.5}"#, "quantity"),
+            (r#"{"sku":"SKU-00001","quantity":1e30}"#, "quantity"),
+            (r#"{"sku":"../admin","quantity":1}"#, "sku"),
+            (r#"{"sku":"","quantity":1}"#, "sku"),
+        ] {
+            let err = request(json).expect_err(json);
+            assert!(err.starts_with(field), "{json}: {err}");
+        }
+    }
+
+    #[test]
+    fn idempotency_keys_are_checked() {
+        assert!(validate_key(b"abc-123").is_ok());
+        assert!(validate_key(b"").is_err());
+        assert!(validate_key(b"has space").is_err());
+        assert!(validate_key(&[b'a'; 256]).is_err());
+    }
+}

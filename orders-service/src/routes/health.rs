@@ -1,0 +1,56 @@
+//! `/healthz` (the process is up) and `/readyz` (its dependencies answer).
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use serde_json::{Value, json};
+use shared::{Deadline, Problem, Stage};
+
+use crate::AppState;
+
+/// Readiness is checked within this much, so a load balancer's probe never hangs.
+const READY_BUDGET: Duration = Duration::from_millis(500);
+
+pub(super) async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// 200 when PostgreSQL and the catalog both answer within [`READY_BUDGET`], else 503.
+pub(super) async fn readyz(
+    State(state): State<AppState>,
+    deadline: Deadline,
+) -> Result<Json<Value>, Problem> {
+    let deadline = deadline.child(READY_BUDGET);
+    let database = async {
+        state
+            .db
+            .run(&deadline, sqlx::query("SELECT 1").execute(state.db.pool()))
+            .await
+            .map(drop)
+            .map_err(Problem::from)
+    };
+    let (database, catalog) = tokio::join!(database, state.catalog.ping(&deadline));
+    let describe = |r: &Result<(), Problem>| match r {
+        Ok(()) => "ok".to_owned(),
+        Err(p) => p.detail().to_owned(),
+    };
+    if database.is_ok() && catalog.is_ok() {
+        return Ok(Json(
+            json!({"status": "ready", "database": "ok", "catalog": "ok"}),
+        ));
+    }
+    let stage = if database.is_err() {
+        Stage::DbPool
+    } else {
+        Stage::Catalog
+    };
+    Err(Problem::unavailable(
+        stage,
+        format!(
+            "database: {}; catalog: {}",
+            describe(&database),
+            describe(&catalog)
+        ),
+    ))
+}

@@ -1,0 +1,204 @@
+//! `spawn_app()`: a real catalog-service and a real orders-service on port 0, with a
+//! database of their own in the throwaway PostgreSQL.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::middleware::{self, Next};
+use catalog_service::{FaultConfig, Faults};
+use orders_service::{AppState, Application, Config};
+use reqwest::Response;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use test_support::{Running, TestDatabase};
+
+pub const MS: fn(u64) -> Duration = Duration::from_millis;
+
+pub struct TestApp {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub state: AppState,
+    pub faults: Faults,
+    /// Every `X-Request-Timeout-Ms` the catalog received, in order.
+    pub catalog_budgets: Arc<Mutex<Vec<Option<u64>>>>,
+    pub database: TestDatabase,
+    /// A separate pool for the test's own queries (locks, pg_stat_activity).
+    pub side: PgPool,
+    pub catalog_url: String,
+    orders: Option<Running>,
+    _catalog: Running,
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+/// Like [`spawn_app`], with the orders settings adjusted by `customize`.
+pub async fn spawn_app_with(customize: impl FnOnce(&mut Config)) -> TestApp {
+    let database = test_support::test_database().await;
+    spawn_app_on(database, customize).await
+}
+
+/// Like [`spawn_app_with`], on a given database.
+pub async fn spawn_app_on(database: TestDatabase, customize: impl FnOnce(&mut Config)) -> TestApp {
+    let (catalog_url, faults, catalog_budgets, catalog) = spawn_recorded_catalog().await;
+    let mut config = Config::for_tests(&catalog_url, &database.url);
+    customize(&mut config);
+    let app = Application::build(config)
+        .await
+        .expect("orders-service builds");
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let state = app.state();
+    let side = PgPool::connect(&database.url).await.expect("side pool");
+    TestApp {
+        base,
+        client: reqwest::Client::new(),
+        state,
+        faults,
+        catalog_budgets,
+        database,
+        side,
+        catalog_url,
+        orders: Some(test_support::spawn(|shutdown| app.run_until(shutdown))),
+        _catalog: catalog,
+    }
+}
+
+/// The real catalog router behind a layer that records the budget of every call.
+async fn spawn_recorded_catalog() -> (String, Faults, Arc<Mutex<Vec<Option<u64>>>>, Running) {
+    let config = catalog_service::Config::for_tests();
+    let faults = Faults::new(FaultConfig::default());
+    let metrics = shared::metrics::Metrics::new("catalog-service");
+    let budgets: Arc<Mutex<Vec<Option<u64>>>> = Arc::default();
+    let recorder = budgets.clone();
+    let router = catalog_service::routes::router(&config, faults.clone(), metrics).layer(
+        middleware::from_fn(move |request: Request, next: Next| {
+            let budget = request
+                .headers()
+                .get("x-request-timeout-ms")
+                .and_then(|v| v.to_str().ok()?.parse().ok());
+            if request.uri().path().starts_with("/catalog/") {
+                recorder.lock().unwrap().push(budget);
+            }
+            next.run(request)
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let running = test_support::spawn(|shutdown| {
+        shared::server::serve(
+            listener,
+            router,
+            shutdown,
+            shared::server::ServerOptions::default(),
+        )
+    });
+    (url, faults, budgets, running)
+}
+
+impl TestApp {
+    pub async fn post_order(
+        &self,
+        body: Value,
+        budget_ms: Option<u64>,
+        key: Option<&str>,
+    ) -> Response {
+        let mut request = self
+            .client
+            .post(format!("{}/api/orders", self.base))
+            .json(&body);
+        if let Some(ms) = budget_ms {
+            request = request.header("X-Request-Timeout-Ms", ms);
+        }
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        request.send().await.expect("request sent")
+    }
+
+    pub async fn get(&self, path: &str) -> Response {
+        self.client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn order(&self, sku: &str, quantity: i64, budget_ms: Option<u64>) -> Response {
+        self.post_order(json!({"sku": sku, "quantity": quantity}), budget_ms, None)
+            .await
+    }
+
+    pub fn slow_catalog(&self, delay_ms: u64) {
+        self.faults.set(FaultConfig {
+            delay_ms,
+            ..FaultConfig::default()
+        });
+    }
+
+    pub async fn stock(&self, sku: &str) -> i64 {
+        sqlx::query_scalar::<_, i32>("SELECT available FROM inventory WHERE sku = $1")
+            .bind(sku)
+            .fetch_one(&self.side)
+            .await
+            .unwrap()
+            .into()
+    }
+
+    pub async fn order_rows(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM orders")
+            .fetch_one(&self.side)
+            .await
+            .unwrap()
+    }
+
+    /// Backends of this test's database in `state` ('idle in transaction', ...).
+    pub async fn backends_in_state(&self, state: &str) -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND pid <> pg_backend_pid() AND state = $1",
+        )
+        .bind(state)
+        .fetch_one(&self.side)
+        .await
+        .unwrap()
+    }
+
+    /// Backends of this test's database waiting on a lock.
+    pub async fn backends_waiting_on_locks(&self) -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&self.side)
+        .await
+        .unwrap()
+    }
+
+    pub fn metrics(&self) -> String {
+        self.state.metrics.render()
+    }
+
+    pub async fn shutdown(&mut self) {
+        if let Some(orders) = self.orders.take() {
+            orders.shutdown().await;
+        }
+    }
+}
+
+pub async fn json_of(response: Response) -> Value {
+    response.json().await.expect("a JSON body")
+}
+
+/// Waits until the pool has no connection checked out and no session is left inside a
+/// transaction: nothing leaked.
+pub async fn wait_for_idle_pool(app: &TestApp) {
+    test_support::wait_until("the pool has no connection in use", MS(2000), || async {
+        app.state.db.in_use() == 0
+    })
+    .await;
+    assert_eq!(app.backends_in_state("idle in transaction").await, 0);
+}

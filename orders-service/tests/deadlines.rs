@@ -1,0 +1,184 @@
+//! The budget across the hop to catalog-service, over real HTTP.
+
+mod common;
+
+use common::{MS, json_of, spawn_app, spawn_app_with};
+use futures_util::future::join_all;
+use reqwest::StatusCode;
+use shared::DeadlineMode;
+use test_support::metric_value;
+use tokio::time::Instant;
+
+#[tokio::test]
+async fn every_catalog_call_receives_a_budget_below_the_clients_and_above_zero() {
+    let app = spawn_app().await;
+    for budget in [800, 300, 50, 2000, 60_000] {
+        let response = app.order("SKU-00007", 1, Some(budget)).await;
+        assert_eq!(response.status(), StatusCode::CREATED, "budget {budget}");
+    }
+    let seen = app.catalog_budgets.lock().unwrap().clone();
+    assert_eq!(seen.len(), 5);
+    // 60 000 is clamped to the 2000 ms maximum before it is propagated.
+    for (sent, client) in seen.iter().zip([800, 300, 50, 2000, 2000]) {
+        let sent = sent.expect("every call carries the header");
+        assert!(
+            sent > 0 && sent < client,
+            "client {client} ms, catalog got {sent} ms"
+        );
+    }
+}
+
+#[tokio::test]
+async fn order_times_out_at_its_budget_when_catalog_is_slow() {
+    let app = spawn_app().await;
+    app.slow_catalog(1000);
+    let started = Instant::now();
+    let response = app.order("SKU-00001", 1, Some(300)).await;
+    let took = started.elapsed();
+    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert!(took < MS(400), "answered after {took:?}");
+    let timing = response.headers()["server-timing"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let problem = json_of(response).await;
+    assert_eq!(problem["stage"], "catalog", "{problem}");
+    assert_eq!(problem["budget_ms"], 300);
+    assert!(timing.contains("catalog;dur="), "{timing}");
+    assert_eq!(app.order_rows().await, 0, "no partial order");
+}
+
+#[tokio::test]
+async fn legacy_mode_waits_for_the_slow_catalog_and_succeeds() {
+    let app = spawn_app_with(|c| c.deadline_mode = DeadlineMode::Legacy).await;
+    app.slow_catalog(1000);
+    let started = Instant::now();
+    let response = app.order("SKU-00001", 1, Some(300)).await;
+    let took = started.elapsed();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert!(took >= MS(1000) && took < MS(2000), "took {took:?}");
+    assert_eq!(
+        app.catalog_budgets.lock().unwrap()[0],
+        None,
+        "legacy sends no budget"
+    );
+}
+
+#[tokio::test]
+async fn a_saturated_pool_refuses_the_extra_requests_early_and_keeps_its_queue_bounded() {
+    let app = spawn_app_with(|c| {
+        c.catalog_pool_max_connections = 4;
+        c.catalog_pool_pending_max = 4;
+        c.catalog_pool_acquire_timeout_ms = 40;
+    })
+    .await;
+    app.slow_catalog(1000);
+    let bulkhead = app.state.catalog.http().bulkhead().clone();
+
+    let sampler = {
+        let (bulkhead, metrics) = (bulkhead.clone(), app.state.metrics.clone());
+        tokio::spawn(async move {
+            let mut worst = 0.0_f64;
+            let until = Instant::now() + MS(1500);
+            while Instant::now() < until {
+                let gauge = metric_value(
+                    &metrics.render(),
+                    "http_client_pool_pending_acquires",
+                    r#"client="catalog""#,
+                )
+                .unwrap_or(0.0);
+                worst = worst.max(gauge).max(bulkhead.pending() as f64);
+                tokio::time::sleep(MS(2)).await;
+            }
+            worst
+        })
+    };
+
+    let calls = (0..20).map(|i| {
+        let app = &app;
+        async move {
+            let started = Instant::now();
+            let response = app.order(&format!("SKU-{:05}", i + 1), 1, Some(1500)).await;
+            (
+                response.status(),
+                started.elapsed(),
+                json_of(response).await,
+            )
+        }
+    });
+    let results = join_all(calls).await;
+
+    let created = results
+        .iter()
+        .filter(|(s, ..)| *s == StatusCode::CREATED)
+        .count();
+    let refused: Vec<_> = results
+        .iter()
+        .filter(|(s, ..)| *s == StatusCode::SERVICE_UNAVAILABLE)
+        .collect();
+    assert_eq!(created, 4, "four calls hold the four connections");
+    assert_eq!(refused.len(), 16, "{results:?}");
+    for (_, took, problem) in &refused {
+        assert_eq!(problem["stage"], "catalog_pool");
+        assert!(
+            *took < MS(140),
+            "a refusal took {took:?}, past 40 ms + 100 ms"
+        );
+    }
+    let worst = sampler.await.unwrap();
+    assert!(worst <= 4.0, "pending reached {worst}");
+    assert!(bulkhead.peak_pending() <= 4);
+    assert_eq!(bulkhead.pending(), 0);
+    let text = app.metrics();
+    let rejected = |reason| {
+        metric_value(
+            &text,
+            "http_client_pool_rejections_total",
+            &format!(r#"client="catalog",reason="{reason}""#),
+        )
+        .unwrap()
+    };
+    assert_eq!(rejected("queue_full") + rejected("acquire_timeout"), 16.0);
+}
+
+#[tokio::test]
+async fn a_catalog_error_is_a_502_well_inside_the_budget() {
+    let app = spawn_app().await;
+    app.faults.set(catalog_service::FaultConfig {
+        error_rate: 1.0,
+        ..Default::default()
+    });
+    let started = Instant::now();
+    let response = app.order("SKU-00001", 1, Some(1000)).await;
+    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    assert!(started.elapsed() < MS(500));
+    assert_eq!(json_of(response).await["stage"], "catalog");
+}
+
+#[tokio::test]
+async fn an_unreachable_catalog_is_a_502_well_inside_the_budget() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let app = spawn_app_with(|c| c.catalog_url = url).await;
+    let started = Instant::now();
+    let response = app.order("SKU-00001", 1, Some(1000)).await;
+    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    assert!(started.elapsed() < MS(500));
+}
+
+#[tokio::test]
+async fn a_catalog_that_runs_out_of_budget_is_a_504_and_is_not_retried() {
+    // The catalog's own maximum is lower than what orders sends, so the 504 comes from
+    // the catalog side of the hop.
+    let app = spawn_app().await;
+    app.slow_catalog(400);
+    let response = app.order("SKU-00001", 1, Some(300)).await;
+    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(json_of(response).await["stage"], "catalog");
+    assert_eq!(
+        app.catalog_budgets.lock().unwrap().len(),
+        1,
+        "one call, no retry"
+    );
+}

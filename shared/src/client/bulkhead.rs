@@ -1,0 +1,220 @@
+//! [`Bulkhead`]: a cap on concurrent outbound calls with a bounded, timed queue.
+//!
+//! reqwest keeps idle connections but puts no cap on how many are open, so it has no pool
+//! queue to bound. This models what Reactor Netty calls `maxConnections`,
+//! `pendingAcquireMaxCount` and `pendingAcquireTimeout`: at most `max_in_flight` calls
+//! hold a slot, at most `pending_max` wait for one, and a waiter gives up after its
+//! wait. A slot is held until the response *body* has been read (tower's
+//! `ConcurrencyLimit` would release at the headers and undercount).
+//!
+//! The pending count is the signal the dashboards use: it rises when calls queue for a
+//! slot, which is a different fault from a slow downstream.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Why no slot was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AcquireError {
+    /// `pending_max` calls were already waiting: refused without waiting at all.
+    #[error("the pool queue is full")]
+    QueueFull,
+    /// The wait passed its limit.
+    #[error("timed out waiting for a pool slot")]
+    TimedOut,
+}
+
+/// A concurrency cap with a bounded queue. Share it behind an `Arc`.
+pub struct Bulkhead {
+    slots: Arc<Semaphore>,
+    max_in_flight: usize,
+    pending_max: Option<usize>,
+    pending: AtomicUsize,
+    peak_pending: AtomicUsize,
+    on_change: Option<Box<dyn Fn(usize, usize) + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Bulkhead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bulkhead")
+            .field("max_in_flight", &self.max_in_flight)
+            .field("pending_max", &self.pending_max)
+            .field("pending", &self.pending())
+            .field("active", &self.active())
+            .finish()
+    }
+}
+
+/// A held slot; dropping it frees the slot.
+#[derive(Debug)]
+pub struct Slot {
+    _permit: OwnedSemaphorePermit,
+    bulkhead: Arc<Bulkhead>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // The permit is released after this body runs, so count it as already gone.
+        self.bulkhead.report(1);
+    }
+}
+
+/// Counts a waiter for as long as it waits, including when its future is dropped.
+struct Waiting<'a>(&'a Bulkhead);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.pending.fetch_sub(1, Ordering::SeqCst);
+        self.0.report(0);
+    }
+}
+
+impl Bulkhead {
+    /// At most `max_in_flight` calls at once; at most `pending_max` waiting (`None`:
+    /// no limit, as in legacy code).
+    pub fn new(max_in_flight: usize, pending_max: Option<usize>) -> Self {
+        let max_in_flight = max_in_flight.max(1);
+        Self {
+            slots: Arc::new(Semaphore::new(max_in_flight)),
+            max_in_flight,
+            pending_max,
+            pending: AtomicUsize::new(0),
+            peak_pending: AtomicUsize::new(0),
+            on_change: None,
+        }
+    }
+
+    /// Calls `f(pending, active)` whenever either changes, to drive gauges.
+    pub fn on_change(mut self, f: impl Fn(usize, usize) + Send + Sync + 'static) -> Self {
+        self.on_change = Some(Box::new(f));
+        self
+    }
+
+    /// Takes a slot, waiting at most `wait` (`None`: as long as it takes).
+    pub async fn acquire(self: &Arc<Self>, wait: Option<Duration>) -> Result<Slot, AcquireError> {
+        if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
+            return Ok(self.slot(permit));
+        }
+        let waiting = self.join_queue()?;
+        let permit = match wait {
+            Some(wait) => tokio::time::timeout(wait, Arc::clone(&self.slots).acquire_owned())
+                .await
+                .map_err(|_| AcquireError::TimedOut)?,
+            None => Arc::clone(&self.slots).acquire_owned().await,
+        }
+        .expect("the semaphore is never closed");
+        drop(waiting);
+        Ok(self.slot(permit))
+    }
+
+    /// Calls waiting for a slot now.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::SeqCst)
+    }
+
+    /// The most calls ever seen waiting at once.
+    pub fn peak_pending(&self) -> usize {
+        self.peak_pending.load(Ordering::SeqCst)
+    }
+
+    /// Calls holding a slot now.
+    pub fn active(&self) -> usize {
+        self.max_in_flight - self.slots.available_permits()
+    }
+
+    /// The cap on concurrent calls.
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight
+    }
+
+    /// The cap on waiting calls, if any.
+    pub fn pending_max(&self) -> Option<usize> {
+        self.pending_max
+    }
+
+    fn join_queue(&self) -> Result<Waiting<'_>, AcquireError> {
+        let limit = self.pending_max.unwrap_or(usize::MAX);
+        // Check and increment in one step: two callers must never both take the last place.
+        let now = self
+            .pending
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .map_err(|_| AcquireError::QueueFull)?
+            + 1;
+        self.peak_pending.fetch_max(now, Ordering::SeqCst);
+        self.report(0);
+        Ok(Waiting(self))
+    }
+
+    fn slot(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Slot {
+        self.report(0);
+        Slot {
+            _permit: permit,
+            bulkhead: Arc::clone(self),
+        }
+    }
+
+    fn report(&self, releasing: usize) {
+        if let Some(f) = &self.on_change {
+            f(self.pending(), self.active().saturating_sub(releasing));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_refuses_at_once_and_a_waiter_times_out() {
+        let bulkhead = Arc::new(Bulkhead::new(1, Some(1)));
+        let held = bulkhead.acquire(None).await.unwrap();
+        assert_eq!(bulkhead.active(), 1);
+        let b = Arc::clone(&bulkhead);
+        let waiter =
+            tokio::spawn(async move { b.acquire(Some(Duration::from_millis(40))).await.map(drop) });
+        tokio::task::yield_now().await;
+        assert_eq!(bulkhead.pending(), 1);
+        assert_eq!(
+            bulkhead
+                .acquire(Some(Duration::from_secs(1)))
+                .await
+                .map(drop),
+            Err(AcquireError::QueueFull)
+        );
+        assert_eq!(waiter.await.unwrap(), Err(AcquireError::TimedOut));
+        assert_eq!(bulkhead.pending(), 0);
+        drop(held);
+        assert_eq!(bulkhead.active(), 0);
+        assert_eq!(bulkhead.peak_pending(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_released_slot_goes_to_the_waiter() {
+        let bulkhead = Arc::new(Bulkhead::new(1, None));
+        let held = bulkhead.acquire(None).await.unwrap();
+        let b = Arc::clone(&bulkhead);
+        let waiter =
+            tokio::spawn(async move { b.acquire(Some(Duration::from_secs(1))).await.map(drop) });
+        tokio::task::yield_now().await;
+        drop(held);
+        assert_eq!(waiter.await.unwrap(), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_waiter_leaves_the_queue() {
+        let bulkhead = Arc::new(Bulkhead::new(1, Some(4)));
+        let _held = bulkhead.acquire(None).await.unwrap();
+        let b = Arc::clone(&bulkhead);
+        let waiter = tokio::spawn(async move { b.acquire(None).await.map(drop) });
+        tokio::task::yield_now().await;
+        assert_eq!(bulkhead.pending(), 1);
+        waiter.abort();
+        let _ = waiter.await;
+        assert_eq!(bulkhead.pending(), 0);
+    }
+}

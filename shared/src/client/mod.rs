@@ -1,0 +1,249 @@
+//! [`BudgetedClient`]: an HTTP client whose every call spends only the remaining budget.
+//!
+//! One call is two stages under one deadline:
+//! 1. [`acquire_slot`](BudgetedClient::acquire_slot) (`catalog_pool`): wait for a slot in
+//!    the [`Bulkhead`] for at most `min(acquire_timeout, remaining)`. A full queue or a
+//!    passed acquire timeout is a 503 with `Retry-After` (refused before any work); the
+//!    deadline passing while waiting is a 504.
+//! 2. [`send`](BudgetedClient::send) (`catalog`): connect, send, headers *and body* under
+//!    what is left, with the budget propagated as `X-Request-Timeout-Ms` minus the
+//!    per-hop reserve. When the deadline fires the future is dropped, which closes the
+//!    connection, and the downstream (if it watches its own deadline) stops too.
+//!
+//! Both stages end at the same instant, so together they are the one timeout over pool
+//! wait + request + body that a per-request "response timeout" cannot give.
+//!
+//! In [`DeadlineMode::Legacy`] the same client behaves like code written without the
+//! technique: an unbounded queue, no budget header, and a fixed 30 s reqwest timeout
+//! that covers the request but not the time spent queueing for a slot.
+
+mod bulkhead;
+mod error;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderMap;
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+
+pub use bulkhead::{AcquireError, Bulkhead, Slot};
+pub use error::CallError;
+
+use crate::deadline::Deadline;
+use crate::header::REQUEST_TIMEOUT_HEADER;
+use crate::ingress::DeadlineMode;
+use crate::metrics::{ClientMetrics, RejectReason};
+use crate::stage::Stage;
+
+/// Why the client could not be built (reqwest's error, named so callers need not
+/// depend on reqwest).
+pub type BuildError = reqwest::Error;
+
+/// Adds headers to every outbound request; the hook where tracing injects `traceparent`.
+pub type HeaderInjector = Arc<dyn Fn(&mut HeaderMap) + Send + Sync>;
+
+/// How a [`BudgetedClient`] is set up.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Label for metrics (`client="catalog"`).
+    pub name: &'static str,
+    /// Base URL, e.g. `http://127.0.0.1:8081`.
+    pub base_url: String,
+    /// Calls in flight at most (`CATALOG_POOL_MAX_CONNECTIONS`).
+    pub max_connections: usize,
+    /// Calls waiting for a slot at most (`CATALOG_POOL_PENDING_MAX`).
+    pub pending_max: usize,
+    /// The longest a call waits for a slot (`CATALOG_POOL_ACQUIRE_TIMEOUT_MS`); the
+    /// early-rejection threshold.
+    pub acquire_timeout: Duration,
+    /// Budget kept back at this hop when propagating (`DEADLINE_RESERVE_MS`).
+    pub reserve: Duration,
+    /// Propagate or legacy.
+    pub mode: DeadlineMode,
+    /// How long an *unused* connection is kept open.
+    pub idle_timeout: Duration,
+}
+
+/// The budgeted client. Cheap to clone.
+#[derive(Clone)]
+pub struct BudgetedClient {
+    http: reqwest::Client,
+    bulkhead: Arc<Bulkhead>,
+    config: Arc<ClientConfig>,
+    metrics: Option<ClientMetrics>,
+    inject: Option<HeaderInjector>,
+}
+
+impl std::fmt::Debug for BudgetedClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BudgetedClient")
+            .field("config", &self.config)
+            .field("bulkhead", &self.bulkhead)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BudgetedClient {
+    /// Builds the client; `metrics` receives the pool gauges and call times.
+    pub fn new(config: ClientConfig, metrics: Option<ClientMetrics>) -> Result<Self, BuildError> {
+        let pending_max = match config.mode {
+            DeadlineMode::Propagate => Some(config.pending_max),
+            DeadlineMode::Legacy => None,
+        };
+        let mut bulkhead = Bulkhead::new(config.max_connections, pending_max);
+        if let Some(metrics) = &metrics {
+            metrics.init(config.name);
+            let (metrics, name) = (metrics.clone(), config.name);
+            bulkhead =
+                bulkhead.on_change(move |pending, active| metrics.set_pool(name, pending, active));
+        }
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(config.max_connections)
+            .pool_idle_timeout(config.idle_timeout)
+            .tcp_nodelay(true)
+            .build()?;
+        Ok(Self {
+            http,
+            bulkhead: Arc::new(bulkhead),
+            config: Arc::new(config),
+            metrics,
+            inject: None,
+        })
+    }
+
+    /// Adds headers (such as `traceparent`) to every outbound request.
+    pub fn with_header_injector(mut self, inject: HeaderInjector) -> Self {
+        self.inject = Some(inject);
+        self
+    }
+
+    /// The bulkhead, for gauges and tests.
+    pub fn bulkhead(&self) -> &Arc<Bulkhead> {
+        &self.bulkhead
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// `GET base_url + path` and parse the JSON body, all under `deadline`.
+    ///
+    /// `path` must already be percent-encoded where it carries user input.
+    pub async fn get_json<T: DeserializeOwned>(
+        &self,
+        deadline: &Deadline,
+        path: &str,
+    ) -> Result<T, CallError> {
+        let body = self.get_bytes(deadline, path).await?;
+        serde_json::from_slice(&body).map_err(|err| CallError::Invalid(err.to_string()))
+    }
+
+    /// `GET base_url + path`, the whole body, under `deadline`.
+    pub async fn get_bytes(
+        &self,
+        deadline: &Deadline,
+        path: &str,
+    ) -> Result<bytes::Bytes, CallError> {
+        let slot = self.acquire_slot(deadline).await?;
+        let body = self.send(deadline, path).await;
+        // The slot is held until the whole body has been read.
+        drop(slot);
+        body
+    }
+
+    /// Stage `catalog_pool`: a slot, or a refusal before any I/O.
+    pub async fn acquire_slot(&self, deadline: &Deadline) -> Result<Slot, CallError> {
+        let started = Instant::now();
+        let result = match self.config.mode {
+            DeadlineMode::Legacy => self.bulkhead.acquire(None).await,
+            DeadlineMode::Propagate => {
+                let wait = Some(self.config.acquire_timeout);
+                match deadline
+                    .run(Stage::CatalogPool, self.bulkhead.acquire(wait))
+                    .await
+                {
+                    Ok(result) => result,
+                    Err(exceeded) => {
+                        self.count_rejection(RejectReason::Deadline);
+                        return Err(CallError::Deadline(exceeded));
+                    }
+                }
+            }
+        };
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_acquire(self.config.name, started.elapsed());
+        }
+        result.map_err(|err| {
+            let reason = match err {
+                AcquireError::QueueFull => RejectReason::QueueFull,
+                AcquireError::TimedOut => RejectReason::AcquireTimeout,
+            };
+            self.count_rejection(reason);
+            CallError::Rejected {
+                reason: err,
+                retry_after: Duration::from_secs(1),
+            }
+        })
+    }
+
+    /// Stage `catalog`: the request and its body, with the budget propagated.
+    pub async fn send(&self, deadline: &Deadline, path: &str) -> Result<bytes::Bytes, CallError> {
+        let url = format!("{}{path}", self.config.base_url);
+        let mut request = self.http.get(url);
+        if let Some(inject) = &self.inject {
+            let mut headers = HeaderMap::new();
+            inject(&mut headers);
+            request = request.headers(headers);
+        }
+        let started = Instant::now();
+        let outcome = match self.config.mode {
+            DeadlineMode::Legacy => {
+                let request = request.timeout(DeadlineMode::LEGACY_TIMEOUT);
+                Ok(fetch(request).await)
+            }
+            DeadlineMode::Propagate => {
+                let budget = deadline.outbound_millis(self.config.reserve);
+                let request = request.header(REQUEST_TIMEOUT_HEADER, budget);
+                deadline.run(Stage::Catalog, fetch(request)).await
+            }
+        };
+        let took = started.elapsed();
+        let (label, result) = match outcome {
+            Err(exceeded) => ("timeout".to_owned(), Err(CallError::Deadline(exceeded))),
+            Ok(Ok((status, body))) => (
+                status.as_str().to_owned(),
+                CallError::check(status, body, deadline),
+            ),
+            Ok(Err(err)) if err.is_timeout() => (
+                "timeout".to_owned(),
+                Err(CallError::Unreachable(err.to_string())),
+            ),
+            Ok(Err(err)) => (
+                "error".to_owned(),
+                Err(CallError::Unreachable(err.to_string())),
+            ),
+        };
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_request(self.config.name, &label, took);
+        }
+        result
+    }
+
+    fn count_rejection(&self, reason: RejectReason) {
+        if let Some(metrics) = &self.metrics {
+            metrics.count_rejection(self.config.name, reason);
+        }
+    }
+}
+
+/// Sends and reads the whole body: both belong inside the same timeout.
+async fn fetch(
+    request: reqwest::RequestBuilder,
+) -> Result<(http::StatusCode, bytes::Bytes), reqwest::Error> {
+    let response = request.send().await?;
+    let status = response.status();
+    let body = response.bytes().await?;
+    Ok((status, body))
+}
