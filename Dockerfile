@@ -1,0 +1,68 @@
+# syntax=docker/dockerfile:1
+#
+# One Dockerfile for both services, one final stage per service:
+#
+#   docker build --target catalog-service -t catalog-service .
+#   docker build --target orders-service  -t orders-service  .
+#
+# (docker-compose.yml does the same with `build.target`.) Why targets rather than a
+# `SERVICE` build argument: both binaries come out of one `cargo build` in one shared
+# build stage, so the workspace (shared/, every dependency) is compiled once for the two
+# images instead of once per image, and each final stage can say exactly which ports
+# its service listens on (EXPOSE cannot depend on a build argument).
+#
+# Dependency caching: BuildKit cache mounts keep cargo's registry and the target
+# directory between builds, so after the first build only the changed crates are
+# compiled again. Needs BuildKit: the default of `docker build` since Docker 23 and of
+# `docker compose` (v2) always.
+
+ARG RUST_VERSION=1.94
+
+# ----------------------------------------------------------------------------- build
+FROM rust:${RUST_VERSION}-bookworm AS build
+WORKDIR /src
+# sqlx's query macros check SQL at compile time against a live database unless told to
+# use the prepared metadata in .sqlx/ (`cargo sqlx prepare --workspace`); no database
+# is reachable inside `docker build`.
+ENV SQLX_OFFLINE=true \
+    CARGO_TERM_COLOR=never
+# The whole workspace: every member's manifest must be present for cargo to resolve it.
+# .dockerignore keeps target/, .git/ and the non-Rust folders out of the context.
+COPY . .
+# The target directory is a cache mount, which is gone after this step: copy the two
+# binaries out of it in the same RUN.
+RUN --mount=type=cache,id=deadline-cargo-registry,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,id=deadline-cargo-git,target=/usr/local/cargo/git,sharing=locked \
+    --mount=type=cache,id=deadline-target,target=/src/target,sharing=locked \
+    cargo build --release --locked --package catalog-service --package orders-service --bins \
+ && mkdir -p /out \
+ && cp target/release/catalog-service target/release/orders-service /out/
+
+# --------------------------------------------------------------------------- runtime
+# No extra packages: the services speak plain HTTP inside the compose network (reqwest
+# is built without TLS) and compose's health checks use bash's /dev/tcp.
+FROM debian:bookworm-slim AS runtime
+RUN groupadd --system --gid 10001 app \
+ && useradd --system --uid 10001 --gid app --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin app
+# Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
+USER 10001:10001
+
+# ------------------------------------------------------------------- catalog-service
+FROM runtime AS catalog-service
+COPY --from=build /out/catalog-service /usr/local/bin/catalog-service
+# The service's defaults are loopback, which nothing outside the container could reach.
+# The public API listens on all interfaces; the admin (fault injection) API stays on
+# loopback unless the deployment sets CATALOG_ADMIN_ADDR (docker-compose.yml does).
+ENV CATALOG_LISTEN_ADDR=0.0.0.0:8081
+# 8081: GET /catalog/{sku}, /metrics, /healthz. 9081: /admin/faults.
+EXPOSE 8081 9081
+ENTRYPOINT ["/usr/local/bin/catalog-service"]
+
+# -------------------------------------------------------------------- orders-service
+FROM runtime AS orders-service
+COPY --from=build /out/orders-service /usr/local/bin/orders-service
+ENV ORDERS_LISTEN_ADDR=0.0.0.0:8080
+# 8080: /api/orders, /api/assistant/chat, /mcp, /metrics, /healthz, /readyz.
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/orders-service"]
