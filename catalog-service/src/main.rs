@@ -6,7 +6,7 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
-    shared::telemetry::init(config.log_format);
+    let _telemetry = shared::telemetry::init("catalog-service", config.log_format);
     let app = Application::build(config).await?;
     tracing::info!(
         port = app.port(),

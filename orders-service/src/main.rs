@@ -6,7 +6,7 @@ use orders_service::{Application, Config};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
-    shared::telemetry::init(config.log_format);
+    let _telemetry = shared::telemetry::init("orders-service", config.log_format);
     let app = Application::build(config).await?;
     tracing::info!(port = app.port(), mode = ?app.mode(), "orders-service listening");
     app.run_until(shared::server::shutdown_signal()).await;

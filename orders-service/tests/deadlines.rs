@@ -127,9 +127,16 @@ async fn a_saturated_pool_refuses_the_extra_requests_early_and_keeps_its_queue_b
     }
     let worst = sampler.await.unwrap();
     assert!(worst <= 4.0, "pending reached {worst}");
+    assert!(
+        worst >= 1.0,
+        "the pending gauge never rose while the pool was saturated"
+    );
     assert!(bulkhead.peak_pending() <= 4);
     assert_eq!(bulkhead.pending(), 0);
     let text = app.metrics();
+    let gauge = |name| metric_value(&text, name, r#"client="catalog""#);
+    assert_eq!(gauge("http_client_pool_pending_acquires"), Some(0.0));
+    assert_eq!(gauge("http_client_pool_active_connections"), Some(0.0));
     let rejected = |reason| {
         metric_value(
             &text,

@@ -184,6 +184,7 @@ impl Deadline {
         }
         let span = tracing::info_span!(
             "stage",
+            otel.name = stage.as_str(),
             stage = stage.as_str(),
             deadline.budget_ms = self.budget.as_millis() as u64,
             deadline.remaining_ms = remaining.as_millis() as u64,

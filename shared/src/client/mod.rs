@@ -26,6 +26,7 @@ use std::time::Duration;
 use http::HeaderMap;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 pub use bulkhead::{AcquireError, Bulkhead, Slot};
 pub use error::CallError;
@@ -39,9 +40,6 @@ use crate::stage::Stage;
 /// Why the client could not be built (reqwest's error, named so callers need not
 /// depend on reqwest).
 pub type BuildError = reqwest::Error;
-
-/// Adds headers to every outbound request; the hook where tracing injects `traceparent`.
-pub type HeaderInjector = Arc<dyn Fn(&mut HeaderMap) + Send + Sync>;
 
 /// How a [`BudgetedClient`] is set up.
 #[derive(Clone, Debug)]
@@ -72,7 +70,6 @@ pub struct BudgetedClient {
     bulkhead: Arc<Bulkhead>,
     config: Arc<ClientConfig>,
     metrics: Option<ClientMetrics>,
-    inject: Option<HeaderInjector>,
 }
 
 impl std::fmt::Debug for BudgetedClient {
@@ -108,14 +105,7 @@ impl BudgetedClient {
             bulkhead: Arc::new(bulkhead),
             config: Arc::new(config),
             metrics,
-            inject: None,
         })
-    }
-
-    /// Adds headers (such as `traceparent`) to every outbound request.
-    pub fn with_header_injector(mut self, inject: HeaderInjector) -> Self {
-        self.inject = Some(inject);
-        self
     }
 
     /// The bulkhead, for gauges and tests.
@@ -188,15 +178,36 @@ impl BudgetedClient {
         })
     }
 
-    /// Stage `catalog`: the request and its body, with the budget propagated.
+    /// Stage `catalog`: the request and its body, with the budget propagated and the
+    /// trace context (`traceparent`) of a client span injected.
     pub async fn send(&self, deadline: &Deadline, path: &str) -> Result<bytes::Bytes, CallError> {
-        let url = format!("{}{path}", self.config.base_url);
-        let mut request = self.http.get(url);
-        if let Some(inject) = &self.inject {
-            let mut headers = HeaderMap::new();
-            inject(&mut headers);
-            request = request.headers(headers);
-        }
+        let span = tracing::info_span!(
+            "http.client",
+            otel.name = %format_args!("GET {}", self.config.name),
+            otel.kind = "client",
+            http.request.method = "GET",
+            url.full = %format_args!("{}{path}", self.config.base_url),
+            deadline.budget_ms = deadline.budget().as_millis() as u64,
+            deadline.remaining_ms = deadline.remaining().as_millis() as u64,
+            http.response.status_code = tracing::field::Empty,
+        );
+        self.send_in(deadline, path, &span)
+            .instrument(span.clone())
+            .await
+    }
+
+    async fn send_in(
+        &self,
+        deadline: &Deadline,
+        path: &str,
+        span: &tracing::Span,
+    ) -> Result<bytes::Bytes, CallError> {
+        let mut headers = HeaderMap::new();
+        crate::telemetry::propagation::inject(span, &mut headers);
+        let request = self
+            .http
+            .get(format!("{}{path}", self.config.base_url))
+            .headers(headers);
         let started = Instant::now();
         let outcome = match self.config.mode {
             DeadlineMode::Legacy => {
@@ -210,6 +221,9 @@ impl BudgetedClient {
             }
         };
         let took = started.elapsed();
+        if let Ok(Ok((status, _))) = &outcome {
+            span.record("http.response.status_code", status.as_u16());
+        }
         let (label, result) = match outcome {
             Err(exceeded) => ("timeout".to_owned(), Err(CallError::Deadline(exceeded))),
             Ok(Ok((status, body))) => (

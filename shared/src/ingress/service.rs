@@ -72,6 +72,8 @@ where
         }
         let deadline = Deadline::with_log(budget, log);
         deadline.log().observe_start(Stage::Ingress, budget);
+        // The server span (opened by the HTTP middleware) declares this field.
+        tracing::Span::current().record("deadline.budget_ms", budget.as_millis() as u64);
         request.extensions_mut().insert(deadline.clone());
         ResponseFuture::bounded(self.inner.call(request), deadline)
     }

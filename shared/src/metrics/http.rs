@@ -1,5 +1,6 @@
-//! The HTTP server middleware: request time and in-flight count by route template, and
-//! the one log line of every failed request.
+//! The HTTP server middleware: the request's server span (continuing the caller's
+//! trace), request time and in-flight count by route template, and the one log line of
+//! every failed request.
 //!
 //! Apply it with `Router::route_layer` *outside* the deadline layer, so requests that
 //! time out are measured too and `MatchedPath` is known (the `uri` label is the template,
@@ -9,6 +10,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::Metrics;
 use super::families::{RequestLabels, UriLabel};
@@ -22,12 +24,36 @@ pub async fn track_http(State(metrics): State<Metrics>, request: Request, next: 
         .map_or("unmatched", MatchedPath::as_str)
         .to_owned();
     let method = request.method().to_string();
+    let span = tracing::info_span!(
+        "http.server",
+        otel.name = %format_args!("{method} {uri}"),
+        otel.kind = "server",
+        http.request.method = %method,
+        http.route = %uri,
+        http.response.status_code = tracing::field::Empty,
+        deadline.budget_ms = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+    );
+    crate::telemetry::propagation::continue_trace(&span, request.headers());
+    measure(metrics, uri, method, request, next)
+        .instrument(span)
+        .await
+}
+
+async fn measure(
+    metrics: Metrics,
+    uri: String,
+    method: String,
+    request: Request,
+    next: Next,
+) -> Response {
     let started = Instant::now();
     // The guard lowers the gauge even when the client goes away and hyper drops this
     // future half-way: in-flight must return to 0 after cancelled requests.
     let _in_flight = InFlight::enter(&metrics, &uri);
     let response = next.run(request).await;
     let status = response.status();
+    tracing::Span::current().record("http.response.status_code", status.as_u16());
     metrics
         .http()
         .requests

@@ -1,0 +1,186 @@
+//! Metrics and traces, as the dashboards and a trace backend see them.
+
+mod common;
+
+use common::{MS, json_of, spawn_app};
+use opentelemetry::trace::{SpanKind, TraceId};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use reqwest::StatusCode;
+use test_support::{metric_value, wait_until};
+use tracing_subscriber::layer::SubscriberExt;
+
+#[tokio::test]
+async fn every_contract_metric_is_present_with_its_labels_after_a_request() {
+    let app = spawn_app().await;
+    let order = json_of(app.order("SKU-00001", 1, Some(60_000)).await).await;
+    let read = app.get(&format!("/api/orders/{}", order["id"])).await;
+    assert_eq!(read.status(), StatusCode::OK);
+    let text = app.metrics();
+    let samples = [
+        r#"http_server_requests_seconds_bucket{le="0.001",method="POST",uri="/api/orders",status="201"}"#,
+        // The template, never the raw path: one series for every order id.
+        r#"http_server_requests_seconds_count{method="GET",uri="/api/orders/{id}",status="200"}"#,
+        r#"http_server_requests_in_flight{uri="/api/orders"}"#,
+        r#"http_client_requests_seconds_count{client="catalog",status="200"}"#,
+        r#"http_client_pool_pending_acquires{client="catalog"}"#,
+        r#"http_client_pool_active_connections{client="catalog"}"#,
+        r#"http_client_pool_acquire_seconds_count{client="catalog"}"#,
+        r#"http_client_pool_rejections_total{client="catalog",reason="queue_full"}"#,
+        r#"http_client_pool_rejections_total{client="catalog",reason="acquire_timeout"}"#,
+        r#"http_client_pool_rejections_total{client="catalog",reason="deadline"}"#,
+        r#"deadline_inbound_budget_seconds_count{service="orders-service"}"#,
+        r#"deadline_clamped_total{service="orders-service"}"#,
+        r#"deadline_remaining_seconds_count{service="orders-service",stage="catalog"}"#,
+        r#"deadline_remaining_seconds_count{service="orders-service",stage="db"}"#,
+        r#"deadline_exceeded_total{service="orders-service",stage="catalog_pool"}"#,
+        r#"db_pool_connections{state="idle"}"#,
+        r#"db_pool_connections{state="in_use"}"#,
+        "db_pool_pending_acquires",
+    ];
+    for sample in samples {
+        let found = text
+            .lines()
+            .any(|line| line.starts_with(&format!("{sample} ")));
+        assert!(found, "missing {sample} in\n{text}");
+    }
+    assert!(text.contains("# TYPE http_server_requests_seconds histogram"));
+    let clamped = metric_value(
+        &text,
+        "deadline_clamped_total",
+        r#"service="orders-service""#,
+    );
+    assert_eq!(clamped, Some(1.0), "the 60 s request was clamped");
+}
+
+#[tokio::test]
+async fn in_flight_returns_to_zero_after_clients_give_up() {
+    let app = spawn_app().await;
+    app.slow_catalog(3000);
+    let in_flight = || {
+        metric_value(
+            &app.metrics(),
+            "http_server_requests_in_flight",
+            r#"uri="/api/orders""#,
+        )
+        .unwrap_or(0.0)
+    };
+    let impatient = reqwest::Client::builder().timeout(MS(300)).build().unwrap();
+    let url = format!("{}/api/orders", app.base);
+    let calls = (0..5).map(|_| {
+        let (client, url) = (impatient.clone(), url.clone());
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .json(&serde_json::json!({"sku": "SKU-00001", "quantity": 1}))
+                .send()
+                .await
+        })
+    });
+    let calls: Vec<_> = calls.collect();
+    wait_until("all five are in flight", MS(2000), || async {
+        in_flight() == 5.0
+    })
+    .await;
+    for call in calls {
+        assert!(call.await.unwrap().is_err(), "the client gave up");
+    }
+    wait_until("in-flight is back to 0", MS(1000), || async {
+        in_flight() == 0.0
+    })
+    .await;
+    assert_eq!(
+        metric_value(
+            &app.metrics(),
+            "http_client_pool_active_connections",
+            r#"client="catalog""#
+        ),
+        Some(0.0),
+        "the dropped calls released their connection slots"
+    );
+}
+
+fn attribute(span: &SpanData, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| kv.value.to_string())
+}
+
+/// The span named `name` of `kind`; in `trace` when given (other tests of this binary
+/// run in parallel and their spans land in the same exporter).
+fn find<'a>(
+    spans: &'a [SpanData],
+    name: &str,
+    kind: SpanKind,
+    trace: Option<TraceId>,
+) -> &'a SpanData {
+    spans
+        .iter()
+        .find(|s| {
+            s.name == name
+                && s.span_kind == kind
+                && trace.is_none_or(|t| s.span_context.trace_id() == t)
+                && (trace.is_some() || attribute(s, "deadline.budget_ms").as_deref() == Some("700"))
+        })
+        .unwrap_or_else(|| {
+            let names: Vec<_> = spans.iter().map(|s| (&s.name, &s.span_kind)).collect();
+            panic!("no {kind:?} span {name:?} among {names:?}")
+        })
+}
+
+/// Both services run in this test process under one in-memory exporter; the trace must
+/// still cross the hop through the `traceparent` header, as between two hosts.
+#[tokio::test]
+async fn a_trace_crosses_the_hop_and_spans_carry_the_budget() {
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let subscriber =
+        tracing_subscriber::registry().with(shared::telemetry::layer(&provider, "test"));
+    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber here");
+    shared::telemetry::propagation::install_propagator();
+
+    let app = spawn_app().await;
+    let response = app.order("SKU-00001", 1, Some(700)).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    provider.force_flush().unwrap();
+    let spans = exporter.get_finished_spans().unwrap();
+
+    // This test's request is the only one with a 700 ms budget.
+    let orders = find(&spans, "POST /api/orders", SpanKind::Server, None);
+    let trace = orders.span_context.trace_id();
+    assert_ne!(trace, TraceId::INVALID);
+    let client = find(&spans, "GET catalog", SpanKind::Client, Some(trace));
+    // Found in the same trace: the catalog continued the trace from `traceparent`.
+    let catalog = find(&spans, "GET /catalog/{sku}", SpanKind::Server, Some(trace));
+    assert_eq!(catalog.parent_span_id, client.span_context.span_id());
+
+    assert_eq!(
+        attribute(orders, "deadline.budget_ms").as_deref(),
+        Some("700")
+    );
+    let sent = attribute(client, "deadline.remaining_ms").unwrap();
+    assert!(sent.parse::<u64>().unwrap() <= 700);
+    for stage in ["catalog_pool", "catalog", "db_pool", "db"] {
+        let span = spans
+            .iter()
+            .find(|s| s.name == stage && s.span_context.trace_id() == trace)
+            .unwrap_or_else(|| panic!("no {stage} span in the trace"));
+        assert_eq!(
+            attribute(span, "deadline.budget_ms").as_deref(),
+            Some("700"),
+            "{stage}"
+        );
+        assert!(
+            attribute(span, "deadline.remaining_ms").is_some(),
+            "{stage}"
+        );
+    }
+    // The catalog's budget is the one orders propagated: less than the client's 700 ms.
+    let catalog_budget: u64 = attribute(catalog, "deadline.budget_ms")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(catalog_budget < 700 && catalog_budget > 0);
+}
