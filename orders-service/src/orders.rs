@@ -120,10 +120,12 @@ pub async fn place_order(
     let unit_price = i32::try_from(unit_price_cents).map_err(Problem::internal)?;
     let total = i64::from(unit_price) * i64::from(order.quantity);
     let mut tx = db.begin(deadline).await?;
+    let backend = tx.backend();
 
     let inserted: Option<Order> = db
-        .run(
+        .run_cancellable(
             deadline,
+            backend.clone(),
             sqlx::query_as(
                 "INSERT INTO orders (sku, quantity, unit_price_cents, total_cents, idempotency_key) \
                  VALUES ($1, $2, $3, $4, $5) \
@@ -146,8 +148,9 @@ pub async fn place_order(
     };
 
     let decremented = db
-        .run(
+        .run_cancellable(
             deadline,
+            backend.clone(),
             sqlx::query("UPDATE inventory SET available = available - $2 WHERE sku = $1 AND available >= $2")
                 .bind(&order.sku)
                 .bind(order.quantity)

@@ -246,12 +246,13 @@ async fn orders_stay_consistent_under_jitter_and_tight_budgets() {
         for response in join_all(calls).await {
             let status = response.status();
             *statuses.entry(status.as_u16()).or_default() += 1;
+            let body = json_of(response).await;
             assert!(
                 [201, 502, 503, 504].contains(&status.as_u16()),
-                "unexpected {status}"
+                "unexpected {status}: {body}"
             );
             if status == StatusCode::CREATED {
-                created.push(json_of(response).await["id"].as_i64().unwrap());
+                created.push(body["id"].as_i64().unwrap());
             }
         }
     }

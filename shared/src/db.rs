@@ -16,12 +16,20 @@
 //! The server-side limits are a few milliseconds *shorter* than the client-side bound,
 //! so the server usually cancels first and the error arrives on a connection that is
 //! immediately usable; the client-side bound stays as the backstop.
+//!
+//! Work can also be abandoned before the deadline: the client goes away, or an MCP
+//! client cancels a tool call. Then waiting for `statement_timeout` would keep the
+//! statement (and its locks and connection) busy for the rest of the budget, so
+//! [`Db::run_cancellable`] asks the server to cancel it at once with
+//! `pg_cancel_backend(pid)`, sent from a small side pool that regular traffic cannot
+//! exhaust.
 
 use std::future::IntoFuture;
+use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
-use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::{Postgres, Transaction};
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
+use sqlx::{Postgres, Row as _, Transaction};
 
 use crate::deadline::{Deadline, DeadlineExceeded};
 use crate::ingress::DeadlineMode;
@@ -34,6 +42,10 @@ use crate::stage::Stage;
 /// or two after they are set; the margin covers that, so the server still stops waiting
 /// before the client-side deadline fires.
 const SERVER_MARGIN: Duration = Duration::from_millis(10);
+
+/// How much longer than the budget an idle transaction may live (see
+/// `set_server_timeouts`).
+const IDLE_IN_TRANSACTION_SLACK: Duration = Duration::from_secs(1);
 
 /// A failed database step.
 #[derive(Debug, thiserror::Error)]
@@ -74,8 +86,52 @@ pub struct DbConfig {
 #[derive(Clone, Debug)]
 pub struct Db {
     pool: PgPool,
+    /// Sends `pg_cancel_backend`; separate so a saturated main pool cannot block it.
+    cancel_pool: PgPool,
     mode: DeadlineMode,
     metrics: Option<DbMetrics>,
+}
+
+/// A transaction under a deadline. Derefs to the connection, so queries take `&mut *tx`.
+#[derive(Debug)]
+pub struct Tx {
+    inner: Transaction<'static, Postgres>,
+    backend: Option<Backend>,
+}
+
+/// Which server process runs a transaction, and since when: enough to cancel *this*
+/// transaction's statement and never a later one on the same (pooled) connection.
+#[derive(Debug, Clone)]
+pub struct Backend {
+    pid: i32,
+    xact_start: String,
+}
+
+impl Tx {
+    /// The server process running this transaction (known in propagate mode), for
+    /// [`Db::run_cancellable`].
+    pub fn backend(&self) -> Option<Backend> {
+        self.backend.clone()
+    }
+
+    /// The commit, as a step for [`Db::run`].
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.inner.commit().await
+    }
+}
+
+impl Deref for Tx {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.inner
+    }
+}
+
+impl DerefMut for Tx {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.inner
+    }
 }
 
 impl Db {
@@ -94,16 +150,16 @@ impl Db {
             .max_connections(config.max_connections)
             .acquire_timeout(acquire_timeout)
             .connect_lazy(url)?;
-        Ok(Self::from_pool(pool, config.mode, metrics))
-    }
-
-    /// Wraps an existing pool.
-    pub fn from_pool(pool: PgPool, mode: DeadlineMode, metrics: Option<DbMetrics>) -> Self {
-        Self {
+        let cancel_pool = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(1))
+            .connect_lazy(url)?;
+        Ok(Self {
             pool,
-            mode,
+            cancel_pool,
+            mode: config.mode,
             metrics,
-        }
+        })
     }
 
     /// The underlying pool.
@@ -124,15 +180,13 @@ impl Db {
     }
 
     /// Stage `db_pool`, then `db`: a connection, `BEGIN`, and the server-side timeouts.
-    pub async fn begin(
-        &self,
-        deadline: &Deadline,
-    ) -> Result<Transaction<'static, Postgres>, DbError> {
-        let mut tx = self.checkout(deadline).await?;
-        if self.mode == DeadlineMode::Propagate {
-            self.set_server_timeouts(deadline, &mut tx).await?;
-        }
-        Ok(tx)
+    pub async fn begin(&self, deadline: &Deadline) -> Result<Tx, DbError> {
+        let mut inner = self.checkout(deadline).await?;
+        let backend = match self.mode {
+            DeadlineMode::Propagate => Some(self.set_server_timeouts(deadline, &mut inner).await?),
+            DeadlineMode::Legacy => None,
+        };
+        Ok(Tx { inner, backend })
     }
 
     /// Stage `db`: one step (statements, a commit) under what is left of the budget.
@@ -140,11 +194,36 @@ impl Db {
     where
         F: IntoFuture<Output = Result<T, sqlx::Error>>,
     {
-        let result = match self.mode {
-            DeadlineMode::Legacy => step.into_future().await,
-            DeadlineMode::Propagate => deadline.run(Stage::Db, step).await?,
+        self.run_cancellable(deadline, None, step).await
+    }
+
+    /// Like [`run`](Self::run), for a statement of the transaction running on `backend`
+    /// ([`Tx::backend`]): if this future is dropped before the
+    /// statement finishes (deadline, client gone, tool cancelled), the server is told to
+    /// cancel it at once instead of running on until `statement_timeout`.
+    pub async fn run_cancellable<T, F>(
+        &self,
+        deadline: &Deadline,
+        backend: Option<Backend>,
+        step: F,
+    ) -> Result<T, DbError>
+    where
+        F: IntoFuture<Output = Result<T, sqlx::Error>>,
+    {
+        let mut guard = CancelOnDrop {
+            pool: &self.cancel_pool,
+            backend,
         };
-        result.map_err(|err| classify(err, deadline, Stage::Db))
+        let result = match self.mode {
+            DeadlineMode::Legacy => Ok(step.into_future().await),
+            DeadlineMode::Propagate => deadline.run(Stage::Db, step).await,
+        };
+        // The statement has finished (or the server cancelled it): nothing to cancel.
+        // Only when the client-side deadline dropped it may it still be running.
+        if result.is_ok() {
+            guard.backend = None;
+        }
+        result?.map_err(|err| classify(err, deadline, Stage::Db))
     }
 
     /// Waits for a connection and begins a transaction (stage `db_pool`).
@@ -160,30 +239,39 @@ impl Db {
         result.map_err(|err| classify(err, deadline, Stage::DbPool))
     }
 
-    /// `statement_timeout` and `lock_timeout` for this transaction only.
+    /// `statement_timeout` and `lock_timeout` for this transaction only; returns the
+    /// backend (same round trip) for [`run_cancellable`](Self::run_cancellable).
+    ///
+    /// `idle_in_transaction_session_timeout` is only a safety net against a transaction
+    /// left open by a bug: it terminates the whole session, so it gets a second more than
+    /// the budget and never fires in the ordinary course.
     async fn set_server_timeouts(
         &self,
         deadline: &Deadline,
         tx: &mut Transaction<'static, Postgres>,
-    ) -> Result<(), DbError> {
+    ) -> Result<Backend, DbError> {
         let left = deadline
             .remaining()
             .saturating_sub(SERVER_MARGIN)
-            .as_millis()
-            .max(1);
-        let left = left.to_string();
-        self.run(
-            deadline,
-            sqlx::query(
-                "SELECT set_config('statement_timeout', $1, true), \
-                        set_config('lock_timeout', $1, true), \
-                        set_config('idle_in_transaction_session_timeout', $1, true)",
+            .max(Duration::from_millis(1));
+        let row = self
+            .run(
+                deadline,
+                sqlx::query(
+                    "SELECT set_config('statement_timeout', $1, true), \
+                            set_config('lock_timeout', $1, true), \
+                            set_config('idle_in_transaction_session_timeout', $2, true), \
+                            pg_backend_pid(), now()::text",
+                )
+                .bind(left.as_millis().to_string())
+                .bind((left + IDLE_IN_TRANSACTION_SLACK).as_millis().to_string())
+                .fetch_one(&mut **tx),
             )
-            .bind(&left)
-            .execute(&mut **tx),
-        )
-        .await
-        .map(drop)
+            .await?;
+        Ok(Backend {
+            pid: row.try_get(3).map_err(DbError::Query)?,
+            xact_start: row.try_get(4).map_err(DbError::Query)?,
+        })
     }
 }
 
@@ -193,7 +281,8 @@ pub fn classify(err: sqlx::Error, deadline: &Deadline, stage: Stage) -> DbError 
         sqlx::Error::Database(db) => match db.code().as_deref() {
             // query_canceled (statement_timeout) and lock_not_available (lock_timeout):
             // the server stopped waiting because our budget ran out.
-            Some("57014" | "55P03") => DbError::Deadline(deadline.exceeded(Stage::Db)),
+            // idle_in_transaction_session_timeout (25P03) means the same, later.
+            Some("57014" | "55P03" | "25P03") => DbError::Deadline(deadline.exceeded(Stage::Db)),
             // admin_shutdown, crash_shutdown, cannot_connect_now: the server is going away.
             Some("57P01" | "57P02" | "57P03") => DbError::Unavailable(err.to_string()),
             _ => DbError::Query(err),
@@ -209,6 +298,40 @@ pub fn classify(err: sqlx::Error, deadline: &Deadline, stage: Stage) -> DbError 
             DbError::Unavailable(err.to_string())
         }
         _ => DbError::Query(err),
+    }
+}
+
+/// Cancels the statement of `backend` on the server when dropped while armed.
+struct CancelOnDrop<'a> {
+    pool: &'a PgPool,
+    backend: Option<Backend>,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        let Some(Backend { pid, xact_start }) = self.backend.take() else {
+            return;
+        };
+        let pool = self.pool.clone();
+        // Drop cannot await: the cancel goes out on its own task. If the runtime is
+        // shutting down there is no task to run; statement_timeout still ends it.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                // Only while the backend is still in *our* transaction: by the time this
+                // runs the connection may be back in the pool serving someone else.
+                let sent = sqlx::query(
+                    "SELECT pg_cancel_backend(pid) FROM pg_stat_activity \
+                     WHERE pid = $1 AND xact_start = $2::timestamptz",
+                )
+                .bind(pid)
+                .bind(xact_start)
+                .execute(&pool)
+                .await;
+                if let Err(err) = sent {
+                    tracing::warn!(pid, error = %err, "pg_cancel_backend failed");
+                }
+            });
+        }
     }
 }
 

@@ -22,6 +22,7 @@
 //!   that spends only the remaining budget on pool wait + request + body.
 //! - [`db`]: PostgreSQL helpers: pool acquire bounded by the budget, transactions whose
 //!   `statement_timeout` and `lock_timeout` come from the remaining time.
+//! - [`tools`]: [`ToolBudget`](tools::ToolBudget), quotas for the tool calls of an AI assistant turn.
 //! - [`metrics`]: the Prometheus families of the contract and the HTTP middleware.
 //! - [`server`]: serving a router with a header read timeout and graceful shutdown.
 //!
@@ -56,6 +57,7 @@ pub mod server;
 pub mod stage;
 pub mod telemetry;
 pub mod timing;
+pub mod tools;
 
 mod extract;
 

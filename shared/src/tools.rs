@@ -1,0 +1,238 @@
+//! [`ToolBudget`]: numeric quotas for the tool calls of one AI assistant turn.
+//!
+//! An assistant turn may call several tools, and each tool does real I/O (a catalog
+//! call, a SQL query) on the same pools as ordinary requests. Without quotas one chatty
+//! agent drains those pools. The seed's numbers are the defaults: a turn gets 2 s (never
+//! more than the request's own deadline), each tool at most 800 ms of what is left of
+//! the turn, and at most 3 calls; a fourth is refused without running.
+//!
+//! A tool's own HTTP and SQL work runs under the tool's deadline (a
+//! [child](crate::Deadline::child) of the turn), so a cut tool leaves nothing behind.
+//! Cancellation (an MCP `notifications/cancelled`, a client that goes away) is
+//! cooperative: the tool future is raced against a `CancellationToken` and dropped, which
+//! drops its HTTP request; SQL needs the server to be told (see
+//! [`Db::run_cancellable`](crate::db::Db::run_cancellable)).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::deadline::Deadline;
+use crate::metrics::ToolMetrics;
+use crate::problem::Problem;
+use crate::stage::Stage;
+
+/// The quotas of a turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ToolPolicy {
+    /// The whole turn (`ASSISTANT_TURN_BUDGET_MS`, default 2000).
+    pub turn: Duration,
+    /// One tool call at most (`ASSISTANT_TOOL_BUDGET_MS`, default 800).
+    pub per_tool: Duration,
+    /// Tool calls per turn at most (`ASSISTANT_MAX_TOOL_CALLS`, default 3).
+    pub max_calls: u32,
+}
+
+impl Default for ToolPolicy {
+    fn default() -> Self {
+        Self {
+            turn: Duration::from_millis(2000),
+            per_tool: Duration::from_millis(800),
+            max_calls: 3,
+        }
+    }
+}
+
+/// How a tool call ended (`tool_calls_total{outcome}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// It returned a result.
+    Ok,
+    /// It failed (a 4xx/5xx from its work).
+    Error,
+    /// Its budget ran out.
+    Timeout,
+    /// It was not run: the turn's call quota was used up, or nothing was left of the turn.
+    Refused,
+    /// The caller cancelled it while it ran.
+    Cancelled,
+}
+
+impl Outcome {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::Timeout => "timeout",
+            Outcome::Refused => "refused",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// The record of one tool call.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCall<T> {
+    /// The tool's name.
+    pub tool: String,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// How long it ran.
+    pub elapsed_ms: u64,
+    /// Its result, when `outcome` is `ok`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<T>,
+    /// What went wrong, otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The budget of one turn. Calls are counted as they are made.
+#[derive(Debug)]
+pub struct ToolBudget {
+    turn: Deadline,
+    policy: ToolPolicy,
+    calls: AtomicU32,
+    metrics: Option<ToolMetrics>,
+}
+
+impl ToolBudget {
+    /// A turn inside `request`'s deadline: it ends at the earlier of the two.
+    pub fn for_turn(request: &Deadline, policy: ToolPolicy, metrics: Option<ToolMetrics>) -> Self {
+        Self {
+            turn: request.child(policy.turn),
+            policy,
+            calls: AtomicU32::new(0),
+            metrics,
+        }
+    }
+
+    /// The turn's deadline.
+    pub fn turn(&self) -> &Deadline {
+        &self.turn
+    }
+
+    /// Runs `tool` under `min(per_tool, what is left of the turn)`, unless the quota is
+    /// used up or the turn is over; stops it when `cancel` fires.
+    ///
+    /// `tool` receives the call's own deadline and must run all its I/O under it.
+    pub async fn call<T, F, Fut>(
+        &self,
+        name: &str,
+        cancel: &CancellationToken,
+        tool: F,
+    ) -> ToolCall<T>
+    where
+        F: FnOnce(Deadline) -> Fut,
+        Fut: Future<Output = Result<T, Problem>>,
+    {
+        let started = Instant::now();
+        let made = self.calls.fetch_add(1, Ordering::SeqCst);
+        let (outcome, result) = if made >= self.policy.max_calls {
+            let quota = self.policy.max_calls;
+            (
+                Outcome::Refused,
+                Err(format!(
+                    "refused: this turn already made {quota} tool calls"
+                )),
+            )
+        } else if self.turn.is_expired() {
+            (
+                Outcome::Refused,
+                Err("refused: nothing is left of the turn's budget".to_owned()),
+            )
+        } else {
+            let deadline = self.turn.child(self.policy.per_tool);
+            let budget = deadline.budget();
+            tokio::select! {
+                // Dropping `run` drops the tool's HTTP request and SQL future.
+                () = cancel.cancelled() => (Outcome::Cancelled, Err("cancelled by the caller".to_owned())),
+                ran = deadline.run(Stage::Tool, tool(deadline.clone())) => match ran {
+                    Ok(Ok(value)) => (Outcome::Ok, Ok(value)),
+                    Ok(Err(problem)) if problem.status().as_u16() == 504 => {
+                        (Outcome::Timeout, Err(problem.detail().to_owned()))
+                    }
+                    Ok(Err(problem)) => (Outcome::Error, Err(problem.detail().to_owned())),
+                    Err(_) => (Outcome::Timeout, Err(format!("timed out after its {} ms budget", budget.as_millis()))),
+                },
+            }
+        };
+        if let Some(metrics) = &self.metrics {
+            metrics.count(name, outcome.as_str());
+        }
+        let (result, error) = match result {
+            Ok(value) => (Some(value), None),
+            Err(error) => (None, Some(error)),
+        };
+        ToolCall {
+            tool: name.to_owned(),
+            outcome,
+            elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            result,
+            error,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    async fn slow(deadline: Deadline, ms: u64) -> Result<u64, Problem> {
+        deadline
+            .run(Stage::Catalog, tokio::time::sleep(MS(ms)))
+            .await?;
+        Ok(ms)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_tool_is_cut_at_its_cap_and_the_turn_at_its_budget() {
+        let request = Deadline::after(MS(5000));
+        let budget = ToolBudget::for_turn(&request, ToolPolicy::default(), None);
+        let never = CancellationToken::new();
+        let started = Instant::now();
+        let mut ends = Vec::new();
+        for _ in 0..3 {
+            let call = budget.call("slow", &never, |d| slow(d, 2000)).await;
+            assert_eq!(call.outcome, Outcome::Timeout);
+            ends.push(started.elapsed());
+        }
+        assert_eq!(ends, vec![MS(800), MS(1600), MS(2000)]);
+        let fourth = budget.call("slow", &never, |d| slow(d, 1)).await;
+        assert_eq!(fourth.outcome, Outcome::Refused);
+        assert_eq!(started.elapsed(), MS(2000), "a refused call does not run");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_turn_never_outlives_the_request() {
+        let request = Deadline::after(MS(500));
+        let budget = ToolBudget::for_turn(&request, ToolPolicy::default(), None);
+        assert_eq!(budget.turn().instant(), request.instant());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fast_tool_succeeds_and_a_cancelled_one_stops_at_once() {
+        let budget = ToolBudget::for_turn(&Deadline::after(MS(5000)), ToolPolicy::default(), None);
+        let cancel = CancellationToken::new();
+        let ok = budget.call("fast", &cancel, |d| slow(d, 10)).await;
+        assert_eq!((ok.outcome, ok.result), (Outcome::Ok, Some(10)));
+
+        let trigger = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(MS(100)).await;
+            trigger.cancel();
+        });
+        let started = Instant::now();
+        let cancelled = budget.call("slow", &cancel, |d| slow(d, 700)).await;
+        assert_eq!(cancelled.outcome, Outcome::Cancelled);
+        assert_eq!(started.elapsed(), MS(100));
+    }
+}
