@@ -8,10 +8,12 @@ use shared::{Deadline, Problem, Stage};
 use crate::config::Config;
 
 /// One catalog item; only what an order needs.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 pub struct CatalogItem {
     /// The SKU.
     pub sku: String,
+    /// Its name.
+    pub name: String,
     /// Price in cents.
     pub price_cents: u32,
 }

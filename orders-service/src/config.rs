@@ -76,6 +76,43 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub db_pool_acquire_timeout_ms: u64,
 
+    /// The time budget of one assistant turn (never more than the request's own).
+    #[arg(long, env = "ASSISTANT_TURN_BUDGET_MS", default_value_t = 2000,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub assistant_turn_budget_ms: u64,
+
+    /// The most one tool call may take (of what is left of the turn).
+    #[arg(long, env = "ASSISTANT_TOOL_BUDGET_MS", default_value_t = 800,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub assistant_tool_budget_ms: u64,
+
+    /// Tool calls per assistant turn at most; further calls are refused without running.
+    #[arg(long, env = "ASSISTANT_MAX_TOOL_CALLS", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub assistant_max_tool_calls: u32,
+
+    /// An OpenAI-compatible API (e.g. `https://api.openai.com/v1`) to plan tool calls.
+    /// Unset: the rule-based planner.
+    #[arg(long, env = "ASSISTANT_LLM_URL")]
+    pub assistant_llm_url: Option<String>,
+
+    /// The model the OpenAI-compatible planner asks.
+    #[arg(long, env = "ASSISTANT_LLM_MODEL", default_value = "gpt-4o-mini")]
+    pub assistant_llm_model: String,
+
+    /// Bearer token for the planner API (never logged).
+    #[arg(long, env = "ASSISTANT_LLM_API_KEY", hide_env_values = true)]
+    pub assistant_llm_api_key: Option<String>,
+
+    /// Host names the MCP endpoint answers to (DNS-rebinding protection), comma separated.
+    #[arg(
+        long,
+        env = "MCP_ALLOWED_HOSTS",
+        value_delimiter = ',',
+        default_value = "localhost,127.0.0.1,::1,orders"
+    )]
+    pub mcp_allowed_hosts: Vec<String>,
+
     /// How long a client may take to send its request headers before it is dropped.
     #[arg(long, env = "HEADER_READ_TIMEOUT_MS", default_value_t = 5000,
           value_parser = clap::value_parser!(u64).range(1..=600_000))]

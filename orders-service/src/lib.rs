@@ -13,11 +13,14 @@
 //!   that looks up prices under the request's deadline.
 //! - [`orders`]: validation and the order transaction (stock decrement and insert commit
 //!   together; `Idempotency-Key` makes retries safe).
+//! - [`assistant`]: tool calls for AI assistants under numeric budgets: the chat
+//!   endpoint and the MCP server.
 //! - [`routes`]: the HTTP API, health and readiness.
 //!
 //! `DEADLINE_MODE=legacy` runs the same code the way it would be written without the
 //! technique, for the before/after experiment.
 
+pub mod assistant;
 pub mod catalog;
 pub mod config;
 pub mod orders;
@@ -31,7 +34,9 @@ use shared::DeadlineMode;
 use shared::db::{Db, DbConfig};
 use shared::metrics::Metrics;
 use shared::server::{ServerOptions, serve};
+use shared::tools::ToolPolicy;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 pub use catalog::CatalogClient;
 pub use config::Config;
@@ -45,6 +50,42 @@ pub struct AppState {
     pub db: Db,
     /// This service's metrics.
     pub metrics: Metrics,
+    /// Assistant budgets and planner.
+    pub assistant: Assistant,
+}
+
+/// How assistant turns are planned and budgeted.
+#[derive(Clone, Debug)]
+pub struct Assistant {
+    /// Turn, per-tool and call-count budgets.
+    pub policy: ToolPolicy,
+    /// Rules or an OpenAI-compatible model.
+    pub planner: assistant::Planner,
+}
+
+impl Assistant {
+    fn from_config(config: &Config) -> anyhow::Result<Self> {
+        let planner = match &config.assistant_llm_url {
+            None => assistant::Planner::Rules,
+            Some(url) => assistant::Planner::OpenAi(assistant::planner::OpenAiPlanner {
+                url: url.clone(),
+                model: config.assistant_llm_model.clone(),
+                api_key: config.assistant_llm_api_key.clone(),
+                http: reqwest::Client::builder()
+                    .pool_idle_timeout(assistant::planner::PLANNER_IDLE_TIMEOUT)
+                    .build()
+                    .context("cannot build the planner's HTTP client")?,
+            }),
+        };
+        Ok(Self {
+            policy: ToolPolicy {
+                turn: Config::ms(config.assistant_turn_budget_ms),
+                per_tool: Config::ms(config.assistant_tool_budget_ms),
+                max_calls: config.assistant_max_tool_calls,
+            },
+            planner,
+        })
+    }
 }
 
 /// A built, bound orders-service, not yet serving.
@@ -91,6 +132,7 @@ impl Application {
                 catalog,
                 db,
                 metrics,
+                assistant: Assistant::from_config(&config)?,
             },
             config,
         })
@@ -119,7 +161,13 @@ impl Application {
             header_read_timeout: Config::ms(self.config.header_read_timeout_ms),
             ..ServerOptions::default()
         };
-        let app = routes::router(&self.config, self.state.clone());
+        // Open MCP event streams would hold the drain up: end them when shutdown starts.
+        let stop = CancellationToken::new();
+        let app = routes::router(&self.config, self.state.clone(), stop.clone());
+        let shutdown = async move {
+            shutdown.await;
+            stop.cancel();
+        };
         serve(self.listener, app, shutdown, options).await;
         self.state.db.pool().close().await;
     }

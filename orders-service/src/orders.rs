@@ -68,6 +68,22 @@ impl NewOrderRequest {
     }
 }
 
+/// Checks that `sku` is safe to put into a URL path: 1 to 32 letters, digits, `-`, `_`.
+pub fn validate_sku(sku: &str) -> Result<(), Problem> {
+    let ok = !sku.is_empty()
+        && sku.len() <= 32
+        && sku
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Problem::unprocessable(
+            "sku must be 1 to 32 letters, digits, '-' or '_', like SKU-00001",
+        ))
+    }
+}
+
 /// Checks an `Idempotency-Key`: 1 to 255 visible ASCII characters.
 pub fn validate_key(key: &[u8]) -> Result<String, Problem> {
     let ok =

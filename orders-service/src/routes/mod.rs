@@ -10,22 +10,27 @@ use axum::routing::{get, post};
 use axum::{Router, middleware};
 use shared::metrics::track_http;
 use shared::{DeadlineLayer, DeadlinePolicy};
+use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
+use crate::assistant;
 use crate::config::Config;
 
 /// Request bodies above this are refused with 413 before they are read.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// The full router: API, health, metrics.
-pub fn router(config: &Config, state: AppState) -> Router {
+/// The full router: API, assistant, MCP, health, metrics. `shutdown` ends MCP sessions.
+pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> Router {
     let policy = DeadlinePolicy::new(
         Duration::from_millis(config.deadline_max_ms),
         Duration::from_millis(config.deadline_default_ms),
     );
     let metrics = state.metrics.clone();
+    let mcp = assistant::mcp::service(state.clone(), config.mcp_allowed_hosts.clone(), shutdown);
     Router::new()
         .route("/api/orders", post(orders::create_order))
+        .route("/api/assistant/chat", post(assistant::chat::chat))
+        .nest_service("/mcp", mcp)
         .route("/api/orders/{id}", get(orders::get_order))
         .route("/readyz", get(health::readyz))
         .route("/healthz", get(health::healthz))

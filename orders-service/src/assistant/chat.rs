@@ -1,0 +1,129 @@
+//! `POST /api/assistant/chat`: plan, then run the tool calls under the turn's budget.
+
+use axum::Json;
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use shared::tools::{Outcome, ToolBudget, ToolCall};
+use shared::{Deadline, JsonBody, Problem};
+use tokio_util::sync::CancellationToken;
+
+use super::planner::PlannedCall;
+use crate::AppState;
+
+/// Messages longer than this are refused (422): planning is cheap, but not free.
+const MAX_MESSAGE_CHARS: usize = 4000;
+
+/// The turn ends this much before the request's deadline, so the partial answer is
+/// still sent instead of the ingress's 504.
+const ANSWER_RESERVE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// The request body.
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    message: Option<String>,
+}
+
+/// The answer: text plus the record of every tool call.
+#[derive(Debug, Serialize)]
+pub struct ChatAnswer {
+    answer: String,
+    planner: &'static str,
+    /// The turn's budget: `min(ASSISTANT_TURN_BUDGET_MS, the request's remaining time)`.
+    turn_budget_ms: u64,
+    elapsed_ms: u64,
+    /// True when some call did not return a result.
+    partial: bool,
+    tool_calls: Vec<ToolCallRecord>,
+}
+
+/// One call: what was asked and how it ended.
+#[derive(Debug, Serialize)]
+struct ToolCallRecord {
+    arguments: Value,
+    #[serde(flatten)]
+    call: ToolCall<Value>,
+}
+
+/// Plans and runs the tool calls one after another, as an agent loop does.
+pub async fn chat(
+    State(state): State<AppState>,
+    deadline: Deadline,
+    JsonBody(request): JsonBody<ChatRequest>,
+) -> Result<Json<ChatAnswer>, Problem> {
+    let message = request
+        .message
+        .filter(|m| !m.trim().is_empty())
+        .ok_or_else(|| Problem::unprocessable("message is required"))?;
+    if message.chars().count() > MAX_MESSAGE_CHARS {
+        return Err(Problem::unprocessable(format!(
+            "message must be at most {MAX_MESSAGE_CHARS} characters"
+        )));
+    }
+    let answerable = deadline.child(deadline.remaining().saturating_sub(ANSWER_RESERVE));
+    let budget = ToolBudget::for_turn(
+        &answerable,
+        state.assistant.policy,
+        Some(state.metrics.tools().clone()),
+    );
+    let plan = state
+        .assistant
+        .planner
+        .plan(&message, budget.turn())
+        .await?;
+
+    // A client that goes away drops this whole future, and with it the running tool.
+    let never = CancellationToken::new();
+    let mut records = Vec::with_capacity(plan.len());
+    for PlannedCall { tool, arguments } in plan {
+        let call = budget
+            .call(tool.name(), &never, |tool_deadline| {
+                tool.run(&state, tool_deadline, &arguments)
+            })
+            .await;
+        records.push(ToolCallRecord { arguments, call });
+    }
+    Ok(Json(ChatAnswer {
+        answer: compose(&records),
+        planner: state.assistant.planner.name(),
+        turn_budget_ms: millis(budget.turn().budget()),
+        elapsed_ms: millis(deadline.elapsed()),
+        partial: records.iter().any(|r| r.call.outcome != Outcome::Ok),
+        tool_calls: records,
+    }))
+}
+
+/// A plain-text answer built from whatever the tools returned.
+fn compose(records: &[ToolCallRecord]) -> String {
+    if records.is_empty() {
+        return "I can look up prices and stock: mention a SKU such as SKU-00042.".to_owned();
+    }
+    let lines: Vec<String> = records
+        .iter()
+        .map(|r| {
+            let sku = r.arguments["sku"].as_str().unwrap_or("?");
+            match (&r.call.result, r.call.outcome) {
+                (Some(v), _) if v.get("price_cents").is_some() => format!(
+                    "{sku} ({}) costs {:.2}.",
+                    v["name"].as_str().unwrap_or("?"),
+                    v["price_cents"].as_f64().unwrap_or(0.0) / 100.0
+                ),
+                (Some(v), _) => format!("{sku}: {} in stock.", v["available"]),
+                (None, Outcome::Timeout) => format!("{sku}: {} ran out of time.", r.call.tool),
+                (None, Outcome::Refused) => {
+                    format!("{sku}: {} was not run (tool budget used up).", r.call.tool)
+                }
+                (None, _) => format!(
+                    "{sku}: {} failed ({}).",
+                    r.call.tool,
+                    r.call.error.as_deref().unwrap_or("unknown error")
+                ),
+            }
+        })
+        .collect();
+    lines.join(" ")
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

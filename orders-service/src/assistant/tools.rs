@@ -1,0 +1,116 @@
+//! The tools: what an assistant may call, each bounded by the deadline it is handed.
+
+use serde_json::{Value, json};
+use shared::{Deadline, Problem};
+
+use crate::AppState;
+use crate::orders::validate_sku;
+
+/// A read-only tool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tool {
+    /// The catalog entry of a SKU: one budgeted catalog call.
+    CatalogLookup,
+    /// The stock of a SKU: one SQL query through the database helper.
+    InventoryCheck,
+}
+
+impl Tool {
+    /// Every tool.
+    pub const ALL: [Tool; 2] = [Tool::CatalogLookup, Tool::InventoryCheck];
+
+    /// The name clients call it by.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tool::CatalogLookup => "catalog_lookup",
+            Tool::InventoryCheck => "inventory_check",
+        }
+    }
+
+    /// The tool named `name`.
+    pub fn named(name: &str) -> Option<Tool> {
+        Tool::ALL.into_iter().find(|tool| tool.name() == name)
+    }
+
+    /// What it does, for the model that chooses tools.
+    pub fn description(self) -> &'static str {
+        match self {
+            Tool::CatalogLookup => "Look up a product in the catalog: its name and price in cents.",
+            Tool::InventoryCheck => "Check how many items of a product are in stock.",
+        }
+    }
+
+    /// JSON Schema of the arguments: both take one SKU.
+    pub fn input_schema(self) -> serde_json::Map<String, Value> {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "sku": {
+                    "type": "string",
+                    "description": "The product's SKU, like SKU-00042",
+                    "pattern": "^[A-Za-z0-9_-]{1,32}$"
+                }
+            },
+            "required": ["sku"],
+            "additionalProperties": false
+        });
+        match schema {
+            Value::Object(map) => map,
+            _ => unreachable!("the schema literal is an object"),
+        }
+    }
+
+    /// Runs the tool with `arguments`; all its I/O is bounded by `deadline`.
+    pub async fn run(
+        self,
+        state: &AppState,
+        deadline: Deadline,
+        arguments: &Value,
+    ) -> Result<Value, Problem> {
+        let sku = arguments
+            .get("sku")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Problem::unprocessable("argument sku (a string) is required"))?;
+        validate_sku(sku)?;
+        match self {
+            Tool::CatalogLookup => catalog_lookup(state, &deadline, sku).await,
+            Tool::InventoryCheck => inventory_check(state, &deadline, sku).await,
+        }
+    }
+}
+
+/// The budgeted catalog call, exactly as an order makes it.
+async fn catalog_lookup(
+    state: &AppState,
+    deadline: &Deadline,
+    sku: &str,
+) -> Result<Value, Problem> {
+    let item = state.catalog.item(deadline, sku).await?;
+    Ok(json!({"sku": item.sku, "name": item.name, "price_cents": item.price_cents}))
+}
+
+/// One SELECT in a read-only transaction whose `statement_timeout` is the tool's budget;
+/// if the tool is cancelled the statement is cancelled on the server too.
+async fn inventory_check(
+    state: &AppState,
+    deadline: &Deadline,
+    sku: &str,
+) -> Result<Value, Problem> {
+    let db = &state.db;
+    let mut tx = db.begin(deadline).await?;
+    let available: Option<i32> = db
+        .run_cancellable(
+            deadline,
+            tx.backend(),
+            sqlx::query_scalar("SELECT available FROM inventory WHERE sku = $1")
+                .bind(sku)
+                .fetch_optional(&mut *tx),
+        )
+        .await?;
+    // Read-only: dropping the transaction rolls it back.
+    drop(tx);
+    match available {
+        Some(available) => Ok(json!({"sku": sku, "available": available})),
+        None => Err(Problem::not_found(format!("unknown sku {sku:?}"))),
+    }
+}
