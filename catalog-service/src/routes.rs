@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::routing::get;
 use axum::{Json, Router, middleware};
 use shared::metrics::{Metrics, track_http};
@@ -27,6 +27,8 @@ pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
         .route_layer(DeadlineLayer::new(policy).metrics(metrics.deadline().clone()))
         .route_layer(middleware::from_fn_with_state(metrics.clone(), track_http))
         .merge(metrics.router())
+        // The public API takes no bodies at all.
+        .layer(DefaultBodyLimit::max(1024))
 }
 
 /// One catalog item, after the injected faults.

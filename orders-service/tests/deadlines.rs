@@ -172,6 +172,13 @@ async fn an_unreachable_catalog_is_a_502_well_inside_the_budget() {
     let response = app.order("SKU-00001", 1, Some(1000)).await;
     assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
     assert!(started.elapsed() < MS(500));
+    // A refused connection sent nothing: it is retried once, and counted.
+    let retries = metric_value(
+        &app.metrics(),
+        "http_client_retries_total",
+        r#"client="catalog""#,
+    );
+    assert_eq!(retries, Some(1.0));
 }
 
 #[tokio::test]
@@ -188,4 +195,10 @@ async fn a_catalog_that_runs_out_of_budget_is_a_504_and_is_not_retried() {
         1,
         "one call, no retry"
     );
+    let retries = metric_value(
+        &app.metrics(),
+        "http_client_retries_total",
+        r#"client="catalog""#,
+    );
+    assert_eq!(retries, Some(0.0));
 }

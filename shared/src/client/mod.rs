@@ -204,22 +204,22 @@ impl BudgetedClient {
     ) -> Result<bytes::Bytes, CallError> {
         let mut headers = HeaderMap::new();
         crate::telemetry::propagation::inject(span, &mut headers);
-        let request = self
-            .http
-            .get(format!("{}{path}", self.config.base_url))
-            .headers(headers);
         let started = Instant::now();
-        let outcome = match self.config.mode {
-            DeadlineMode::Legacy => {
-                let request = request.timeout(DeadlineMode::LEGACY_TIMEOUT);
-                Ok(fetch(request).await)
+        let mut outcome = self.attempt(deadline, path, headers.clone()).await;
+        // A refused connection sent nothing, so one retry is safe, and worth it only
+        // if the budget still allows a real call. A 504 from the downstream is never
+        // retried: the shared deadline has run out there, and a retry would only
+        // spend what is left for nothing.
+        let refused = matches!(&outcome, Ok(Err(err)) if err.is_connect());
+        if refused
+            && self.config.mode == DeadlineMode::Propagate
+            && deadline.remaining() > MIN_RETRY_BUDGET
+        {
+            if let Some(metrics) = &self.metrics {
+                metrics.count_retry(self.config.name);
             }
-            DeadlineMode::Propagate => {
-                let budget = deadline.outbound_millis(self.config.reserve);
-                let request = request.header(REQUEST_TIMEOUT_HEADER, budget);
-                deadline.run(Stage::Catalog, fetch(request)).await
-            }
-        };
+            outcome = self.attempt(deadline, path, headers).await;
+        }
         let took = started.elapsed();
         if let Ok(Ok((status, _))) = &outcome {
             span.record("http.response.status_code", status.as_u16());
@@ -248,6 +248,33 @@ impl BudgetedClient {
     fn count_rejection(&self, reason: RejectReason) {
         if let Some(metrics) = &self.metrics {
             metrics.count_rejection(self.config.name, reason);
+        }
+    }
+}
+
+/// The least budget worth a retry of a refused connection.
+const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);
+
+impl BudgetedClient {
+    /// One request, bounded as the mode says.
+    async fn attempt(
+        &self,
+        deadline: &Deadline,
+        path: &str,
+        headers: HeaderMap,
+    ) -> Result<Result<(http::StatusCode, bytes::Bytes), reqwest::Error>, crate::DeadlineExceeded>
+    {
+        let request = self
+            .http
+            .get(format!("{}{path}", self.config.base_url))
+            .headers(headers);
+        match self.config.mode {
+            DeadlineMode::Legacy => Ok(fetch(request.timeout(DeadlineMode::LEGACY_TIMEOUT)).await),
+            DeadlineMode::Propagate => {
+                let budget = deadline.outbound_millis(self.config.reserve);
+                let request = request.header(REQUEST_TIMEOUT_HEADER, budget);
+                deadline.run(Stage::Catalog, fetch(request)).await
+            }
         }
     }
 }

@@ -212,6 +212,7 @@ pub struct ClientMetrics {
     active: Family<ClientLabel, Gauge>,
     acquire: Family<ClientLabel, Histogram, fn() -> Histogram>,
     rejections: Family<ClientReason, Counter>,
+    retries: Family<ClientLabel, Counter>,
 }
 
 impl ClientMetrics {
@@ -222,6 +223,7 @@ impl ClientMetrics {
             active: Family::default(),
             acquire: Family::new_with_constructor(latency_histogram),
             rejections: Family::default(),
+            retries: Family::default(),
         };
         registry.register(
             "http_client_requests_seconds",
@@ -248,6 +250,11 @@ impl ClientMetrics {
             "Calls refused by the pool, by reason",
             this.rejections.clone(),
         );
+        registry.register(
+            "http_client_retries",
+            "Calls retried once after a refused connection (never after a 504)",
+            this.retries.clone(),
+        );
         this
     }
 
@@ -257,6 +264,7 @@ impl ClientMetrics {
         let _ = self.pending.get_or_create(&label);
         let _ = self.active.get_or_create(&label);
         let _ = self.acquire.get_or_create(&label);
+        let _ = self.retries.get_or_create(&label);
         for reason in [
             RejectReason::QueueFull,
             RejectReason::AcquireTimeout,
@@ -295,6 +303,11 @@ impl ClientMetrics {
         self.acquire
             .get_or_create(&ClientLabel { client })
             .observe(waited.as_secs_f64());
+    }
+
+    /// Counts a retry after a refused connection.
+    pub fn count_retry(&self, client: &'static str) {
+        self.retries.get_or_create(&ClientLabel { client }).inc();
     }
 
     /// Counts a refused call.

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# CI step: the MCP acceptance check with the official Python SDK (scripts/mcp_check.py).
+#
+#   scripts/mcp_check.sh [extra mcp_check.py arguments, e.g. --log-dir DIR]
+#
+# Uses the project-local virtualenv .venv (created if missing; nothing is installed
+# globally) with `mcp` 2.x, and the debug binaries that `cargo test` has built; if they
+# are missing it builds them. Needs psql and the PostgreSQL server binaries
+# (Debian's postgresql-15), as the Rust tests do.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+if ! .venv/bin/python -c 'import importlib.metadata as m, sys; sys.exit(0 if m.version("mcp").split(".")[0] == "2" else 1)' 2>/dev/null; then
+    .venv/bin/pip install -q 'mcp>=2,<3'
+fi
+
+target=${CARGO_TARGET_DIR:-target}
+if [ ! -x "$target/debug/orders-service" ] || [ ! -x "$target/debug/catalog-service" ]; then
+    cargo build -p catalog-service -p orders-service
+fi
+
+exec .venv/bin/python scripts/mcp_check.py --profile dev "$@"
