@@ -31,7 +31,7 @@
 
 import http from 'k6/http';
 import exec from 'k6/execution';
-import { check } from 'k6';
+import { check, sleep } from 'k6';
 import { Counter, Rate } from 'k6/metrics';
 
 // ---------------------------------------------------------------- settings
@@ -93,6 +93,13 @@ const GRACEFUL_STOP_MS = parseDurationMs(GRACEFUL_STOP);
 const RATE = envInt('RATE', 200);
 const BUDGET_MS = envInt('BUDGET_MS', 700);
 const MARGIN_MS = envInt('MARGIN_MS', 50);
+// A closed-loop user that gets 503 waits for its Retry-After (at most 1 s, with jitter)
+// before its next request, as a well-behaved client does. Without it, 250 users that
+// are refused in a few milliseconds turn into a retry storm of tens of thousands of
+// requests per second, which measures the load generator, not the technique.
+// RETRY_AFTER=ignore restores the hammering. The open model never waits: its arrivals
+// do not depend on answers.
+const RETRY_AFTER = envChoice('RETRY_AFTER', 'honor', ['honor', 'ignore']);
 const DELAY_MS = envInt('DELAY_MS', 1000);
 const ORDERS_URL = envString('ORDERS_URL', 'http://127.0.0.1:8080').replace(/\/+$/, '');
 const CATALOG_ADMIN_URL = envString('CATALOG_ADMIN_URL', 'http://127.0.0.1:9081')
@@ -292,6 +299,11 @@ export function createOrder() {
   const expected = res.status === 201 || res.status === 503 || res.status === 504;
   unexpectedStatus.add(!expected, tags);
   overBudget.add(res.timings.duration > BUDGET_MS + MARGIN_MS, tags);
+
+  if (res.status === 503 && RETRY_AFTER === 'honor' && scenario !== OPEN) {
+    const seconds = Math.min(parseFloat(res.headers['Retry-After'] || '1') || 1, 1);
+    sleep(seconds * (0.5 + Math.random() / 2));
+  }
 }
 
 // The seed's command line (`--vus 250 --duration 5m`) replaces the scenarios with k6's

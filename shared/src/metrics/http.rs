@@ -69,14 +69,17 @@ async fn measure(
     response
 }
 
-/// Deadline and overload answers are the system working as designed, so they are
-/// logged at `info`; a failing dependency at `warn`; only our own faults at `error`.
+/// Deadline answers are the system working as designed, so they are logged at `info`;
+/// early refusals (503) at `debug`, since under overload they are the high-volume fast
+/// path and `http_client_pool_rejections_total` already counts them; a failing
+/// dependency at `warn`; only our own faults at `error`.
 fn log_problem(uri: &str, report: &ProblemReport) {
     let status = report.status.as_u16();
     let stage = report.stage.map(|s| s.as_str());
     let cause = report.cause.as_deref();
     match status {
-        503 | 504 => tracing::info!(uri, status, stage, cause, "request refused or timed out"),
+        503 => tracing::debug!(uri, status, stage, cause, "request refused early"),
+        504 => tracing::info!(uri, status, stage, cause, "request timed out"),
         502 => tracing::warn!(uri, status, stage, cause, "dependency failed"),
         500..=599 => tracing::error!(uri, status, cause, "request failed"),
         _ => tracing::debug!(uri, status, "client error"),
