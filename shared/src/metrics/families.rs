@@ -15,9 +15,9 @@ use crate::stage::Stage;
 
 /// Buckets from 1 ms to 10 s, dense around the budgets this project uses (300 ms to
 /// 2 s) so a p99 "within the budget" can be read off the histogram.
-const LATENCY_BUCKETS: [f64; 28] = [
+const LATENCY_BUCKETS: [f64; 30] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4,
-    0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0,
+    0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0,
 ];
 
 fn latency_histogram() -> Histogram {
