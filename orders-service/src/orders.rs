@@ -237,6 +237,7 @@ fn unknown_sku_is_404(err: DbError) -> Problem {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn request(json: &str) -> Result<NewOrder, String> {
         let parsed: NewOrderRequest = serde_json::from_str(json).unwrap();
@@ -278,5 +279,32 @@ mod tests {
         assert!(validate_key(b"").is_err());
         assert!(validate_key(b"has space").is_err());
         assert!(validate_key(&[b'a'; 256]).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn a_validated_order_is_always_within_the_rules(
+            sku in "\\PC{0,40}",
+            quantity in any::<i64>(),
+        ) {
+            let request: NewOrderRequest =
+                serde_json::from_value(serde_json::json!({"sku": sku, "quantity": quantity})).unwrap();
+            match request.validate() {
+                Ok(order) => {
+                    prop_assert!((1..=MAX_QUANTITY).contains(&i64::from(order.quantity)));
+                    prop_assert!(validate_sku(&order.sku).is_ok());
+                    prop_assert!(!order.sku.contains('/') && !order.sku.contains('%'));
+                }
+                Err(problem) => prop_assert_eq!(problem.status().as_u16(), 422),
+            }
+        }
+
+        #[test]
+        fn arbitrary_bodies_and_keys_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            if let Ok(request) = serde_json::from_slice::<NewOrderRequest>(&bytes) {
+                let _ = request.validate();
+            }
+            let _ = validate_key(&bytes);
+        }
     }
 }

@@ -56,7 +56,9 @@ async fn slow_tools_are_cut_at_800ms_the_turn_ends_at_2s_and_a_fourth_call_is_re
         .collect();
     assert_eq!(outcomes, ["timeout", "timeout", "timeout", "refused"]);
     let first = calls[0]["elapsed_ms"].as_u64().unwrap();
-    assert!((800..900).contains(&first), "the first tool ran {first} ms");
+    // Cut at its 800 ms cap: by our own timer, or a few ms earlier by the catalog, which
+    // was handed 800 ms minus the per-hop reserve and answers 504 when that runs out.
+    assert!((780..900).contains(&first), "the first tool ran {first} ms");
     let third = calls[2]["elapsed_ms"].as_u64().unwrap();
     assert!(
         third < 800,

@@ -6,12 +6,12 @@
 //!   a saturated or unreachable database is a quick 503, not a slow 504).
 //! - `db`: statements. Dropping a sqlx future does **not** stop the statement on the
 //!   server: sqlx sends no CancelRequest, and the connection stays checked out until
-//!   the server has finished (DESIGN §10). So before the first statement each
-//!   transaction sets `statement_timeout` and `lock_timeout` to the remaining time, with
-//!   `set_config(name, value, true)` (`SET LOCAL` takes no bind parameter). The server
-//!   then cancels a statement that waits on a lock or runs long (SQLSTATE 55P03 or
-//!   57014, mapped to 504 `db`), the transaction rolls back, and the connection goes
-//!   back to the pool clean.
+//!   the server has finished (DESIGN §10). So each transaction begins with
+//!   `SET LOCAL statement_timeout` and `lock_timeout` at the remaining time, in the
+//!   same round trip as its `BEGIN` (a separate `set_config` query cost 15% of the
+//!   happy-path throughput). The server then cancels a statement that waits on a lock
+//!   or runs long (SQLSTATE 55P03 or 57014, mapped to 504 `db`), the transaction rolls
+//!   back, and the connection goes back to the pool clean.
 //!
 //! The server-side limits are a few milliseconds *shorter* than the client-side bound,
 //! so the server usually cancels first and the error arrives on a connection that is
@@ -21,15 +21,17 @@
 //! client cancels a tool call. Then waiting for `statement_timeout` would keep the
 //! statement (and its locks and connection) busy for the rest of the budget, so
 //! [`Db::run_cancellable`] asks the server to cancel it at once with
-//! `pg_cancel_backend(pid)`, sent from a small side pool that regular traffic cannot
-//! exhaust.
+//! `pg_cancel_backend`, sent from a small side pool that regular traffic cannot
+//! exhaust. The transaction is found by a unique `application_name` it sets with
+//! `SET LOCAL`: it reverts at commit or rollback, so the cancel can never hit a later
+//! transaction on the same pooled connection.
 
 use std::future::IntoFuture;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
-use sqlx::{Postgres, Row as _, Transaction};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::{Postgres, Transaction};
 
 use crate::deadline::{Deadline, DeadlineExceeded};
 use crate::ingress::DeadlineMode;
@@ -43,8 +45,8 @@ use crate::stage::Stage;
 /// before the client-side deadline fires.
 const SERVER_MARGIN: Duration = Duration::from_millis(10);
 
-/// How much longer than the budget an idle transaction may live (see
-/// `set_server_timeouts`).
+/// How much longer than the largest budget an idle transaction may live (see
+/// `Db::connect_lazy`).
 const IDLE_IN_TRANSACTION_SLACK: Duration = Duration::from_secs(1);
 
 /// A failed database step.
@@ -80,6 +82,9 @@ pub struct DbConfig {
     pub acquire_timeout: Duration,
     /// Propagate or legacy.
     pub mode: DeadlineMode,
+    /// The largest budget any request gets (`DEADLINE_MAX_MS`): no transaction may
+    /// legitimately stay open longer.
+    pub max_budget: Duration,
 }
 
 /// The pool plus the mode it runs in. Cheap to clone.
@@ -99,16 +104,38 @@ pub struct Tx {
     backend: Option<Backend>,
 }
 
-/// Which server process runs a transaction, and since when: enough to cancel *this*
-/// transaction's statement and never a later one on the same (pooled) connection.
+/// Names one transaction on the server: its `application_name`, unique per transaction
+/// and reverted when it ends, so a cancel finds exactly this transaction's statement
+/// and never a later one on the same (pooled) connection.
 #[derive(Debug, Clone)]
 pub struct Backend {
-    pid: i32,
-    xact_start: String,
+    tag: String,
+}
+
+impl Backend {
+    /// A process-wide unique tag (within `NAMEDATALEN`).
+    fn next() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        use std::sync::OnceLock;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NONCE: OnceLock<u64> = OnceLock::new();
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let nonce = *NONCE.get_or_init(|| {
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+        });
+        Self {
+            tag: format!(
+                "deadline-{nonce:016x}-{}",
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ),
+        }
+    }
 }
 
 impl Tx {
-    /// The server process running this transaction (known in propagate mode), for
+    /// The transaction's name on the server (in propagate mode), for
     /// [`Db::run_cancellable`].
     pub fn backend(&self) -> Option<Backend> {
         self.backend.clone()
@@ -146,14 +173,27 @@ impl Db {
             DeadlineMode::Propagate => config.acquire_timeout,
             DeadlineMode::Legacy => DeadlineMode::LEGACY_TIMEOUT,
         };
+        let options: PgConnectOptions = url.parse()?;
+        let pool_options = match config.mode {
+            // A safety net against a transaction left open by a bug, set once per
+            // connection in its startup packet (no per-request cost). It terminates the
+            // whole session, so it is a second longer than any budget can be.
+            DeadlineMode::Propagate => options.clone().options([(
+                "idle_in_transaction_session_timeout",
+                (config.max_budget + IDLE_IN_TRANSACTION_SLACK)
+                    .as_millis()
+                    .to_string(),
+            )]),
+            DeadlineMode::Legacy => options.clone(),
+        };
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(acquire_timeout)
-            .connect_lazy(url)?;
+            .connect_lazy_with(pool_options);
         let cancel_pool = PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(1))
-            .connect_lazy(url)?;
+            .connect_lazy_with(options);
         Ok(Self {
             pool,
             cancel_pool,
@@ -179,13 +219,22 @@ impl Db {
         }
     }
 
-    /// Stage `db_pool`, then `db`: a connection, `BEGIN`, and the server-side timeouts.
+    /// Stage `db_pool`: a connection, then `BEGIN` with the server-side timeouts in the
+    /// same round trip.
     pub async fn begin(&self, deadline: &Deadline) -> Result<Tx, DbError> {
-        let mut inner = self.checkout(deadline).await?;
-        let backend = match self.mode {
-            DeadlineMode::Propagate => Some(self.set_server_timeouts(deadline, &mut inner).await?),
-            DeadlineMode::Legacy => None,
+        let _waiting = self.metrics.as_ref().map(Pending::enter);
+        let (result, backend) = match self.mode {
+            DeadlineMode::Legacy => (self.pool.begin().await, None),
+            DeadlineMode::Propagate => {
+                let backend = Backend::next();
+                let begin = begin_statement(deadline, &backend);
+                let begun = deadline
+                    .run(Stage::DbPool, self.pool.begin_with(begin))
+                    .await?;
+                (begun, Some(backend))
+            }
         };
+        let inner = result.map_err(|err| classify(err, deadline, Stage::DbPool))?;
         Ok(Tx { inner, backend })
     }
 
@@ -225,54 +274,29 @@ impl Db {
         }
         result?.map_err(|err| classify(err, deadline, Stage::Db))
     }
+}
 
-    /// Waits for a connection and begins a transaction (stage `db_pool`).
-    async fn checkout(
-        &self,
-        deadline: &Deadline,
-    ) -> Result<Transaction<'static, Postgres>, DbError> {
-        let _waiting = self.metrics.as_ref().map(Pending::enter);
-        let result = match self.mode {
-            DeadlineMode::Legacy => self.pool.begin().await,
-            DeadlineMode::Propagate => deadline.run(Stage::DbPool, self.pool.begin()).await?,
-        };
-        result.map_err(|err| classify(err, deadline, Stage::DbPool))
-    }
-
-    /// `statement_timeout` and `lock_timeout` for this transaction only; returns the
-    /// backend (same round trip) for [`run_cancellable`](Self::run_cancellable).
-    ///
-    /// `idle_in_transaction_session_timeout` is only a safety net against a transaction
-    /// left open by a bug: it terminates the whole session, so it gets a second more than
-    /// the budget and never fires in the ordinary course.
-    async fn set_server_timeouts(
-        &self,
-        deadline: &Deadline,
-        tx: &mut Transaction<'static, Postgres>,
-    ) -> Result<Backend, DbError> {
-        let left = deadline
-            .remaining()
-            .saturating_sub(SERVER_MARGIN)
-            .max(Duration::from_millis(1));
-        let row = self
-            .run(
-                deadline,
-                sqlx::query(
-                    "SELECT set_config('statement_timeout', $1, true), \
-                            set_config('lock_timeout', $1, true), \
-                            set_config('idle_in_transaction_session_timeout', $2, true), \
-                            pg_backend_pid(), now()::text",
-                )
-                .bind(left.as_millis().to_string())
-                .bind((left + IDLE_IN_TRANSACTION_SLACK).as_millis().to_string())
-                .fetch_one(&mut **tx),
-            )
-            .await?;
-        Ok(Backend {
-            pid: row.try_get(3).map_err(DbError::Query)?,
-            xact_start: row.try_get(4).map_err(DbError::Query)?,
-        })
-    }
+/// `BEGIN` plus this transaction's server-side limits, sent as one simple query.
+///
+/// `set_config(name, value, true)` is `SET LOCAL`: it ends with the transaction. One
+/// `SELECT` setting all three costs the server less than three `SET LOCAL`s. There are
+/// no bind parameters in a simple query; the values are integers and the tag is ours,
+/// so formatting them in is safe. The limits are computed before the pool wait, so
+/// under pool contention they may run past the deadline by that wait (at most the
+/// acquire timeout); the client-side deadline and the cancel on drop still stop the
+/// statement at the deadline.
+fn begin_statement(deadline: &Deadline, backend: &Backend) -> sqlx::AssertSqlSafe<String> {
+    let left = deadline
+        .remaining()
+        .saturating_sub(SERVER_MARGIN)
+        .max(Duration::from_millis(1))
+        .as_millis();
+    sqlx::AssertSqlSafe(format!(
+        "BEGIN; SELECT set_config('statement_timeout', '{left}', true), \
+         set_config('lock_timeout', '{left}', true), \
+         set_config('application_name', '{}', true)",
+        backend.tag
+    ))
 }
 
 /// Maps a sqlx error to what the caller should answer.
@@ -309,7 +333,7 @@ struct CancelOnDrop<'a> {
 
 impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
-        let Some(Backend { pid, xact_start }) = self.backend.take() else {
+        let Some(Backend { tag }) = self.backend.take() else {
             return;
         };
         let pool = self.pool.clone();
@@ -317,18 +341,16 @@ impl Drop for CancelOnDrop<'_> {
         // shutting down there is no task to run; statement_timeout still ends it.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                // Only while the backend is still in *our* transaction: by the time this
-                // runs the connection may be back in the pool serving someone else.
+                // Only while our transaction is still open: the tag reverts when it
+                // ends, so a connection already back in the pool is never touched.
                 let sent = sqlx::query(
-                    "SELECT pg_cancel_backend(pid) FROM pg_stat_activity \
-                     WHERE pid = $1 AND xact_start = $2::timestamptz",
+                    "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
                 )
-                .bind(pid)
-                .bind(xact_start)
+                .bind(&tag)
                 .execute(&pool)
                 .await;
                 if let Err(err) = sent {
-                    tracing::warn!(pid, error = %err, "pg_cancel_backend failed");
+                    tracing::warn!(tag, error = %err, "pg_cancel_backend failed");
                 }
             });
         }

@@ -182,7 +182,9 @@ impl Deadline {
         if remaining.is_zero() {
             return Err(self.exceeded(stage));
         }
-        let span = tracing::info_span!(
+        // `debug`: recorded when traces are exported (the OpenTelemetry layer has its
+        // own filter), free otherwise. See `telemetry`.
+        let span = tracing::debug_span!(
             "stage",
             otel.name = stage.as_str(),
             stage = stage.as_str(),

@@ -15,6 +15,8 @@ pub mod propagation;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -56,17 +58,25 @@ pub fn init(service: &'static str, format: LogFormat) -> TelemetryGuard {
         },
         _ => None,
     };
-    let otel = provider.as_ref().map(|p| layer(p, service));
-    let registry = tracing_subscriber::registry().with(filter).with(otel);
+    // Each layer filters on its own: logs follow RUST_LOG, while the exporter sees the
+    // per-stage spans (at `debug`) too. Without export, those spans are never even
+    // created, so the technique's bookkeeping costs nothing when nobody looks.
+    let otel = provider
+        .as_ref()
+        .map(|p| layer(p, service).with_filter(LevelFilter::DEBUG));
+    let registry = tracing_subscriber::registry().with(otel);
     let _ = match format {
-        LogFormat::Text => registry.with(tracing_subscriber::fmt::layer()).try_init(),
+        LogFormat::Text => registry
+            .with(tracing_subscriber::fmt::layer().with_filter(filter))
+            .try_init(),
         LogFormat::Json => registry
             .with(
                 tracing_subscriber::fmt::layer()
                     .json()
                     .flatten_event(true)
                     .with_current_span(false)
-                    .with_span_list(true),
+                    .with_span_list(true)
+                    .with_filter(filter),
             )
             .try_init(),
     };
