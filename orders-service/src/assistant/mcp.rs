@@ -10,8 +10,22 @@
 //! the token is raced against the tool, and dropping the tool drops its catalog request
 //! (the connection closes, the catalog stops) and cancels its SQL statement on the
 //! server (`Db::run_cancellable`).
+//!
+//! A client that simply goes away sends no notification, and rmcp lets the handler run
+//! on. So [`watch_disconnect`] gives each HTTP request a [`ClientGone`] token, cancelled
+//! when the response carrying the call's result is dropped unfinished (hyper drops it
+//! when the connection closes); the handler races that token too.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::Response;
+use bytes::Bytes;
+use pin_project_lite::pin_project;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult,
@@ -24,7 +38,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::Value;
 use shared::Deadline;
 use shared::tools::{Outcome, ToolBudget, ToolPolicy};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::tools::Tool;
 use crate::AppState;
@@ -88,13 +102,14 @@ impl ServerHandler for McpServer {
             per_tool: policy.per_tool,
             max_calls: 1,
         };
+        let cancel = cancelled_or_gone(&context);
         let budget = ToolBudget::for_turn(
             &request_deadline(&context, policy),
             one_call,
             Some(self.state.metrics.tools().clone()),
         );
         let call = budget
-            .call(tool.name(), &context.ct, |deadline| {
+            .call(tool.name(), &cancel, |deadline| {
                 tool.run(&self.state, deadline, &arguments)
             })
             .await;
@@ -125,4 +140,76 @@ fn request_deadline(context: &RequestContext<RoleServer>, policy: ToolPolicy) ->
         .and_then(|parts| parts.extensions.get::<Deadline>())
         .cloned()
         .unwrap_or_else(|| Deadline::after(policy.per_tool))
+}
+
+/// Cancelled when the client that sent this HTTP request went away before its answer
+/// was sent.
+#[derive(Clone, Debug)]
+pub struct ClientGone(CancellationToken);
+
+/// Middleware for `/mcp`: attaches a [`ClientGone`] token to the request and keeps its
+/// drop guard alive for as long as the response is being sent.
+pub async fn watch_disconnect(mut request: Request, next: Next) -> Response {
+    let gone = CancellationToken::new();
+    request.extensions_mut().insert(ClientGone(gone.clone()));
+    // Dropped with this future if the client leaves before the response starts...
+    let guard = gone.drop_guard();
+    let response = next.run(request).await;
+    // ...or with the body if it leaves while the result is still to come.
+    response.map(|body| {
+        Body::new(GuardedBody {
+            inner: body,
+            _guard: guard,
+        })
+    })
+}
+
+pin_project! {
+    /// A response body that cancels its [`ClientGone`] token when dropped.
+    struct GuardedBody {
+        #[pin]
+        inner: Body,
+        _guard: DropGuard,
+    }
+}
+
+impl http_body::Body for GuardedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// One token for "stop this tool": the MCP cancel, or the client gone.
+fn cancelled_or_gone(context: &RequestContext<RoleServer>) -> CancellationToken {
+    let either = context.ct.child_token();
+    let gone = context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<ClientGone>())
+        .map(|ClientGone(token)| token.clone());
+    if let Some(gone) = gone {
+        let either = either.clone();
+        // Ends when the response is done (the guard fires then too) or the call is.
+        tokio::spawn(async move {
+            tokio::select! {
+                () = gone.cancelled() => either.cancel(),
+                () = either.cancelled() => {}
+            }
+        });
+    }
+    either
 }

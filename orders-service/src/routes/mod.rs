@@ -26,7 +26,13 @@ pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> 
         Duration::from_millis(config.deadline_default_ms),
     );
     let metrics = state.metrics.clone();
-    let mcp = assistant::mcp::service(state.clone(), config.mcp_allowed_hosts.clone(), shutdown);
+    let mcp = tower::ServiceBuilder::new()
+        .layer(middleware::from_fn(assistant::mcp::watch_disconnect))
+        .service(assistant::mcp::service(
+            state.clone(),
+            config.mcp_allowed_hosts.clone(),
+            shutdown,
+        ));
     Router::new()
         .route("/api/orders", post(orders::create_order))
         .route("/api/assistant/chat", post(assistant::chat::chat))
