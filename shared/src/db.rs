@@ -6,12 +6,12 @@
 //!   a saturated or unreachable database is a quick 503, not a slow 504).
 //! - `db`: statements. Dropping a sqlx future does **not** stop the statement on the
 //!   server: sqlx sends no CancelRequest, and the connection stays checked out until
-//!   the server has finished (DESIGN §10). So each transaction begins with
-//!   `SET LOCAL statement_timeout` and `lock_timeout` at the remaining time, in the
-//!   same round trip as its `BEGIN` (a separate `set_config` query cost 15% of the
-//!   happy-path throughput). The server then cancels a statement that waits on a lock
-//!   or runs long (SQLSTATE 55P03 or 57014, mapped to 504 `db`), the transaction rolls
-//!   back, and the connection goes back to the pool clean.
+//!   the server has finished (DESIGN §10). So each transaction sets
+//!   `statement_timeout` and `lock_timeout` to the remaining time with
+//!   `set_config(name, value, true)` (a `SET LOCAL`), in the same round trip as its
+//!   `BEGIN` rather than as a separate query. The server then cancels a statement that
+//!   waits on a lock or runs long (SQLSTATE 55P03 or 57014, mapped to 504 `db`), the
+//!   transaction rolls back, and the connection goes back to the pool clean.
 //!
 //! The server-side limits are a few milliseconds *shorter* than the client-side bound,
 //! so the server usually cancels first and the error arrives on a connection that is
@@ -22,8 +22,8 @@
 //! statement (and its locks and connection) busy for the rest of the budget, so
 //! [`Db::run_cancellable`] asks the server to cancel it at once with
 //! `pg_cancel_backend`, sent from a small side pool that regular traffic cannot
-//! exhaust. The transaction is found by a unique `application_name` it sets with
-//! `SET LOCAL`: it reverts at commit or rollback, so the cancel can never hit a later
+//! exhaust. The transaction is found by a unique `application_name` it sets the same
+//! way: it reverts at commit or rollback, so the cancel can never hit a later
 //! transaction on the same pooled connection.
 
 use std::future::IntoFuture;

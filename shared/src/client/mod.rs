@@ -37,6 +37,9 @@ use crate::ingress::DeadlineMode;
 use crate::metrics::{ClientMetrics, RejectReason};
 use crate::stage::Stage;
 
+/// The least budget worth a retry of a refused connection.
+const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);
+
 /// Why the client could not be built (reqwest's error, named so callers need not
 /// depend on reqwest).
 pub type BuildError = reqwest::Error;
@@ -147,35 +150,40 @@ impl BudgetedClient {
     pub async fn acquire_slot(&self, deadline: &Deadline) -> Result<Slot, CallError> {
         let started = Instant::now();
         let result = match self.config.mode {
-            DeadlineMode::Legacy => self.bulkhead.acquire(None).await,
+            DeadlineMode::Legacy => Ok(self.bulkhead.acquire(None).await),
             DeadlineMode::Propagate => {
                 let wait = Some(self.config.acquire_timeout);
-                match deadline
+                deadline
                     .run(Stage::CatalogPool, self.bulkhead.acquire(wait))
                     .await
-                {
-                    Ok(result) => result,
-                    Err(exceeded) => {
-                        self.count_rejection(RejectReason::Deadline);
-                        return Err(CallError::Deadline(exceeded));
-                    }
-                }
             }
         };
+        // Every wait is recorded, the refused ones too: they are the ones that matter.
         if let Some(metrics) = &self.metrics {
             metrics.observe_acquire(self.config.name, started.elapsed());
         }
-        result.map_err(|err| {
-            let reason = match err {
-                AcquireError::QueueFull => RejectReason::QueueFull,
-                AcquireError::TimedOut => RejectReason::AcquireTimeout,
-            };
-            self.count_rejection(reason);
-            CallError::Rejected {
-                reason: err,
-                retry_after: Duration::from_secs(1),
+        let refused = |reason: RejectReason| {
+            if let Some(metrics) = &self.metrics {
+                metrics.count_rejection(self.config.name, reason);
             }
-        })
+        };
+        match result {
+            Ok(Ok(slot)) => Ok(slot),
+            Ok(Err(err)) => {
+                refused(match err {
+                    AcquireError::QueueFull => RejectReason::QueueFull,
+                    AcquireError::TimedOut => RejectReason::AcquireTimeout,
+                });
+                Err(CallError::Rejected {
+                    reason: err,
+                    retry_after: Duration::from_secs(1),
+                })
+            }
+            Err(exceeded) => {
+                refused(RejectReason::Deadline);
+                Err(CallError::Deadline(exceeded))
+            }
+        }
     }
 
     /// Stage `catalog`: the request and its body, with the budget propagated and the
@@ -245,17 +253,6 @@ impl BudgetedClient {
         result
     }
 
-    fn count_rejection(&self, reason: RejectReason) {
-        if let Some(metrics) = &self.metrics {
-            metrics.count_rejection(self.config.name, reason);
-        }
-    }
-}
-
-/// The least budget worth a retry of a refused connection.
-const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);
-
-impl BudgetedClient {
     /// One request, bounded as the mode says.
     async fn attempt(
         &self,
