@@ -165,17 +165,8 @@ async fn fake_llm(delay: std::time::Duration) -> (String, test_support::Running)
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/v1", listener.local_addr().unwrap());
-    let running = test_support::spawn(|shutdown| {
-        shared::server::serve(
-            listener,
-            router,
-            shutdown,
-            shared::server::ServerOptions::default(),
-        )
-    });
-    (url, running)
+    let (base, running) = common::serve(router).await;
+    (format!("{base}/v1"), running)
 }
 
 #[tokio::test]

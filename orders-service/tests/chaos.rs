@@ -301,16 +301,7 @@ async fn the_stack_loses_nothing_and_leaks_nothing_under_chaos() {
     .await;
 
     let side = PgPool::connect(&database_url).await.unwrap();
-    let initial: HashMap<String, i64> = sqlx::query_as::<_, (String, i32)>(
-        "SELECT sku, available FROM inventory WHERE sku = ANY($1)",
-    )
-    .bind(SKUS.map(str::to_owned).to_vec())
-    .fetch_all(&side)
-    .await
-    .unwrap()
-    .into_iter()
-    .map(|(sku, n)| (sku, i64::from(n)))
-    .collect();
+    let initial = stock_of(&side).await;
     side.close().await;
 
     // Warm up, then take the memory baseline.
@@ -486,16 +477,7 @@ async fn the_stack_loses_nothing_and_leaks_nothing_under_chaos() {
             .fetch_all(&side)
             .await
             .unwrap();
-    let stock: HashMap<String, i64> = sqlx::query_as::<_, (String, i32)>(
-        "SELECT sku, available FROM inventory WHERE sku = ANY($1)",
-    )
-    .bind(SKUS.map(str::to_owned).to_vec())
-    .fetch_all(&side)
-    .await
-    .unwrap()
-    .into_iter()
-    .map(|(sku, n)| (sku, i64::from(n)))
-    .collect();
+    let stock = stock_of(&side).await;
     let rss_end = orders.rss_kib();
     let panics = std::fs::read_to_string(work.join("orders.log"))
         .unwrap_or_default()
@@ -596,6 +578,18 @@ async fn the_stack_loses_nothing_and_leaks_nothing_under_chaos() {
     );
     drop(orders);
     let _ = std::fs::remove_dir_all(&work);
+}
+
+/// Stock of the SKUs the clients order.
+async fn stock_of(pool: &PgPool) -> HashMap<String, i64> {
+    sqlx::query_as::<_, (String, i32)>("SELECT sku, available FROM inventory WHERE sku = ANY($1)")
+        .bind(SKUS.map(str::to_owned).to_vec())
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(sku, n)| (sku, i64::from(n)))
+        .collect()
 }
 
 fn ok(holds: bool) -> &'static str {

@@ -86,6 +86,12 @@ async fn spawn_recorded_catalog() -> (String, Faults, Arc<Mutex<Vec<Option<u64>>
             next.run(request)
         }),
     );
+    let (url, running) = serve(router).await;
+    (url, faults, budgets, running)
+}
+
+/// Serves `router` on a free loopback port; returns its base URL.
+pub async fn serve(router: axum::Router) -> (String, Running) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let running = test_support::spawn(|shutdown| {
@@ -96,7 +102,7 @@ async fn spawn_recorded_catalog() -> (String, Faults, Arc<Mutex<Vec<Option<u64>>
             shared::server::ServerOptions::default(),
         )
     });
-    (url, faults, budgets, running)
+    (url, running)
 }
 
 impl TestApp {
