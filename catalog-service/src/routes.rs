@@ -1,11 +1,9 @@
 //! The public API: `GET /catalog/{sku}`, `/metrics`, `/healthz`.
 
-use std::time::Duration;
-
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::routing::get;
-use axum::{Json, Router, middleware};
-use shared::metrics::{Metrics, track_http};
+use axum::{Json, Router};
+use shared::metrics::Metrics;
 use shared::{Deadline, DeadlineLayer, DeadlinePolicy, Problem};
 
 use crate::catalog::{self, Item};
@@ -14,19 +12,12 @@ use crate::faults::Faults;
 
 /// The public router. The admin API is deliberately absent: it lives on its own port.
 pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
-    let policy = DeadlinePolicy::new(
-        Duration::from_millis(config.deadline_max_ms),
-        Duration::from_millis(config.deadline_default_ms),
-    );
-    Router::new()
+    let policy = DeadlinePolicy::from_millis(config.deadline_max_ms, config.deadline_default_ms);
+    let routes = Router::new()
         .route("/catalog/{sku}", get(get_item))
         .with_state(faults)
-        .route("/healthz", get(|| async { "ok" }))
-        // route_layer: both see the matched route; metrics sit outside the deadline so
-        // requests cut at their deadline are measured too.
-        .route_layer(DeadlineLayer::new(policy).metrics(metrics.deadline().clone()))
-        .route_layer(middleware::from_fn_with_state(metrics.clone(), track_http))
-        .merge(metrics.router())
+        .route("/healthz", get(|| async { "ok" }));
+    shared::ingress::instrument(routes, DeadlineLayer::new(policy), &metrics)
         // The public API takes no bodies at all.
         .layer(DefaultBodyLimit::max(1024))
 }

@@ -41,6 +41,14 @@ impl DeadlinePolicy {
         }
     }
 
+    /// A policy from whole milliseconds, as configuration gives them.
+    pub fn from_millis(max_ms: u64, default_ms: u64) -> Self {
+        Self::new(
+            Duration::from_millis(max_ms),
+            Duration::from_millis(default_ms),
+        )
+    }
+
     /// The budget to accept: `clamp(requested, 1 ms, max)`, or the default when absent.
     /// The flag says whether the request was clamped, which is counted.
     pub fn accept(&self, requested: Option<Duration>) -> (Duration, bool) {

@@ -30,11 +30,6 @@ impl Running {
         }
         let _ = (&mut self.task).await;
     }
-
-    /// Whether the application has stopped.
-    pub fn is_finished(&self) -> bool {
-        self.task.is_finished()
-    }
 }
 
 impl Drop for Running {

@@ -20,6 +20,25 @@ pub mod service;
 pub use layer::DeadlineLayer;
 pub use service::DeadlineService;
 
+use axum::Router;
+use axum::middleware;
+
+use crate::metrics::{Metrics, track_http};
+
+/// Puts every route of `router` under `layer` (reporting to `metrics`), wraps that in
+/// the HTTP metrics middleware, and adds `GET /metrics`: the one way both services
+/// stack them.
+///
+/// Both are route layers, so both see the matched route (the `uri` label is the
+/// template). The metrics middleware sits *outside* the deadline layer, so a request
+/// cut at its deadline is still measured, with its 504.
+pub fn instrument(router: Router, layer: DeadlineLayer, metrics: &Metrics) -> Router {
+    router
+        .route_layer(layer.metrics(metrics.deadline().clone()))
+        .route_layer(middleware::from_fn_with_state(metrics.clone(), track_http))
+        .merge(metrics.router())
+}
+
 /// How an ingress treats budgets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum DeadlineMode {
