@@ -33,29 +33,9 @@ import http from 'k6/http';
 import exec from 'k6/execution';
 import { check, sleep } from 'k6';
 import { Counter, Rate } from 'k6/metrics';
+import { envChoice, envInt, envString } from './lib/env.js';
 
 // ---------------------------------------------------------------- settings
-
-function envString(name, fallback) {
-  const value = __ENV[name];
-  return value === undefined || value === '' ? fallback : value;
-}
-
-function envInt(name, fallback) {
-  const raw = envString(name, String(fallback));
-  if (!/^\d+$/.test(raw.trim())) {
-    throw new Error(`${name} must be a non-negative integer, got "${raw}"`);
-  }
-  return parseInt(raw.trim(), 10);
-}
-
-function envChoice(name, fallback, allowed) {
-  const value = envString(name, fallback);
-  if (!allowed.includes(value)) {
-    throw new Error(`${name} must be one of ${allowed.join(', ')}, got "${value}"`);
-  }
-  return value;
-}
 
 // "30s", "2m", "5m", "1m30s", "1h", "500ms" -> milliseconds. Throws on anything else,
 // so a typo fails at start-up instead of producing a wrong startTime.

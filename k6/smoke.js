@@ -7,19 +7,7 @@
 
 import http from 'k6/http';
 import { check } from 'k6';
-
-function envString(name, fallback) {
-  const value = __ENV[name];
-  return value === undefined || value === '' ? fallback : value;
-}
-
-function envInt(name, fallback) {
-  const raw = envString(name, String(fallback));
-  if (!/^\d+$/.test(raw.trim())) {
-    throw new Error(`${name} must be a non-negative integer, got "${raw}"`);
-  }
-  return parseInt(raw.trim(), 10);
-}
+import { envInt, envString } from './lib/env.js';
 
 const VUS = envInt('VUS', 5);
 const DURATION = envString('DURATION', '5s');
