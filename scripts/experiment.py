@@ -68,6 +68,14 @@ SAMPLE_INTERVAL_S = 0.25  # /metrics and RSS
 PROGRESS_EVERY_S = 3.0  # live line while k6 runs
 RECOVERY_PROBE_EVERY_S = 0.05
 RECOVERY_GIVE_UP_S = 30.0  # no 201 by then: the experiment failed
+# Before each mode's measured load, the same number of clients order for this long with no
+# fault injected. A cold service pays once for opening its 50 catalog connections and 16
+# PostgreSQL sessions (and, on the debug build, for first-touch page faults); measured
+# cold, that one-off cost landed in the first wave of answers and made a short run's p99
+# depend on luck (978 ms once, 761 and 746 ms on reruns of the same command). Both modes
+# get the same warm-up, and it ends before the first /metrics sample, so no figure
+# includes it.
+WARMUP_S = 3.0
 RECOVERY_ACCEPT_S = 5.0  # DESIGN §9: "recovers as soon as the latency is removed"
 DRAIN_WAIT_S = 10.0  # in-flight must reach 0 within this after recovery
 # Window of the chart's rates and p99. Legacy answers come in waves (50 slots finish
@@ -761,6 +769,30 @@ def assistant_turn(base: str) -> int:
         return 0
 
 
+def warm_up(settings: Settings, orders_url: str, mode: str) -> dict[int, int]:
+    """WARMUP_S of orders from `settings.vus` concurrent clients; returns the statuses seen."""
+    clients = min(settings.vus, 100)
+    stop_at = time.monotonic() + WARMUP_S
+    statuses: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def client(n: int) -> None:
+        i = 0
+        while time.monotonic() < stop_at:
+            i += 1
+            status = post_order(orders_url, settings.budget_ms,
+                                f"experiment-warmup-{mode}-{n}-{i}-{time.time_ns()}", timeout=5)
+            with lock:
+                statuses[status] = statuses.get(status, 0) + 1
+
+    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return statuses
+
+
 def measure_recovery(settings: Settings, result: ModeResult, orders_url: str, load_end: float) -> None:
     """One request every 50 ms, from the end of the load, until one is a 201."""
     n = 0
@@ -833,6 +865,9 @@ def run_mode(settings: Settings, mode: str, ctx: "Context") -> ModeResult:
     took = wait_for(f"http://{ctx.orders_addr}/readyz", orders, 90, "orders-service /readyz")
     say(f"orders-service ready on {ctx.orders_addr} in {took:.1f} s (pid {orders.proc.pid})")
     ctx.orders = orders
+    warmed = warm_up(settings, f"http://{ctx.orders_addr}", mode)
+    say(f"warm-up: {WARMUP_S:g} s of orders, no fault, {min(settings.vus, 100)} clients: "
+        + ", ".join(f"{n} x {code or 'no answer'}" for code, n in sorted(warmed.items())))
 
     summary_path = ctx.out / f"k6-summary-{mode}.json"
     k6_log = ctx.out / f"k6-{mode}.log"
