@@ -74,6 +74,24 @@ pub struct DeadlineExceeded {
     pub elapsed: Duration,
 }
 
+/// How long past its deadline a request that is past its point of no return may still
+/// answer. The database step bounds its own wait for a COMMIT's outcome by less than this
+/// (`db::COMMIT_GRACE`), so this is only the ingress layer's backstop.
+pub const NO_RETURN_GRACE: Duration = Duration::from_millis(500);
+
+/// See [`Deadline::point_of_no_return`]; the request is past it until this is dropped.
+#[derive(Debug)]
+#[must_use = "the point of no return ends when this guard is dropped"]
+pub struct NoReturn {
+    log: Arc<StageLog>,
+}
+
+impl Drop for NoReturn {
+    fn drop(&mut self) {
+        self.log.leave_no_return();
+    }
+}
+
 /// An absolute deadline plus the budget it was created with.
 ///
 /// Cheap to clone; clones (and [children](Deadline::child)) share one [`StageLog`], so the
@@ -190,16 +208,7 @@ impl Deadline {
         if remaining.is_zero() {
             return Err(self.exceeded(stage));
         }
-        // `debug`: recorded when traces are exported (the OpenTelemetry layer has its
-        // own filter), free otherwise. See `telemetry`.
-        let span = tracing::debug_span!(
-            "stage",
-            otel.name = stage.as_str(),
-            stage = stage.as_str(),
-            deadline.budget_ms = self.budget.as_millis() as u64,
-            deadline.remaining_ms = remaining.as_millis() as u64,
-            outcome = tracing::field::Empty,
-        );
+        let span = self.stage_span(stage);
         let started = Instant::now();
         let outcome = tokio::time::timeout_at(self.at, step.into_future())
             .instrument(span.clone())
@@ -211,6 +220,34 @@ impl Deadline {
                 span.record("outcome", "deadline_exceeded");
                 Err(self.exceeded(stage))
             }
+        }
+    }
+
+    /// The span of one stage. `debug`: recorded when traces are exported (the
+    /// OpenTelemetry layer has its own filter), free otherwise. See `telemetry`.
+    pub(crate) fn stage_span(&self, stage: Stage) -> tracing::Span {
+        tracing::debug_span!(
+            "stage",
+            otel.name = stage.as_str(),
+            stage = stage.as_str(),
+            deadline.budget_ms = self.budget.as_millis() as u64,
+            deadline.remaining_ms = self.remaining().as_millis() as u64,
+            outcome = tracing::field::Empty,
+        )
+    }
+
+    /// Marks the request as past a point of no return (a COMMIT on the wire) until the
+    /// guard is dropped.
+    ///
+    /// Once a COMMIT is sent, the server may commit whatever the client does, so an
+    /// answer at the deadline could no longer say "nothing was written" truthfully. While
+    /// a guard lives, the ingress layer does not answer 504 at the deadline; it waits up
+    /// to [`NO_RETURN_GRACE`] longer for the handler, which learns the outcome and
+    /// answers by it.
+    pub fn point_of_no_return(&self) -> NoReturn {
+        self.log.enter_no_return();
+        NoReturn {
+            log: Arc::clone(&self.log),
         }
     }
 }

@@ -204,6 +204,19 @@ impl Problem {
         .with(|b| b.cause = Some(cause.to_string()))
     }
 
+    /// 500: a COMMIT was sent but its outcome could not be learned in time. Unlike a
+    /// 504, this does not promise that nothing was written: a retry with the same
+    /// `Idempotency-Key` finds the order if it was committed.
+    pub fn outcome_unknown(stage: Stage) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "urn:problem:outcome-unknown",
+            "the commit was sent but its outcome is unknown; retry with the same \
+             Idempotency-Key to learn it",
+        )
+        .with(|b| b.stage = Some(stage))
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)

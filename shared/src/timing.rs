@@ -6,6 +6,7 @@
 
 use std::fmt::Write as _;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::metrics::DeadlineMetrics;
@@ -16,6 +17,9 @@ use crate::stage::Stage;
 pub struct StageLog {
     entries: Mutex<Vec<(Stage, Duration)>>,
     metrics: Option<DeadlineMetrics>,
+    /// How many steps of the request are past their point of no return (a COMMIT on the
+    /// wire). See [`Deadline::point_of_no_return`](crate::Deadline::point_of_no_return).
+    no_return: AtomicUsize,
 }
 
 impl StageLog {
@@ -24,6 +28,7 @@ impl StageLog {
         Self {
             entries: Mutex::default(),
             metrics: Some(metrics),
+            no_return: AtomicUsize::new(0),
         }
     }
 
@@ -74,6 +79,19 @@ impl StageLog {
         }
         let _ = write!(out, "total;dur={:.1}", millis(total));
         out
+    }
+
+    /// True while a step of the request is past its point of no return.
+    pub fn past_no_return(&self) -> bool {
+        self.no_return.load(Ordering::Acquire) > 0
+    }
+
+    pub(crate) fn enter_no_return(&self) {
+        self.no_return.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn leave_no_return(&self) {
+        self.no_return.fetch_sub(1, Ordering::AcqRel);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Stage, Duration)>> {

@@ -222,3 +222,62 @@ async fn legacy_mode_ignores_the_header_and_does_not_bound_the_handler() {
         "legacy code never read the header"
     );
 }
+
+/// A handler that sends its COMMIT 5 ms before the deadline and learns the outcome
+/// `commit_takes` later.
+fn committing(commit_takes: Option<Duration>) -> Router {
+    let handler = move |deadline: Deadline| async move {
+        tokio::time::sleep_until(deadline.instant() - MS(5)).await;
+        let _no_return = deadline.point_of_no_return();
+        match commit_takes {
+            Some(took) => tokio::time::sleep(took).await,
+            None => std::future::pending::<()>().await,
+        }
+        "committed"
+    };
+    Router::new()
+        .route("/", get(handler))
+        .route_layer(DeadlineLayer::new(policy(500, 300)))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_commit_on_the_wire_at_the_deadline_is_answered_by_its_outcome() {
+    let started = Instant::now();
+    let (parts, body) = call(committing(Some(MS(100))), "/", Some("300")).await;
+    assert_eq!(
+        parts.status,
+        StatusCode::OK,
+        "not a 504: the commit succeeded"
+    );
+    assert_eq!(body, b"committed");
+    assert_eq!(started.elapsed(), MS(395));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_commit_whose_outcome_never_comes_is_a_500_that_promises_nothing() {
+    let started = Instant::now();
+    let (parts, body) = call(committing(None), "/", Some("300")).await;
+    assert_eq!(parts.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(json(&body)["type"], "urn:problem:outcome-unknown");
+    assert_eq!(
+        started.elapsed(),
+        MS(300) + shared::deadline::NO_RETURN_GRACE,
+        "bounded by the grace"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_the_point_of_no_return_ends_the_deadline_applies_again() {
+    let handler = |deadline: Deadline| async move {
+        drop(deadline.point_of_no_return());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        "finished"
+    };
+    let app = Router::new()
+        .route("/", get(handler))
+        .route_layer(DeadlineLayer::new(policy(500, 300)));
+    let started = Instant::now();
+    let (parts, _) = call(app, "/", Some("300")).await;
+    assert_eq!(parts.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(started.elapsed(), MS(300));
+}

@@ -9,7 +9,7 @@ use http::{HeaderName, HeaderValue, Response};
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 
-use crate::deadline::Deadline;
+use crate::deadline::{Deadline, NO_RETURN_GRACE};
 use crate::problem::Problem;
 use crate::stage::Stage;
 
@@ -35,6 +35,9 @@ pin_project! {
             #[pin]
             timer: Option<Sleep>,
             deadline: Deadline,
+            // Set once the timer has been pushed back for a step past its point of no
+            // return (a COMMIT on the wire).
+            extended: bool,
         },
     }
 }
@@ -54,6 +57,7 @@ impl<F> ResponseFuture<F> {
                 handler,
                 timer: Some(tokio::time::sleep_until(deadline.instant())),
                 deadline,
+                extended: false,
             },
         }
     }
@@ -64,6 +68,7 @@ impl<F> ResponseFuture<F> {
                 handler,
                 timer: None,
                 deadline,
+                extended: false,
             },
         }
     }
@@ -84,8 +89,9 @@ where
                 .expect("ResponseFuture polled after completion"))),
             KindProj::Run {
                 handler,
-                timer,
+                mut timer,
                 deadline,
+                extended,
             } => {
                 // The handler goes first: an answer that is ready at the deadline is
                 // still a good answer.
@@ -93,13 +99,24 @@ where
                     let response = result?.map(axum::body::Body::new);
                     return Poll::Ready(Ok(with_server_timing(response, deadline)));
                 }
-                if let Some(timer) = timer.as_pin_mut() {
-                    ready!(timer.poll(cx));
-                    let response =
-                        Problem::deadline(deadline.exceeded(Stage::Ingress)).into_response();
-                    return Poll::Ready(Ok(with_server_timing(response, deadline)));
+                let Some(mut sleep) = timer.as_mut().as_pin_mut() else {
+                    return Poll::Pending;
+                };
+                ready!(sleep.as_mut().poll(cx));
+                // A COMMIT is on the wire: a 504 now would promise that nothing was
+                // written, which nobody knows yet. Give the handler, which waits for
+                // the outcome, a bounded grace to answer by it.
+                if !*extended && deadline.log().past_no_return() {
+                    *extended = true;
+                    sleep.as_mut().reset(deadline.instant() + NO_RETURN_GRACE);
+                    ready!(sleep.poll(cx));
                 }
-                Poll::Pending
+                let response = if *extended {
+                    Problem::outcome_unknown(Stage::Ingress).into_response()
+                } else {
+                    Problem::deadline(deadline.exceeded(Stage::Ingress)).into_response()
+                };
+                Poll::Ready(Ok(with_server_timing(response, deadline)))
             }
         }
     }
