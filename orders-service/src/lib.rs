@@ -170,7 +170,7 @@ impl Application {
             stop.cancel();
         };
         serve(self.listener, app, shutdown, options).await;
-        self.state.db.pool().close().await;
+        self.state.db.close().await;
     }
 }
 
@@ -179,7 +179,7 @@ impl Application {
 async fn migrate(db: &Db) -> anyhow::Result<()> {
     let mut attempt = 1;
     loop {
-        match sqlx::migrate!("./migrations").run(db.pool()).await {
+        match db.migrate(&sqlx::migrate!("./migrations")).await {
             Ok(()) => return Ok(()),
             Err(err) if attempt < 20 => {
                 tracing::warn!(error = %err, attempt, "migrations failed; retrying");

@@ -1,15 +1,16 @@
 //! Orders: validation, and the one transaction that places an order.
 //!
 //! Placing an order is all-or-nothing: the order row and its stock decrement commit
-//! together. The decrement is conditional (`available >= quantity`), so stock can never
-//! go negative however many requests race for it. The order row goes in *first*, with
-//! `ON CONFLICT (idempotency_key) DO NOTHING`: a second request with the same key waits
-//! on the unique index until the first commits or aborts, then finds the first order
-//! instead of writing a second one. Ten identical retries at once give one order.
+//! together, written by one statement (`PLACE_ORDER`). The decrement is conditional
+//! (`available >= quantity`), so stock can never go negative however many requests race
+//! for it. The order row goes in *first*, with `ON CONFLICT (idempotency_key) DO
+//! NOTHING`: a second request with the same key waits on the unique index until the
+//! first commits or aborts, then finds the first order instead of writing a second one.
+//! Ten identical retries at once give one order.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use shared::db::{Db, DbError};
+use shared::db::{Db, DbError, End};
 use shared::{Deadline, Problem};
 use sqlx::FromRow;
 
@@ -125,7 +126,46 @@ pub enum Placed {
 
 const ORDER_COLUMNS: &str = "id, sku, quantity, unit_price_cents, total_cents, created_at";
 
+/// Inserts the order and takes its stock in one statement, so the whole write is one
+/// round trip under the transaction's server-side limit. The order row goes first, with
+/// `ON CONFLICT (idempotency_key) DO NOTHING`: a retry waits on the unique index until
+/// the first attempt commits or aborts. The stock is taken only if the row went in, and
+/// only if enough is left; `stock_taken` tells the two apart, and the caller rolls back
+/// when it is false. No row at all means the key is taken.
+const PLACE_ORDER: &str = "\
+    WITH placed AS ( \
+        INSERT INTO orders (sku, quantity, unit_price_cents, total_cents, idempotency_key) \
+        VALUES ($1, $2, $3, $4, $5) \
+        ON CONFLICT (idempotency_key) DO NOTHING \
+        RETURNING id, sku, quantity, unit_price_cents, total_cents, created_at \
+    ), taken AS ( \
+        UPDATE inventory SET available = available - $2 \
+        WHERE sku = $1 AND available >= $2 AND EXISTS (SELECT 1 FROM placed) \
+        RETURNING 1 \
+    ) \
+    SELECT placed.*, EXISTS (SELECT 1 FROM taken) AS stock_taken FROM placed";
+
+/// One row of [`PLACE_ORDER`].
+#[derive(FromRow)]
+struct PlacedRow {
+    #[sqlx(flatten)]
+    order: Order,
+    stock_taken: bool,
+}
+
+/// What the order transaction found, before it is turned into an answer.
+enum Attempt {
+    Created(Order),
+    OutOfStock,
+    /// The key belongs to a committed order (read in the same transaction).
+    KeyTaken(Option<Order>),
+}
+
 /// Places `order` at `unit_price_cents` in one transaction, under `deadline`.
+///
+/// The answer tells the truth about the table (DESIGN §5): `Created` only once the
+/// COMMIT is known to have succeeded; every error from here means nothing was written
+/// (or, for a COMMIT whose outcome could not be learned, a 500 that says so).
 pub async fn place_order(
     db: &Db,
     deadline: &Deadline,
@@ -135,91 +175,68 @@ pub async fn place_order(
 ) -> Result<Placed, Problem> {
     let unit_price = i32::try_from(unit_price_cents).map_err(Problem::internal)?;
     let total = i64::from(unit_price) * i64::from(order.quantity);
-    let mut tx = db.begin(deadline).await?;
-    let backend = tx.backend();
-
-    let inserted: Option<Order> = db
-        .run_cancellable(
-            deadline,
-            backend.clone(),
-            sqlx::query_as(
-                "INSERT INTO orders (sku, quantity, unit_price_cents, total_cents, idempotency_key) \
-                 VALUES ($1, $2, $3, $4, $5) \
-                 ON CONFLICT (idempotency_key) DO NOTHING \
-                 RETURNING id, sku, quantity, unit_price_cents, total_cents, created_at",
-            )
-            .bind(&order.sku)
-            .bind(order.quantity)
-            .bind(unit_price)
-            .bind(total)
-            .bind(key)
-            .fetch_optional(&mut *tx),
-        )
+    let (sku, quantity, key_owned) = (order.sku.clone(), order.quantity, key.map(str::to_owned));
+    let attempt = db
+        .transaction(deadline, move |conn| {
+            Box::pin(async move {
+                let row: Option<PlacedRow> = sqlx::query_as(PLACE_ORDER)
+                    .bind(&sku)
+                    .bind(quantity)
+                    .bind(unit_price)
+                    .bind(total)
+                    .bind(&key_owned)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                Ok(match row {
+                    Some(row) if row.stock_taken => End::Commit(Attempt::Created(row.order)),
+                    Some(_) => End::Rollback(Attempt::OutOfStock),
+                    None => {
+                        // The key is taken by a committed order; a new statement sees it.
+                        let existing = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                            "SELECT {ORDER_COLUMNS} FROM orders WHERE idempotency_key = $1"
+                        )))
+                        .bind(&key_owned)
+                        .fetch_optional(&mut *conn)
+                        .await?;
+                        End::Rollback(Attempt::KeyTaken(existing))
+                    }
+                })
+            })
+        })
         .await
         .map_err(unknown_sku_is_404)?;
-    let Some(inserted) = inserted else {
-        // The key is taken by a committed order. Nothing was written here.
-        drop(tx);
-        return replay(db, deadline, order, key.unwrap_or_default()).await;
-    };
-
-    let decremented = db
-        .run_cancellable(
-            deadline,
-            backend.clone(),
-            sqlx::query("UPDATE inventory SET available = available - $2 WHERE sku = $1 AND available >= $2")
-                .bind(&order.sku)
-                .bind(order.quantity)
-                .execute(&mut *tx),
-        )
-        .await?;
-    if decremented.rows_affected() == 0 {
-        // Dropping the transaction rolls the order row back.
-        return Err(Problem::conflict(format!(
+    match attempt {
+        Attempt::Created(order) => Ok(Placed::Created(order)),
+        Attempt::OutOfStock => Err(Problem::conflict(format!(
             "not enough stock of {} for {} item(s)",
             order.sku, order.quantity
-        )));
-    }
-    db.run(deadline, tx.commit()).await?;
-    Ok(Placed::Created(inserted))
-}
-
-/// The order stored under `key`, if it was made by the same request; 422 otherwise.
-async fn replay(
-    db: &Db,
-    deadline: &Deadline,
-    order: &NewOrder,
-    key: &str,
-) -> Result<Placed, Problem> {
-    let existing: Order = db
-        .run(
-            deadline,
-            sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT {ORDER_COLUMNS} FROM orders WHERE idempotency_key = $1"
-            )))
-            .bind(key)
-            .fetch_one(db.pool()),
-        )
-        .await?;
-    if existing.sku != order.sku || existing.quantity != order.quantity {
-        return Err(Problem::unprocessable(
+        ))),
+        Attempt::KeyTaken(Some(existing))
+            if existing.sku == order.sku && existing.quantity == order.quantity =>
+        {
+            Ok(Placed::Replayed(existing))
+        }
+        Attempt::KeyTaken(Some(_)) => Err(Problem::unprocessable(
             "this Idempotency-Key was already used for a different order",
-        ));
+        )),
+        Attempt::KeyTaken(None) => Err(Problem::internal(
+            "an Idempotency-Key conflicted, but its order could not be read",
+        )),
     }
-    Ok(Placed::Replayed(existing))
 }
 
 /// The order with `id`, if any.
 pub async fn find_order(db: &Db, deadline: &Deadline, id: i64) -> Result<Option<Order>, Problem> {
     Ok(db
-        .run(
-            deadline,
-            sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT {ORDER_COLUMNS} FROM orders WHERE id = $1"
-            )))
-            .bind(id)
-            .fetch_optional(db.pool()),
-        )
+        .read(deadline, move |conn| {
+            Box::pin(
+                sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT {ORDER_COLUMNS} FROM orders WHERE id = $1"
+                )))
+                .bind(id)
+                .fetch_optional(conn),
+            )
+        })
         .await?)
 }
 

@@ -6,62 +6,25 @@ use common::{MS, json_of, spawn_app, spawn_app_on};
 use futures_util::future::join_all;
 use reqwest::StatusCode;
 use shared::{Deadline, Stage};
-use sqlx::Connection;
 use test_support::{PgCluster, wait_until};
 use tokio::time::Instant;
 
 #[tokio::test]
-async fn an_order_for_a_locked_row_is_cancelled_by_the_server_at_its_deadline() {
-    let app = spawn_app().await;
-    let mut locker = sqlx::PgConnection::connect(&app.database.url)
-        .await
-        .unwrap();
-    let mut lock = locker.begin().await.unwrap();
-    sqlx::query("SELECT available FROM inventory WHERE sku = 'SKU-00003' FOR UPDATE")
-        .execute(&mut *lock)
-        .await
-        .unwrap();
-
-    let started = Instant::now();
-    let response = app.order("SKU-00003", 1, Some(500)).await;
-    let took = started.elapsed();
-    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
-    assert!(took < MS(650), "answered after {took:?}");
-    assert_eq!(json_of(response).await["stage"], "db");
-    // The server stopped waiting by itself (lock_timeout): nothing still queues on the row.
-    assert_eq!(app.backends_waiting_on_locks().await, 0);
-
-    lock.rollback().await.unwrap();
-    let before = app.stock("SKU-00003").await;
-    for _ in 0..10 {
-        let response = app.order("SKU-00003", 1, Some(1000)).await;
-        assert_eq!(response.status(), StatusCode::CREATED);
-    }
-    assert_eq!(app.stock("SKU-00003").await, before - 10);
-    assert_eq!(
-        app.order_rows().await,
-        10,
-        "the timed-out order left no row"
-    );
-    wait_until("the pool has no connection in use", MS(1000), || async {
-        app.state.db.in_use() == 0
-    })
-    .await;
-    assert_eq!(app.backends_in_state("idle in transaction").await, 0);
-}
-
-#[tokio::test]
 async fn a_long_statement_is_cancelled_by_the_server_at_the_budget() {
     let app = spawn_app().await;
-    let db = &app.state.db;
     let deadline = Deadline::after(MS(300));
     let started = Instant::now();
-    let mut tx = db.begin(&deadline).await.unwrap();
-    let result = db
-        .run(
-            &deadline,
-            sqlx::query("SELECT pg_sleep(5)").execute(&mut *tx),
-        )
+    let result = app
+        .state
+        .db
+        .read(&deadline, |conn| {
+            Box::pin(async move {
+                sqlx::query("SELECT pg_sleep(5)")
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
         .await;
     let took = started.elapsed();
     match result {
@@ -69,7 +32,6 @@ async fn a_long_statement_is_cancelled_by_the_server_at_the_budget() {
         other => panic!("expected a deadline error, got {other:?}"),
     }
     assert!(took < MS(400), "took {took:?}");
-    drop(tx);
     // A client-side timeout alone would leave pg_sleep running for 5 s.
     wait_until("no pg_sleep runs on the server", MS(200), || async {
         sqlx::query_scalar::<_, i64>(

@@ -10,8 +10,8 @@
 //! [child](crate::Deadline::child) of the turn), so a cut tool leaves nothing behind.
 //! Cancellation (an MCP `notifications/cancelled`, a client that goes away) is
 //! cooperative: the tool future is raced against a `CancellationToken` and dropped, which
-//! drops its HTTP request; SQL needs the server to be told (see
-//! [`Db::run_cancellable`](crate::db::Db::run_cancellable)).
+//! drops its HTTP request; SQL needs the server to be told, which the
+//! [`db`](crate::db) module does when its caller's future is dropped.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};

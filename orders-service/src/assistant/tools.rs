@@ -96,19 +96,17 @@ async fn inventory_check(
     deadline: &Deadline,
     sku: &str,
 ) -> Result<Value, Problem> {
-    let db = &state.db;
-    let mut tx = db.begin(deadline).await?;
-    let available: Option<i32> = db
-        .run_cancellable(
-            deadline,
-            tx.backend(),
-            sqlx::query_scalar("SELECT available FROM inventory WHERE sku = $1")
-                .bind(sku)
-                .fetch_optional(&mut *tx),
-        )
+    let key = sku.to_owned();
+    let available: Option<i32> = state
+        .db
+        .read(deadline, move |conn| {
+            Box::pin(
+                sqlx::query_scalar("SELECT available FROM inventory WHERE sku = $1")
+                    .bind(key)
+                    .fetch_optional(conn),
+            )
+        })
         .await?;
-    // Read-only: dropping the transaction rolls it back.
-    drop(tx);
     match available {
         Some(available) => Ok(json!({"sku": sku, "available": available})),
         None => Err(Problem::not_found(format!("unknown sku {sku:?}"))),

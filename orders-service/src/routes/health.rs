@@ -25,9 +25,10 @@ pub(super) async fn readyz(
     let database = async {
         state
             .db
-            .run(&deadline, sqlx::query("SELECT 1").execute(state.db.pool()))
+            .read(&deadline, |conn| {
+                Box::pin(async move { sqlx::query("SELECT 1").execute(conn).await.map(drop) })
+            })
             .await
-            .map(drop)
             .map_err(Problem::from)
     };
     let (database, catalog) = tokio::join!(database, state.catalog.ping(&deadline));

@@ -12,7 +12,8 @@ use catalog_service::{FaultConfig, Faults};
 use orders_service::{AppState, Application, Config};
 use reqwest::Response;
 use serde_json::{Value, json};
-use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection, PgConnection, PgPool};
 use test_support::{Running, TestDatabase};
 
 pub const MS: fn(u64) -> Duration = Duration::from_millis;
@@ -52,7 +53,9 @@ pub async fn spawn_app_on(database: TestDatabase, customize: impl FnOnce(&mut Co
         .expect("orders-service builds");
     let base = format!("http://127.0.0.1:{}", app.port());
     let state = app.state();
-    let side = PgPool::connect(&database.url).await.expect("side pool");
+    let side = PgPool::connect_with(side_options(&database.url))
+        .await
+        .expect("side pool");
     TestApp {
         base,
         client: reqwest::Client::new(),
@@ -65,6 +68,16 @@ pub async fn spawn_app_on(database: TestDatabase, customize: impl FnOnce(&mut Co
         orders: Some(test_support::spawn(|shutdown| app.run_until(shutdown))),
         _catalog: catalog,
     }
+}
+
+/// The test's own sessions name themselves, so queries on `pg_stat_activity` can tell
+/// them from the service's pool.
+pub const TEST_SESSION: &str = "test-side";
+
+fn side_options(url: &str) -> PgConnectOptions {
+    url.parse::<PgConnectOptions>()
+        .expect("a PostgreSQL URL")
+        .application_name(TEST_SESSION)
 }
 
 /// The real catalog router behind a layer that records the budget of every call.
@@ -161,6 +174,14 @@ impl TestApp {
             .unwrap()
     }
 
+    pub async fn order_rows_for(&self, sku: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM orders WHERE sku = $1")
+            .bind(sku)
+            .fetch_one(&self.side)
+            .await
+            .unwrap()
+    }
+
     /// Backends of this test's database in `state` ('idle in transaction', ...).
     pub async fn backends_in_state(&self, state: &str) -> i64 {
         sqlx::query_scalar(
@@ -179,6 +200,53 @@ impl TestApp {
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
              AND wait_event_type = 'Lock'",
         )
+        .fetch_one(&self.side)
+        .await
+        .unwrap()
+    }
+
+    /// A session of the test's own (for locks), outside the service's pool.
+    pub async fn side_connection(&self) -> PgConnection {
+        PgConnection::connect_with(&side_options(&self.database.url))
+            .await
+            .expect("a side connection")
+    }
+
+    /// The PIDs of the service's sessions on the server: the system of record for
+    /// "the connection survived" (a closed and reopened connection gets a new PID).
+    pub async fn service_backends(&self) -> std::collections::BTreeSet<i32> {
+        sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+             AND backend_type = 'client backend' AND application_name <> $1",
+        )
+        .bind(TEST_SESSION)
+        .fetch_all(&self.side)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+    }
+
+    /// The service's sessions that are doing anything but waiting for a command:
+    /// running a statement, or holding a transaction open.
+    pub async fn service_statements_in_flight(&self) -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND backend_type = 'client backend' AND application_name <> $1 AND state <> 'idle'",
+        )
+        .bind(TEST_SESSION)
+        .fetch_one(&self.side)
+        .await
+        .unwrap()
+    }
+
+    /// The service's sessions waiting on a lock.
+    pub async fn service_lock_waiters(&self) -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND application_name <> $1 AND wait_event_type = 'Lock'",
+        )
+        .bind(TEST_SESSION)
         .fetch_one(&self.side)
         .await
         .unwrap()

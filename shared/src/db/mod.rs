@@ -1,0 +1,337 @@
+//! PostgreSQL under the deadline (DESIGN §5).
+//!
+//! # What an answer promises
+//!
+//! A 201 means the transaction committed; a 504, 503 or 502 means nothing was written,
+//! so a client may retry even without an `Idempotency-Key`. gRPC makes no such promise
+//! (its `DEADLINE_EXCEEDED` "may have succeeded"); this module earns it at the one
+//! dangerous moment, COMMIT: once COMMIT is on the wire the server may commit whatever
+//! the client does. So COMMIT is a point of no return: it is not started when too little
+//! budget is left, it carries its own server-side limit (what is left), and once it is
+//! sent its outcome is awaited (a little past the deadline at most, [`COMMIT_GRACE`])
+//! and answered truthfully: committed is success even if late, and an outcome that
+//! cannot be learned is a 500 that promises nothing, never a 504.
+//!
+//! # The only way to run SQL
+//!
+//! [`Db::transaction`] and [`Db::read`] are the whole API: there is no public pool, so a
+//! handler cannot run a statement outside the budget. Each call:
+//!
+//! 1. `db_pool`: waits for a pooled connection for at most the remaining time and at
+//!    most the pool's acquire timeout (the early-rejection threshold: a saturated or
+//!    unreachable database is a quick 503, not a slow 504);
+//! 2. `db`: sends `BEGIN` and sets `statement_timeout` and `lock_timeout` to what is
+//!    left *after* that wait, in the same round trip (which also asks for the backend's
+//!    PID); a budget that the wait used up starts no statement at all;
+//! 3. runs the body's statements: the server stops a statement that waits on a lock or
+//!    runs long at the deadline (SQLSTATE 55P03/57014, mapped to 504 `db`);
+//! 4. commits or rolls back, as the body says.
+//!
+//! A session-level `statement_timeout` of the largest budget is set on every pooled
+//! connection at connect time, as a backstop for anything that escapes the above.
+//!
+//! # Why each transaction runs on a task of its own
+//!
+//! Dropping a sqlx future in the middle of a statement (the client hung up, an MCP
+//! client cancelled, a client-side timeout fired) leaves the connection out of step
+//! with the server: sqlx's on-release check then meets the cancelled statement's error
+//! and closes the connection, one reconnect per cancel, exactly when the database is
+//! busiest; and a drop during `BEGIN` can hand back a connection with a transaction
+//! open. So the connection is owned by a spawned task (`job.rs`) that never drops a
+//! statement: when the caller goes away, or the deadline passes before the server's own
+//! limit has fired, it cancels the statement on the server (`pg_cancel_backend` of the
+//! PID it holds, from a small side pool), keeps reading until the statement's error
+//! arrives, rolls back and returns the connection in step. The caller gets its answer
+//! as soon as that answer is known; the cleanup finishes after.
+//!
+//! The statements of one transaction share its deadline: the server-side limit is
+//! per statement in PostgreSQL 15, so a later statement could run past the deadline
+//! on its own limit; the task's cancel at the deadline is what ends it there.
+
+mod job;
+
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::{Connection, migrate::Migrator};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::deadline::{Deadline, DeadlineExceeded};
+use crate::ingress::DeadlineMode;
+use crate::metrics::DbMetrics;
+use crate::problem::Problem;
+use crate::stage::Stage;
+
+pub use job::COMMIT_GRACE;
+use job::{Access, Job};
+
+/// What a transaction's body decides: commit or roll back, with the value to return.
+#[derive(Debug)]
+pub enum End<T> {
+    /// Commit the transaction, then return the value (if the commit succeeds).
+    Commit(T),
+    /// Roll the transaction back and return the value (a read, or nothing to write).
+    Rollback(T),
+}
+
+/// The body of a transaction: its statements on the connection, as one future.
+///
+/// Write it as `|conn| Box::pin(async move { ... })`, with queries run on `&mut *conn`.
+/// It must only run SQL: the task that runs it cancels the statement in flight, and
+/// only that, when the deadline passes or the caller goes away.
+pub trait Body<T>:
+    for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<End<T>, sqlx::Error>> + Send + 'static
+{
+}
+
+impl<T, F> Body<T> for F where
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<End<T>, sqlx::Error>>
+        + Send
+        + 'static
+{
+}
+
+/// A failed database step.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// The budget ran out (client-side bound or server-side cancel); nothing was
+    /// written: 504.
+    #[error(transparent)]
+    Deadline(#[from] DeadlineExceeded),
+    /// The database is unreachable or the pool is saturated; nothing was written: 503.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// COMMIT was sent but its outcome could not be learned within [`COMMIT_GRACE`]
+    /// past the deadline: 500, which promises nothing (a 504 would say "not written").
+    #[error("the outcome of the commit is unknown")]
+    OutcomeUnknown,
+    /// Anything else: a bug or a constraint we did not expect: 500.
+    #[error("database error: {0}")]
+    Query(#[source] sqlx::Error),
+}
+
+impl From<DbError> for Problem {
+    fn from(err: DbError) -> Self {
+        match err {
+            DbError::Deadline(exceeded) => Problem::deadline(exceeded),
+            DbError::Unavailable(cause) => Problem::unavailable(Stage::DbPool, cause),
+            DbError::OutcomeUnknown => Problem::outcome_unknown(Stage::Db),
+            DbError::Query(err) => Problem::internal(err),
+        }
+    }
+}
+
+/// Pool settings.
+#[derive(Clone, Copy, Debug)]
+pub struct DbConfig {
+    /// Pool size (`DB_POOL_MAX_CONNECTIONS`).
+    pub max_connections: u32,
+    /// The longest a request waits for a connection (`DB_POOL_ACQUIRE_TIMEOUT_MS`).
+    pub acquire_timeout: Duration,
+    /// Propagate or legacy.
+    pub mode: DeadlineMode,
+    /// The largest budget any request gets (`DEADLINE_MAX_MS`): no statement or
+    /// transaction may legitimately take longer.
+    pub max_budget: Duration,
+}
+
+/// How much longer than the largest budget an idle transaction may live.
+const IDLE_IN_TRANSACTION_SLACK: Duration = Duration::from_secs(1);
+
+/// The pool plus the mode it runs in. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Db {
+    pool: PgPool,
+    /// Sends `pg_cancel_backend`; separate so a saturated main pool cannot block it.
+    cancel_pool: PgPool,
+    /// The plain connection settings, for migrations (no per-session limits).
+    options: PgConnectOptions,
+    config: DbConfig,
+    metrics: Option<DbMetrics>,
+}
+
+impl Db {
+    /// A lazily connecting pool: the service starts even while the database is down,
+    /// and answers 503 until it is back.
+    pub fn connect_lazy(
+        url: &str,
+        config: DbConfig,
+        metrics: Option<DbMetrics>,
+    ) -> Result<Self, sqlx::Error> {
+        let options: PgConnectOptions = url.parse()?;
+        let (pool_options, acquire_timeout) = match config.mode {
+            // Backstops, set once per connection in its startup packet (no per-request
+            // cost): no statement outlives the largest budget, and a transaction left
+            // open by a bug is ended a second after any budget could.
+            DeadlineMode::Propagate => (
+                options.clone().options([
+                    ("statement_timeout", millis(config.max_budget)),
+                    (
+                        "idle_in_transaction_session_timeout",
+                        millis(config.max_budget + IDLE_IN_TRANSACTION_SLACK),
+                    ),
+                ]),
+                config.acquire_timeout,
+            ),
+            DeadlineMode::Legacy => (options.clone(), DeadlineMode::LEGACY_TIMEOUT),
+        };
+        let pool = PgPoolOptions::new()
+            .max_connections(config.max_connections)
+            .acquire_timeout(acquire_timeout)
+            .connect_lazy_with(pool_options);
+        let cancel_pool = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(1))
+            .connect_lazy_with(options.clone());
+        Ok(Self {
+            pool,
+            cancel_pool,
+            options,
+            config,
+            metrics,
+        })
+    }
+
+    /// Applies `migrator` on a connection of its own, outside the per-request limits
+    /// (a migration may legitimately take longer than any request).
+    pub async fn migrate(&self, migrator: &Migrator) -> Result<(), sqlx::migrate::MigrateError> {
+        let mut conn = PgConnection::connect_with(&self.options).await?;
+        let result = migrator.run(&mut conn).await;
+        let _ = conn.close().await;
+        result
+    }
+
+    /// Closes the pools (at shutdown, after the last request).
+    pub async fn close(&self) {
+        self.pool.close().await;
+        self.cancel_pool.close().await;
+    }
+
+    /// Connections checked out right now.
+    pub fn in_use(&self) -> usize {
+        (self.pool.size() as usize).saturating_sub(self.pool.num_idle())
+    }
+
+    /// Copies the pool's idle and in-use counts into the gauges.
+    pub fn report_pool(&self) {
+        if let Some(metrics) = &self.metrics {
+            metrics.set_connections(self.pool.num_idle(), self.in_use());
+        }
+    }
+
+    /// Runs `body` in one read-write transaction under `deadline`; commits or rolls back
+    /// as the body's [`End`] says.
+    pub async fn transaction<T, B>(&self, deadline: &Deadline, body: B) -> Result<T, DbError>
+    where
+        T: Send + 'static,
+        B: Body<T>,
+    {
+        self.spawn(deadline, Access::ReadWrite, body).await
+    }
+
+    /// Runs `read` (statements that change nothing) in a read-only transaction under
+    /// `deadline`, so it gets the same server-side limits as any other statement.
+    pub async fn read<T, F>(&self, deadline: &Deadline, read: F) -> Result<T, DbError>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, sqlx::Error>>
+            + Send
+            + 'static,
+    {
+        let body = body(move |conn| {
+            let statements = read(conn);
+            Box::pin(async move { statements.await.map(End::Rollback) })
+        });
+        self.spawn(deadline, Access::ReadOnly, body).await
+    }
+
+    async fn spawn<T, B>(&self, deadline: &Deadline, access: Access, body: B) -> Result<T, DbError>
+    where
+        T: Send + 'static,
+        B: Body<T>,
+    {
+        if self.config.mode == DeadlineMode::Legacy {
+            return self.legacy(body).await;
+        }
+        let (reply, answer) = oneshot::channel();
+        // Dropping this future (client gone, tool cancelled) cancels the token: the job
+        // then stops its statement on the server and cleans up by itself.
+        let stop = CancellationToken::new();
+        let _stop_when_dropped = stop.clone().drop_guard();
+        let job = Job {
+            pool: self.pool.clone(),
+            cancel_pool: self.cancel_pool.clone(),
+            metrics: self.metrics.clone(),
+            acquire_timeout: self.config.acquire_timeout,
+            deadline: deadline.clone(),
+            access,
+            stop,
+        };
+        tokio::spawn(job.run(body, reply).in_current_span());
+        // The job always answers; no answer means it panicked.
+        answer
+            .await
+            .unwrap_or(Err(DbError::Query(sqlx::Error::WorkerCrashed)))
+    }
+
+    /// The same transaction as code without the technique writes it: no budget, no
+    /// server-side limits, statements dropped wherever the caller's future is dropped.
+    async fn legacy<T, B: Body<T>>(&self, body: B) -> Result<T, DbError> {
+        let unbounded = Deadline::after(DeadlineMode::LEGACY_TIMEOUT);
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|err| classify(err, &unbounded, Stage::DbPool))?;
+        let value = match body(&mut tx).await {
+            Ok(End::Commit(value)) => {
+                tx.commit().await.map_err(DbError::Query)?;
+                value
+            }
+            Ok(End::Rollback(value)) => value,
+            Err(err) => return Err(classify(err, &unbounded, Stage::Db)),
+        };
+        Ok(value)
+    }
+}
+
+/// Gives a closure the higher-ranked signature of a [`Body`] (closure signatures are
+/// inferred from a bound only where the closure is passed directly).
+fn body<T, F>(body: F) -> F
+where
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<End<T>, sqlx::Error>>,
+{
+    body
+}
+
+fn millis(duration: Duration) -> String {
+    duration.as_millis().to_string()
+}
+
+/// Maps a sqlx error to what the caller should answer.
+pub fn classify(err: sqlx::Error, deadline: &Deadline, stage: Stage) -> DbError {
+    match &err {
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            // query_canceled (statement_timeout, or our pg_cancel_backend at the
+            // deadline) and lock_not_available (lock_timeout): the budget ran out.
+            // idle_in_transaction_session_timeout (25P03) means the same, later.
+            Some("57014" | "55P03" | "25P03") => DbError::Deadline(deadline.exceeded(Stage::Db)),
+            // admin_shutdown, crash_shutdown, cannot_connect_now: the server is going away.
+            Some("57P01" | "57P02" | "57P03") => DbError::Unavailable(err.to_string()),
+            _ => DbError::Query(err),
+        },
+        sqlx::Error::PoolTimedOut if deadline.is_expired() => {
+            DbError::Deadline(deadline.exceeded(stage))
+        }
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed => DbError::Unavailable(err.to_string()),
+        _ => DbError::Query(err),
+    }
+}
