@@ -66,6 +66,12 @@ LOCK_WAITERS_SQL = (
     "AND wait_event_type = 'Lock' AND query LIKE 'SELECT available FROM inventory%';"
 )
 
+WAITING_PID_SQL = (
+    "SELECT coalesce(min(pid), 0) FROM pg_stat_activity WHERE datname = current_database() "
+    "AND wait_event_type = 'Lock' AND query LIKE 'SELECT available FROM inventory%';"
+)
+BACKEND_ALIVE_SQL = "SELECT count(*) FROM pg_stat_activity WHERE pid = {pid};"
+
 
 def now() -> float:
     return time.monotonic()
@@ -509,6 +515,8 @@ async def check_cancel_sql(report: Report, session: ClientSession, tap: TapWrite
                 report.check(name, False, "the tool's SELECT never showed up waiting on the lock within 2 s")
                 call.scope.cancel()
                 return
+            # The pooled session the tool runs on: it must outlive the cancel.
+            pid = int(await monitor.query(WAITING_PID_SQL))
             cancel_at = now()
             await cancel_request(session, request_id, "mcp_check: cancel mid-flight")
 
@@ -535,6 +543,12 @@ async def check_cancel_sql(report: Report, session: ClientSession, tap: TapWrite
                 f"{RELEASE_LIMIT_MS}; its lock_timeout was ~{TOOL_BUDGET_MS - 10} ms); {answer}",
             )
         await holder.query("ROLLBACK; SELECT 'released';")
+        alive = int(await monitor.query(BACKEND_ALIVE_SQL.format(pid=pid)))
+        report.check(
+            "e3. the cancelled statement's pooled session survives the cancel",
+            alive == 1,
+            f"backend pid {pid} {'is still connected' if alive else 'was closed (a reconnect per cancel)'}",
+        )
     finally:
         await holder.close()
         await monitor.close()
