@@ -97,7 +97,7 @@ impl Deadline {
         let started = Instant::now();
         Self {
             started,
-            at: started + budget,
+            at: later_by(started, budget),
             budget,
             log,
         }
@@ -149,7 +149,7 @@ impl Deadline {
     /// deadline and now + `cap`. A child never outlives its parent.
     pub fn child(&self, cap: Duration) -> Self {
         let now = Instant::now();
-        let at = self.at.min(now + cap);
+        let at = self.at.min(later_by(now, cap));
         Self {
             started: now,
             at,
@@ -215,6 +215,16 @@ impl Deadline {
     }
 }
 
+/// `from + by`, or a far instant when that is past what the clock can represent.
+///
+/// `Instant + Duration` panics on overflow, and a budget of `Duration::MAX` (a caller's
+/// "no limit") is a valid input, not a reason to crash. Thirty years is tokio's own
+/// "far future": a deadline that never fires in practice.
+fn later_by(from: Instant, by: Duration) -> Instant {
+    const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+    from.checked_add(by).unwrap_or_else(|| from + FAR_FUTURE)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,6 +288,16 @@ mod tests {
         assert_eq!(deadline.outbound_millis(MS(5)), 1);
         tokio::time::advance(MS(10)).await;
         assert_eq!(deadline.outbound_millis(MS(5)), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_budget_too_large_for_the_clock_saturates_instead_of_panicking() {
+        let endless = Deadline::after(Duration::MAX);
+        assert!(!endless.is_expired());
+        assert!(endless.remaining() > Duration::from_secs(365 * 24 * 3600));
+        assert_eq!(endless.child(Duration::MAX).instant(), endless.instant());
+        let short = Deadline::after(MS(100));
+        assert_eq!(short.child(Duration::MAX).instant(), short.instant());
     }
 
     #[tokio::test(start_paused = true)]
