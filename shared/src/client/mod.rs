@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 pub use bulkhead::{AcquireError, Bulkhead, Slot};
-pub use error::CallError;
+pub use error::{CallError, DEFAULT_RETRY_AFTER};
 
 use crate::deadline::Deadline;
 use crate::header::REQUEST_TIMEOUT_HEADER;
@@ -229,14 +229,14 @@ impl BudgetedClient {
             outcome = self.attempt(deadline, path, headers).await;
         }
         let took = started.elapsed();
-        if let Ok(Ok((status, _))) = &outcome {
-            span.record("http.response.status_code", status.as_u16());
+        if let Ok(Ok(answer)) = &outcome {
+            span.record("http.response.status_code", answer.status.as_u16());
         }
         let (label, result) = match outcome {
             Err(exceeded) => ("timeout".to_owned(), Err(CallError::Deadline(exceeded))),
-            Ok(Ok((status, body))) => (
-                status.as_str().to_owned(),
-                CallError::check(status, body, deadline),
+            Ok(Ok(answer)) => (
+                answer.status.as_str().to_owned(),
+                CallError::check(answer.status, &answer.headers, answer.body, deadline),
             ),
             Ok(Err(err)) if err.is_timeout() => (
                 "timeout".to_owned(),
@@ -259,8 +259,7 @@ impl BudgetedClient {
         deadline: &Deadline,
         path: &str,
         headers: HeaderMap,
-    ) -> Result<Result<(http::StatusCode, bytes::Bytes), reqwest::Error>, crate::DeadlineExceeded>
-    {
+    ) -> Result<Result<Answer, reqwest::Error>, crate::DeadlineExceeded> {
         let request = self
             .http
             .get(format!("{}{path}", self.config.base_url))
@@ -276,12 +275,23 @@ impl BudgetedClient {
     }
 }
 
+/// A downstream's whole answer.
+struct Answer {
+    status: http::StatusCode,
+    /// Kept for what is passed on (a 503's `Retry-After`).
+    headers: HeaderMap,
+    body: bytes::Bytes,
+}
+
 /// Sends and reads the whole body: both belong inside the same timeout.
-async fn fetch(
-    request: reqwest::RequestBuilder,
-) -> Result<(http::StatusCode, bytes::Bytes), reqwest::Error> {
+async fn fetch(request: reqwest::RequestBuilder) -> Result<Answer, reqwest::Error> {
     let response = request.send().await?;
     let status = response.status();
+    let headers = response.headers().clone();
     let body = response.bytes().await?;
-    Ok((status, body))
+    Ok(Answer {
+        status,
+        headers,
+        body,
+    })
 }
