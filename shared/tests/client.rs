@@ -1,5 +1,7 @@
-//! The budgeted client against real sockets: what a downstream's 503 becomes.
+//! The budgeted client against real sockets: what a downstream's 503 becomes, and the
+//! pool gauges as a scrape of `/metrics` sees them.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -9,7 +11,7 @@ use shared::client::{BudgetedClient, CallError, ClientConfig};
 use shared::metrics::Metrics;
 use shared::server::{ServerOptions, serve};
 use shared::{Deadline, DeadlineMode, Stage};
-use test_support::Running;
+use test_support::{Running, metric_value};
 use tokio::net::TcpListener;
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
@@ -70,5 +72,66 @@ async fn a_downstream_503_is_passed_on_with_its_own_retry_after() {
             axum::response::IntoResponse::into_response(err.into_problem(Stage::Catalog));
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[header::RETRY_AFTER], expected, "{path}");
+    }
+}
+
+/// The pool gauges as a scraper reads them: `GET /metrics` over HTTP.
+async fn scrape_pool_gauges(metrics_url: &str) -> (Option<f64>, Option<f64>) {
+    let text = reqwest::get(format!("{metrics_url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let gauge = |name| metric_value(&text, name, r#"client="catalog""#);
+    (
+        gauge("http_client_pool_pending_acquires"),
+        gauge("http_client_pool_active_connections"),
+    )
+}
+
+/// Thousands of slot holders finishing, waiters timing out and tasks aborted at any
+/// point, on several worker threads at once: when all of them are gone, both gauges
+/// must read exactly 0. A gauge that is *set* from counts read a moment earlier can be
+/// overwritten by a stale value and stay above 0 forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pool_gauges_return_to_exactly_zero_after_a_storm_of_completions_and_cancellations() {
+    let metrics = Metrics::new("test");
+    let (metrics_url, _scrape) = serve_on_port_0(metrics.router()).await;
+    // No call is sent: the storm is on the bulkhead the client puts in front of reqwest.
+    let client = client("http://127.0.0.1:9", 3, &metrics);
+    let bulkhead = Arc::clone(client.bulkhead());
+    for round in 0..40 {
+        let tasks: Vec<_> = (0..600)
+            .map(|i| {
+                let bulkhead = Arc::clone(&bulkhead);
+                tokio::spawn(async move {
+                    // Every third waiter gives up after a few microseconds.
+                    let wait = if i % 3 == 1 {
+                        Duration::from_micros(50)
+                    } else {
+                        MS(10_000)
+                    };
+                    if let Ok(slot) = bulkhead.acquire(Some(wait)).await {
+                        tokio::task::yield_now().await;
+                        drop(slot);
+                    }
+                })
+            })
+            .collect();
+        // Cancel every fifth task wherever it happens to be: waiting, or holding a slot.
+        for task in tasks.iter().step_by(5) {
+            task.abort();
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+        assert_eq!(bulkhead.pending(), 0);
+        assert_eq!(bulkhead.active(), 0);
+        assert_eq!(
+            scrape_pool_gauges(&metrics_url).await,
+            (Some(0.0), Some(0.0)),
+            "round {round}: (pending, active) as scraped from /metrics"
+        );
     }
 }

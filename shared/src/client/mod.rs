@@ -94,9 +94,7 @@ impl BudgetedClient {
         let mut bulkhead = Bulkhead::new(config.max_connections, pending_max);
         if let Some(metrics) = &metrics {
             metrics.init(config.name);
-            let (metrics, name) = (metrics.clone(), config.name);
-            bulkhead =
-                bulkhead.on_change(move |pending, active| metrics.set_pool(name, pending, active));
+            bulkhead = bulkhead.with_gauges(metrics.pool_gauges(config.name));
         }
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(config.max_connections)

@@ -204,6 +204,21 @@ impl RejectReason {
     }
 }
 
+/// `http_client_pool_pending_acquires` and `http_client_pool_active_connections` of one
+/// client. Clones share the values.
+///
+/// A bulkhead moves them one step per transition (`inc` on joining the queue or taking a
+/// slot, `dec` when leaving it), never `set`s them from counts read a moment earlier:
+/// two releases at once would both write the same stale count, and the gauge could stay
+/// above 0 with nothing left in the pool.
+#[derive(Clone, Debug, Default)]
+pub struct PoolGauges {
+    /// Calls waiting for a slot.
+    pub pending: Gauge,
+    /// Calls holding a slot.
+    pub active: Gauge,
+}
+
 /// The outbound client families for one named client.
 #[derive(Clone, Debug)]
 pub struct ClientMetrics {
@@ -287,15 +302,13 @@ impl ClientMetrics {
             .observe(took.as_secs_f64());
     }
 
-    /// Sets the pending and active gauges.
-    pub fn set_pool(&self, client: &'static str, pending: usize, active: usize) {
+    /// The pending and active gauges of `client`, for its bulkhead to move.
+    pub fn pool_gauges(&self, client: &'static str) -> PoolGauges {
         let label = ClientLabel { client };
-        self.pending
-            .get_or_create(&label)
-            .set(i64::try_from(pending).unwrap_or(i64::MAX));
-        self.active
-            .get_or_create(&label)
-            .set(i64::try_from(active).unwrap_or(i64::MAX));
+        PoolGauges {
+            pending: self.pending.get_or_create(&label).clone(),
+            active: self.active.get_or_create(&label).clone(),
+        }
     }
 
     /// Records how long a call waited for its slot.
