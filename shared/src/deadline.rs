@@ -135,14 +135,16 @@ impl Deadline {
         Instant::now() >= self.at
     }
 
-    /// The budget to send downstream: `max(1, remaining - reserve)` milliseconds.
+    /// The budget to send downstream: `remaining - reserve` in whole milliseconds, or
+    /// `None` when that is less than 1 ms: the budget is spent (DESIGN §3).
     ///
-    /// The reserve leaves this hop time to turn the downstream's answer into its own. The
-    /// floor of 1 ms keeps the header valid; a downstream handed 1 ms answers 504 at once,
-    /// which is the truth.
-    pub fn outbound_millis(&self, reserve: Duration) -> u64 {
+    /// The reserve leaves this hop time to turn the downstream's answer into its own. A
+    /// budget no larger than the reserve has nothing left to hand on; sending the call
+    /// anyway with a 1 ms header would only make the downstream do work whose answer
+    /// arrives too late, so the caller must not send it and answers 504 instead.
+    pub fn outbound_millis(&self, reserve: Duration) -> Option<u64> {
         let ms = self.remaining().saturating_sub(reserve).as_millis();
-        u64::try_from(ms).unwrap_or(u64::MAX).max(1)
+        (ms > 0).then(|| u64::try_from(ms).unwrap_or(u64::MAX))
     }
 
     /// A deadline for a sub-task that may take at most `cap`: the earlier of this
@@ -281,13 +283,25 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_outbound_header_subtracts_the_reserve_and_is_never_below_one() {
+    async fn the_outbound_budget_subtracts_the_reserve_and_is_spent_at_the_reserve() {
         let deadline = Deadline::after(MS(300));
-        assert_eq!(deadline.outbound_millis(MS(5)), 295);
-        tokio::time::advance(MS(297)).await;
-        assert_eq!(deadline.outbound_millis(MS(5)), 1);
+        assert_eq!(deadline.outbound_millis(MS(5)), Some(295));
+        tokio::time::advance(MS(294)).await;
+        assert_eq!(deadline.outbound_millis(MS(5)), Some(1));
+        tokio::time::advance(Duration::from_micros(500)).await;
+        assert_eq!(
+            deadline.outbound_millis(MS(5)),
+            None,
+            "less than 1 ms to hand on"
+        );
+        tokio::time::advance(MS(1)).await;
+        assert_eq!(
+            deadline.outbound_millis(MS(5)),
+            None,
+            "no more than the reserve"
+        );
         tokio::time::advance(MS(10)).await;
-        assert_eq!(deadline.outbound_millis(MS(5)), 1);
+        assert_eq!(deadline.outbound_millis(MS(5)), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,8 +7,10 @@
 //!    deadline passing while waiting is a 504.
 //! 2. [`send`](BudgetedClient::send) (`catalog`): connect, send, headers *and body* under
 //!    what is left, with the budget propagated as `X-Request-Timeout-Ms` minus the
-//!    per-hop reserve. When the deadline fires the future is dropped, which closes the
-//!    connection, and the downstream (if it watches its own deadline) stops too.
+//!    per-hop reserve. A budget no larger than the reserve is spent: nothing is sent and
+//!    the call fails with 504 `catalog` at once. When the deadline fires the future is
+//!    dropped, which closes the connection, and the downstream (if it watches its own
+//!    deadline) stops too.
 //!
 //! Both stages end at the same instant, so together they are the one timeout over pool
 //! wait + request + body that a per-request "response timeout" cannot give.
@@ -265,7 +267,10 @@ impl BudgetedClient {
         match self.config.mode {
             DeadlineMode::Legacy => Ok(fetch(request.timeout(DeadlineMode::LEGACY_TIMEOUT)).await),
             DeadlineMode::Propagate => {
-                let budget = deadline.outbound_millis(self.config.reserve);
+                // No more than the reserve left: the budget is spent, and no I/O starts.
+                let Some(budget) = deadline.outbound_millis(self.config.reserve) else {
+                    return Err(deadline.exceeded(Stage::Catalog));
+                };
                 let request = request.header(REQUEST_TIMEOUT_HEADER, budget);
                 deadline.run(Stage::Catalog, fetch(request)).await
             }
