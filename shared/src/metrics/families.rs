@@ -26,7 +26,8 @@ fn latency_histogram() -> Histogram {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RequestLabels {
-    pub(crate) method: String,
+    /// Bounded: see `http::method_label`.
+    pub(crate) method: &'static str,
     pub(crate) uri: String,
     pub(crate) status: String,
 }
