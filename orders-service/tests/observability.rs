@@ -166,6 +166,41 @@ async fn hostile_methods_and_paths_do_not_grow_the_series_of_either_service() {
     }
 }
 
+/// Load balancers probe every few seconds and Prometheus scrapes: none of it is a
+/// client's budget, so none of it may show in `deadline_inbound_budget_seconds`.
+#[tokio::test]
+async fn probes_and_scrapes_are_not_counted_as_inbound_budgets() {
+    let app = spawn_app().await;
+    let services = [
+        (&app.base, "orders-service", "/api/orders/no-such-order"),
+        (&app.catalog_url, "catalog-service", "/catalog/SKU-00001"),
+    ];
+    for (base, service, real_request) in services {
+        let budgets = || async {
+            let text = app.scrape(base).await;
+            let labels = format!(r#"service="{service}""#);
+            metric_value(&text, "deadline_inbound_budget_seconds_count", &labels).unwrap_or(0.0)
+        };
+        let before = budgets().await;
+        for path in ["/healthz", "/readyz", "/metrics"].repeat(3) {
+            app.client
+                .get(format!("{base}{path}"))
+                .header("X-Request-Timeout-Ms", "800")
+                .send()
+                .await
+                .expect("probe sent");
+        }
+        assert_eq!(budgets().await, before, "{service}: probes were counted");
+        // The same count does move for a request of a client.
+        app.client
+            .get(format!("{base}{real_request}"))
+            .send()
+            .await
+            .expect("request sent");
+        assert_eq!(budgets().await, before + 1.0, "{service}");
+    }
+}
+
 fn attribute(span: &SpanData, key: &str) -> Option<String> {
     span.attributes
         .iter()
