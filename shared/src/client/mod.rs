@@ -64,7 +64,11 @@ pub struct ClientConfig {
     pub reserve: Duration,
     /// Propagate or legacy.
     pub mode: DeadlineMode,
-    /// How long an *unused* connection is kept open.
+    /// How long an *unused* connection is kept open. Keep it well below the time after
+    /// which the downstream closes idle connections (catalog-service: its header read
+    /// timeout, 5 s). Otherwise a call can reuse a connection at the moment the server
+    /// closes it: the request is lost unanswered and the call fails although the
+    /// downstream is fine. Below it, the client always closes first.
     pub idle_timeout: Duration,
 }
 
