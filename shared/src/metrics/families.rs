@@ -205,13 +205,9 @@ impl RejectReason {
     }
 }
 
-/// `http_client_pool_pending_acquires` and `http_client_pool_active_connections` of one
-/// client. Clones share the values.
-///
-/// A bulkhead moves them one step per transition (`inc` on joining the queue or taking a
-/// slot, `dec` when leaving it), never `set`s them from counts read a moment earlier:
-/// two releases at once would both write the same stale count, and the gauge could stay
-/// above 0 with nothing left in the pool.
+/// The pending and active gauges of one client; clones share the values. A bulkhead
+/// moves them one step per transition, never `set`s them from counts read a moment
+/// earlier: two releases at once would write the same stale count, stuck above 0.
 #[derive(Clone, Debug, Default)]
 pub struct PoolGauges {
     /// Calls waiting for a slot.
