@@ -11,14 +11,14 @@
 //! parser that breaks DESIGN §3 or the order validation shows up as a failed assertion,
 //! not only as a panic.
 
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http::{HeaderValue, StatusCode};
 use orders_service::orders::{
     MAX_KEY_LEN, MAX_QUANTITY, NewOrder, NewOrderRequest, validate_key, validate_sku,
 };
-use shared::header::{
-    InvalidTimeout, REQUEST_TIMEOUT_HEADER, REQUEST_TIMEOUT_HEADER_DISPLAY, parse_millis,
-    parse_request_timeout,
-};
+
+mod timeout_header;
+
+pub use timeout_header::{Millis, expected_millis, timeout_header};
 
 /// A fuzz target: its name (the folder under `corpus/` and `fuzz_targets/<name>.rs`) and
 /// its body.
@@ -29,162 +29,6 @@ pub const TARGETS: &[Target] = &[
     ("timeout_header", timeout_header),
     ("order_body", order_body),
 ];
-
-// ---------------------------------------------------------------- X-Request-Timeout-Ms
-
-/// The class of answer `parse_millis` must give, without the error's payload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Millis {
-    /// A valid value.
-    Ok(u64),
-    /// Nothing but whitespace.
-    Empty,
-    /// Something other than ASCII digits between the whitespace.
-    NotAnInteger,
-    /// More than 20 digits, or a value past `u64::MAX`.
-    TooLarge,
-    /// Repeated header values that disagree (`parse_request_timeout` only).
-    Conflicting,
-}
-
-impl Millis {
-    fn of(result: &Result<u64, InvalidTimeout>) -> Self {
-        match result {
-            Ok(n) => Self::Ok(*n),
-            Err(InvalidTimeout::Empty) => Self::Empty,
-            Err(InvalidTimeout::NotAnInteger(_)) => Self::NotAnInteger,
-            Err(InvalidTimeout::TooLarge) => Self::TooLarge,
-            Err(InvalidTimeout::Conflicting) => Self::Conflicting,
-        }
-    }
-}
-
-/// The bytes between leading and trailing ASCII whitespace (space, tab, CR, LF, FF).
-fn trim_whitespace(raw: &[u8]) -> &[u8] {
-    let start = raw
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(raw.len());
-    let end = raw
-        .iter()
-        .rposition(|b| !b.is_ascii_whitespace())
-        .map_or(start, |i| i + 1);
-    &raw[start..end]
-}
-
-/// What `parse_millis(raw)` must answer (DESIGN §3), computed without its digit cap or
-/// checked arithmetic: the value is accumulated in a `u128` that saturates.
-pub fn expected_millis(raw: &[u8]) -> Millis {
-    let digits = trim_whitespace(raw);
-    if digits.is_empty() {
-        return Millis::Empty;
-    }
-    if !digits.iter().all(u8::is_ascii_digit) {
-        return Millis::NotAnInteger;
-    }
-    // The parser refuses more than 20 digits before looking at them, even leading zeros:
-    // "000000000000000000001" is TooLarge. Both answers are a 400 naming the header.
-    if digits.len() > 20 {
-        return Millis::TooLarge;
-    }
-    let value = digits.iter().fold(0u128, |acc, d| {
-        acc.saturating_mul(10).saturating_add(u128::from(d - b'0'))
-    });
-    u64::try_from(value).map_or(Millis::TooLarge, Millis::Ok)
-}
-
-/// `parse_millis` on `raw`: the answer is the expected one, a valid value round-trips to
-/// the digits, and every error message names the header.
-fn check_millis(raw: &[u8]) -> Millis {
-    let result = parse_millis(raw);
-    let got = Millis::of(&result);
-    let expected = expected_millis(raw);
-    assert_eq!(
-        got,
-        expected,
-        "parse_millis({:?}) = {result:?}",
-        String::from_utf8_lossy(raw)
-    );
-    match &result {
-        Ok(n) => {
-            // Ok(n) only for 1..=20 ASCII digits (after trimming) whose value is n.
-            let digits = trim_whitespace(raw);
-            assert!((1..=20).contains(&digits.len()), "{n} from {digits:?}");
-            let without_zeros = match digits.iter().position(|&d| d != b'0') {
-                Some(i) => &digits[i..],
-                None => b"0",
-            };
-            assert_eq!(n.to_string().as_bytes(), without_zeros);
-        }
-        Err(err) => {
-            assert!(
-                err.to_string().contains(REQUEST_TIMEOUT_HEADER_DISPLAY),
-                "the message must name the header: {err}"
-            );
-            if let InvalidTimeout::NotAnInteger(echo) = err {
-                // The echo is bounded and comes from the value itself.
-                assert!(!echo.is_empty());
-                assert!(echo.chars().count() <= 32, "echo too long: {echo:?}");
-                let shown = String::from_utf8_lossy(trim_whitespace(raw));
-                assert!(
-                    shown.starts_with(echo.as_str()),
-                    "{echo:?} not in {shown:?}"
-                );
-            }
-        }
-    }
-    got
-}
-
-/// The `timeout_header` target.
-///
-/// 1. The bytes as one header value, into `parse_millis`.
-/// 2. The bytes split at `\n` (which no header value can hold) into several values of the
-///    header, each one that `HeaderValue::from_bytes` accepts, into
-///    `parse_request_timeout`: absent when none is accepted, the value when all agree,
-///    the first invalid value's error, or `Conflicting`. A look-alike header next to it
-///    must be ignored.
-pub fn timeout_header(data: &[u8]) {
-    check_millis(data);
-
-    let values: Vec<HeaderValue> = data
-        .split(|&b| b == b'\n')
-        .filter_map(|piece| HeaderValue::from_bytes(piece).ok())
-        .collect();
-    let mut headers = HeaderMap::new();
-    let decoy = HeaderName::from_static("x-request-timeout");
-    for value in &values {
-        headers.append(decoy.clone(), value.clone());
-        headers.append(REQUEST_TIMEOUT_HEADER, value.clone());
-    }
-    headers.append(decoy, HeaderValue::from_static("not a number"));
-
-    // What parse_request_timeout must answer: values in order, the first error wins.
-    let mut expected: Result<Option<u64>, Millis> = Ok(None);
-    for value in &values {
-        let Ok(previous) = expected else { break };
-        expected = match check_millis(value.as_bytes()) {
-            Millis::Ok(ms) if previous.is_some_and(|p| p != ms) => Err(Millis::Conflicting),
-            Millis::Ok(ms) => Ok(Some(ms)),
-            other => Err(other),
-        };
-    }
-
-    let result = parse_request_timeout(&headers);
-    let got = match &result {
-        Ok(budget) => Ok(budget
-            .map(|d| u64::try_from(d.as_millis()).expect("a budget built from u64 milliseconds"))),
-        Err(err) => {
-            assert!(err.to_string().contains(REQUEST_TIMEOUT_HEADER_DISPLAY));
-            Err(Millis::of(&Err(err.clone())))
-        }
-    };
-    assert_eq!(
-        got, expected,
-        "parse_request_timeout({:?}) = {result:?}",
-        values
-    );
-}
 
 // ---------------------------------------------------------------- POST /api/orders
 
@@ -330,27 +174,6 @@ pub fn order_body(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_millis_oracle_agrees_with_the_header_tests_table() {
-        for (raw, expected) in [
-            (&b"250"[..], Millis::Ok(250)),
-            (b" 250 ", Millis::Ok(250)),
-            (b"\t250", Millis::Ok(250)),
-            (b"0", Millis::Ok(0)),
-            (b"0250", Millis::Ok(250)),
-            (b"18446744073709551615", Millis::Ok(u64::MAX)),
-            (b"", Millis::Empty),
-            (b"   ", Millis::Empty),
-            (b"-5", Millis::NotAnInteger),
-            (b"1e3", Millis::NotAnInteger),
-            (b"2 50", Millis::NotAnInteger),
-            (b"18446744073709551616", Millis::TooLarge),
-            (b"000000000000000000001", Millis::TooLarge),
-        ] {
-            assert_eq!(expected_millis(raw), expected, "{raw:?}");
-        }
-    }
 
     #[test]
     fn the_order_oracle_reads_objects_and_pairs() {

@@ -37,7 +37,7 @@ impl CatalogClient {
                 acquire_timeout: Config::ms(config.catalog_pool_acquire_timeout_ms),
                 reserve: Config::ms(config.deadline_reserve_ms),
                 mode: config.deadline_mode,
-                idle_timeout: std::time::Duration::from_secs(30),
+                idle_timeout: Config::ms(config.catalog_pool_idle_timeout_ms),
             },
             Some(metrics.client().clone()),
         )?;

@@ -66,6 +66,13 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub catalog_pool_acquire_timeout_ms: u64,
 
+    /// How long an unused catalog connection is kept for reuse. Keep it well below the
+    /// catalog's idle close (its 5 s header read timeout): a connection reused just as
+    /// the catalog closes it loses the request, and the order fails with 502.
+    #[arg(long, env = "CATALOG_POOL_IDLE_TIMEOUT_MS", default_value_t = 2000,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub catalog_pool_idle_timeout_ms: u64,
+
     /// PostgreSQL pool size.
     #[arg(long, env = "DB_POOL_MAX_CONNECTIONS", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=1000))]

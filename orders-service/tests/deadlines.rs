@@ -202,3 +202,21 @@ async fn a_catalog_that_runs_out_of_budget_is_a_504_and_is_not_retried() {
     );
     assert_eq!(retries, Some(0.0));
 }
+
+#[tokio::test]
+async fn a_budget_no_larger_than_the_reserve_is_spent_and_sends_nothing() {
+    // This hop keeps 500 ms for itself, so of a 300 ms budget nothing is left to hand on.
+    let app = spawn_app_with(|c| c.deadline_reserve_ms = 500).await;
+    let response = app.order("SKU-00001", 1, Some(300)).await;
+    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(json_of(response).await["stage"], "catalog");
+    assert_eq!(
+        app.catalog_budgets.lock().unwrap().clone(),
+        Vec::<Option<u64>>::new(),
+        "the catalog received a call on a spent budget"
+    );
+    // With more than the reserve the same service does call the catalog.
+    let response = app.order("SKU-00001", 1, Some(2000)).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(app.catalog_budgets.lock().unwrap().len(), 1);
+}

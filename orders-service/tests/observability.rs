@@ -99,6 +99,108 @@ async fn in_flight_returns_to_zero_after_clients_give_up() {
     );
 }
 
+/// The label sets of `family` in a scrape, e.g. `method="GET",uri="/api/orders",status="201"`.
+fn label_sets<'a>(text: &'a str, family: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix(family)?.strip_prefix('{'))
+        .filter_map(|rest| Some(rest.rsplit_once("} ")?.0))
+        .collect()
+}
+
+/// Every sample line of a scrape: one per series (buckets included).
+fn sample_count(text: &str) -> usize {
+    text.lines().filter(|line| !line.starts_with('#')).count()
+}
+
+/// One round of requests no client of ours sends: invented methods (a new one every
+/// time), standard methods on paths nobody routes, random route parameters.
+async fn send_hostile_round(app: &common::TestApp, base: &str, round: usize) {
+    let methods = ["GET", "POST", "DELETE", "BREW", "X-SCAN"];
+    let paths = ["/x", "/api/orders", "/mcp", "/catalog", "/.env"];
+    let calls = methods.iter().enumerate().flat_map(|(m, method)| {
+        paths.iter().map(move |path| {
+            let salt = format!("{round}{m}{:x}", round * 7919 + m * 104_729);
+            let method = match *method {
+                // An invented method with a different name every time.
+                invented @ ("BREW" | "X-SCAN") => format!("{invented}{salt}"),
+                standard => standard.to_owned(),
+            };
+            let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+            let url = format!("{base}{path}/{salt}");
+            let client = app.client.clone();
+            async move { client.request(method, url).send().await.map(drop) }
+        })
+    });
+    for result in futures_util::future::join_all(calls).await {
+        result.expect("the service answers hostile requests");
+    }
+}
+
+/// An unknown method is `_OTHER`, a path without a route shares one label, so no client
+/// can grow the number of series a scrape returns (DESIGN §7).
+#[tokio::test]
+async fn hostile_methods_and_paths_do_not_grow_the_series_of_either_service() {
+    let app = spawn_app().await;
+    for base in [app.base.clone(), app.catalog_url.clone()] {
+        // The first round shows every kind of answer once (404, 405, ...).
+        send_hostile_round(&app, &base, 0).await;
+        let before = app.scrape(&base).await;
+        for round in 1..=12 {
+            send_hostile_round(&app, &base, round).await;
+        }
+        let after = app.scrape(&base).await;
+        let series = |text| label_sets(text, "http_server_requests_seconds_count");
+        assert_eq!(
+            (sample_count(&before), series(&before).len()),
+            (sample_count(&after), series(&after).len()),
+            "(samples, request series) before and after 300 more hostile requests to \
+             {base}; now: {:#?}",
+            series(&after)
+        );
+        assert!(series(&after).len() <= 16, "{:#?}", series(&after));
+        let methods = ["GET", "POST", "DELETE", "_OTHER"].map(|m| format!(r#"method="{m}""#));
+        for labels in series(&after) {
+            let method = labels.split(',').next().unwrap_or_default();
+            assert!(methods.iter().any(|m| m == method), "{labels}");
+        }
+    }
+}
+
+/// Load balancers probe every few seconds and Prometheus scrapes: none of it is a
+/// client's budget, so none of it may show in `deadline_inbound_budget_seconds`.
+#[tokio::test]
+async fn probes_and_scrapes_are_not_counted_as_inbound_budgets() {
+    let app = spawn_app().await;
+    let services = [
+        (&app.base, "orders-service", "/api/orders/no-such-order"),
+        (&app.catalog_url, "catalog-service", "/catalog/SKU-00001"),
+    ];
+    for (base, service, real_request) in services {
+        let budgets = || async {
+            let text = app.scrape(base).await;
+            let labels = format!(r#"service="{service}""#);
+            metric_value(&text, "deadline_inbound_budget_seconds_count", &labels).unwrap_or(0.0)
+        };
+        let before = budgets().await;
+        for path in ["/healthz", "/readyz", "/metrics"].repeat(3) {
+            app.client
+                .get(format!("{base}{path}"))
+                .header("X-Request-Timeout-Ms", "800")
+                .send()
+                .await
+                .expect("probe sent");
+        }
+        assert_eq!(budgets().await, before, "{service}: probes were counted");
+        // The same count does move for a request of a client.
+        app.client
+            .get(format!("{base}{real_request}"))
+            .send()
+            .await
+            .expect("request sent");
+        assert_eq!(budgets().await, before + 1.0, "{service}");
+    }
+}
+
 fn attribute(span: &SpanData, key: &str) -> Option<String> {
     span.attributes
         .iter()

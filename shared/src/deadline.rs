@@ -115,7 +115,7 @@ impl Deadline {
         let started = Instant::now();
         Self {
             started,
-            at: started + budget,
+            at: later_by(started, budget),
             budget,
             log,
         }
@@ -153,21 +153,23 @@ impl Deadline {
         Instant::now() >= self.at
     }
 
-    /// The budget to send downstream: `max(1, remaining - reserve)` milliseconds.
+    /// The budget to send downstream: `remaining - reserve` in whole milliseconds, or
+    /// `None` when that is less than 1 ms: the budget is spent (DESIGN §3).
     ///
-    /// The reserve leaves this hop time to turn the downstream's answer into its own. The
-    /// floor of 1 ms keeps the header valid; a downstream handed 1 ms answers 504 at once,
-    /// which is the truth.
-    pub fn outbound_millis(&self, reserve: Duration) -> u64 {
+    /// The reserve leaves this hop time to turn the downstream's answer into its own. A
+    /// budget no larger than the reserve has nothing left to hand on; sending the call
+    /// anyway with a 1 ms header would only make the downstream do work whose answer
+    /// arrives too late, so the caller must not send it and answers 504 instead.
+    pub fn outbound_millis(&self, reserve: Duration) -> Option<u64> {
         let ms = self.remaining().saturating_sub(reserve).as_millis();
-        u64::try_from(ms).unwrap_or(u64::MAX).max(1)
+        (ms > 0).then(|| u64::try_from(ms).unwrap_or(u64::MAX))
     }
 
     /// A deadline for a sub-task that may take at most `cap`: the earlier of this
     /// deadline and now + `cap`. A child never outlives its parent.
     pub fn child(&self, cap: Duration) -> Self {
         let now = Instant::now();
-        let at = self.at.min(now + cap);
+        let at = self.at.min(later_by(now, cap));
         Self {
             started: now,
             at,
@@ -252,6 +254,16 @@ impl Deadline {
     }
 }
 
+/// `from + by`, or a far instant when that is past what the clock can represent.
+///
+/// `Instant + Duration` panics on overflow, and a budget of `Duration::MAX` (a caller's
+/// "no limit") is a valid input, not a reason to crash. Thirty years is tokio's own
+/// "far future": a deadline that never fires in practice.
+fn later_by(from: Instant, by: Duration) -> Instant {
+    const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+    from.checked_add(by).unwrap_or_else(|| from + FAR_FUTURE)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,13 +320,35 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_outbound_header_subtracts_the_reserve_and_is_never_below_one() {
+    async fn the_outbound_budget_subtracts_the_reserve_and_is_spent_at_the_reserve() {
         let deadline = Deadline::after(MS(300));
-        assert_eq!(deadline.outbound_millis(MS(5)), 295);
-        tokio::time::advance(MS(297)).await;
-        assert_eq!(deadline.outbound_millis(MS(5)), 1);
+        assert_eq!(deadline.outbound_millis(MS(5)), Some(295));
+        tokio::time::advance(MS(294)).await;
+        assert_eq!(deadline.outbound_millis(MS(5)), Some(1));
+        tokio::time::advance(Duration::from_micros(500)).await;
+        assert_eq!(
+            deadline.outbound_millis(MS(5)),
+            None,
+            "less than 1 ms to hand on"
+        );
+        tokio::time::advance(MS(1)).await;
+        assert_eq!(
+            deadline.outbound_millis(MS(5)),
+            None,
+            "no more than the reserve"
+        );
         tokio::time::advance(MS(10)).await;
-        assert_eq!(deadline.outbound_millis(MS(5)), 1);
+        assert_eq!(deadline.outbound_millis(MS(5)), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_budget_too_large_for_the_clock_saturates_instead_of_panicking() {
+        let endless = Deadline::after(Duration::MAX);
+        assert!(!endless.is_expired());
+        assert!(endless.remaining() > Duration::from_secs(365 * 24 * 3600));
+        assert_eq!(endless.child(Duration::MAX).instant(), endless.instant());
+        let short = Deadline::after(MS(100));
+        assert_eq!(short.child(Duration::MAX).instant(), short.instant());
     }
 
     #[tokio::test(start_paused = true)]

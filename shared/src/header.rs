@@ -4,8 +4,11 @@
 //! of two hosts never need to agree. Parsing tells three cases apart, like tonic's
 //! `grpc-timeout`: absent (use the default), valid, and invalid (answer 400). Anything
 //! that is not a plain run of ASCII digits is invalid: a sign, a fraction, an exponent,
-//! a hex prefix, non-ASCII digits, or more digits than a `u64` holds. The digit count is
-//! capped before parsing so a hostile header costs nothing, and nothing here can panic.
+//! a hex prefix, non-ASCII digits, or a value larger than a `u64` holds. Leading zeros
+//! add nothing and are skipped, however many there are. The work is bounded twice over:
+//! a value longer than [`MAX_VALUE_BYTES`] is refused before it is looked at, and at most
+//! 20 significant digits are ever multiplied out, so a hostile header costs nothing.
+//! Nothing here can panic.
 
 use std::time::Duration;
 
@@ -17,8 +20,13 @@ pub const REQUEST_TIMEOUT_HEADER: HeaderName = HeaderName::from_static("x-reques
 /// How the header is spelled in messages, for humans.
 pub const REQUEST_TIMEOUT_HEADER_DISPLAY: &str = "X-Request-Timeout-Ms";
 
-/// `u64::MAX` has 20 decimal digits; a longer value cannot fit and is not parsed at all.
-const MAX_DIGITS: usize = 20;
+/// The longest header value looked at. A real client sends at most 20 digits; this
+/// leaves room for padding and zeros while keeping one pass over the value cheap.
+pub const MAX_VALUE_BYTES: usize = 256;
+
+/// `u64::MAX` has 20 decimal digits: more significant digits cannot fit, so they are
+/// refused without being multiplied out.
+const MAX_SIGNIFICANT_DIGITS: usize = 20;
 
 /// Why a budget header was refused. The message names the header so the client knows
 /// which of its inputs was wrong.
@@ -30,9 +38,12 @@ pub enum InvalidTimeout {
     /// Something other than ASCII digits (a sign, a dot, an exponent, letters).
     #[error("{REQUEST_TIMEOUT_HEADER_DISPLAY} must be a whole number of milliseconds, got {0:?}")]
     NotAnInteger(String),
-    /// More digits than a `u64` can hold.
+    /// A value larger than a `u64` can hold.
     #[error("{REQUEST_TIMEOUT_HEADER_DISPLAY} is too large to be a number of milliseconds")]
     TooLarge,
+    /// Longer than [`MAX_VALUE_BYTES`], whatever it holds.
+    #[error("{REQUEST_TIMEOUT_HEADER_DISPLAY} is longer than {MAX_VALUE_BYTES} bytes")]
+    TooLong,
     /// The header appears more than once with values that disagree.
     #[error("{REQUEST_TIMEOUT_HEADER_DISPLAY} is repeated with different values")]
     Conflicting,
@@ -56,6 +67,9 @@ pub fn parse_request_timeout(headers: &HeaderMap) -> Result<Option<Duration>, In
 
 /// Parses one header value: optional surrounding spaces or tabs around ASCII digits.
 pub fn parse_millis(raw: &[u8]) -> Result<u64, InvalidTimeout> {
+    if raw.len() > MAX_VALUE_BYTES {
+        return Err(InvalidTimeout::TooLong);
+    }
     let digits = raw.trim_ascii();
     if digits.is_empty() {
         return Err(InvalidTimeout::Empty);
@@ -65,11 +79,14 @@ pub fn parse_millis(raw: &[u8]) -> Result<u64, InvalidTimeout> {
             String::from_utf8_lossy(digits).chars().take(32).collect(),
         ));
     }
-    if digits.len() > MAX_DIGITS {
+    // "0000250" is 250: only the significant digits count towards the cap.
+    let first_significant = digits.iter().position(|&d| d != b'0');
+    let significant = first_significant.map_or(&[][..], |i| &digits[i..]);
+    if significant.len() > MAX_SIGNIFICANT_DIGITS {
         return Err(InvalidTimeout::TooLarge);
     }
     // Only ASCII digits remain, so the only possible failure is overflow.
-    digits.iter().try_fold(0u64, |acc, d| {
+    significant.iter().try_fold(0u64, |acc, d| {
         acc.checked_mul(10)
             .and_then(|acc| acc.checked_add(u64::from(d - b'0')))
             .ok_or(InvalidTimeout::TooLarge)
@@ -108,6 +125,13 @@ mod tests {
             (b"0", ms(0)),
             (b"0250", ms(250)),
             (b"18446744073709551615", ms(u64::MAX)),
+            // Leading zeros add no value: any number of them is fine.
+            (b"000000000000000000001", ms(1)),
+            (
+                b"0000000000000000000000000000018446744073709551615",
+                ms(u64::MAX),
+            ),
+            (b"00000000000000000000000000000000000000000", ms(0)),
             (b"", Err(InvalidTimeout::Empty)),
             (b"   ", Err(InvalidTimeout::Empty)),
             (b"abc", not_int("abc")),
@@ -119,6 +143,7 @@ mod tests {
             (b"2 50", not_int("2 50")),
             (b"18446744073709551616", Err(InvalidTimeout::TooLarge)),
             (b"99999999999999999999999", Err(InvalidTimeout::TooLarge)),
+            (b"000018446744073709551616", Err(InvalidTimeout::TooLarge)),
             // Arabic-Indic and full-width digits are digits to Unicode, not to us.
             ("٢٥٠".as_bytes(), not_int("٢٥٠")),
             ("２５０".as_bytes(), not_int("２５０")),
@@ -131,6 +156,16 @@ mod tests {
                 String::from_utf8_lossy(raw)
             );
         }
+    }
+
+    #[test]
+    fn only_a_value_longer_than_the_bound_is_refused_for_its_length() {
+        let padded = format!("{}1", "0".repeat(MAX_VALUE_BYTES));
+        assert_eq!(
+            parse_millis(padded.as_bytes()),
+            Err(InvalidTimeout::TooLong)
+        );
+        assert_eq!(parse_millis(&padded.as_bytes()[1..]), Ok(1));
     }
 
     #[test]
@@ -161,6 +196,7 @@ mod tests {
             InvalidTimeout::Empty,
             InvalidTimeout::NotAnInteger("x".into()),
             InvalidTimeout::TooLarge,
+            InvalidTimeout::TooLong,
             InvalidTimeout::Conflicting,
         ] {
             assert!(err.to_string().contains("X-Request-Timeout-Ms"), "{err}");
@@ -174,8 +210,8 @@ mod tests {
         }
 
         #[test]
-        fn any_u64_round_trips(n in any::<u64>(), pad in 0usize..3) {
-            let text = format!("{}{n}{}", " ".repeat(pad), "\t".repeat(pad));
+        fn any_u64_round_trips(n in any::<u64>(), pad in 0usize..3, zeros in 0usize..100) {
+            let text = format!("{}{}{n}{}", " ".repeat(pad), "0".repeat(zeros), "\t".repeat(pad));
             prop_assert_eq!(parse_millis(text.as_bytes()), Ok(n));
         }
     }

@@ -167,7 +167,7 @@ impl Problem {
         )
         .with(|b| {
             b.stage = Some(stage);
-            b.retry_after_secs = Some(retry_after.as_secs().max(1));
+            b.retry_after_secs = Some(whole_seconds_up(retry_after).max(1));
         })
     }
 
@@ -260,6 +260,12 @@ impl IntoResponse for Problem {
     }
 }
 
+/// `Retry-After` counts whole seconds. Rounding down would tell a client to come back
+/// before the wait is over (1.5 s as "1"), so any fraction counts as one more second.
+fn whole_seconds_up(d: Duration) -> u64 {
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -306,6 +312,20 @@ mod tests {
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
         assert_eq!(body["stage"], "catalog_pool");
+    }
+
+    #[test]
+    fn retry_after_rounds_a_fraction_of_a_second_up() {
+        for (wait_ms, header) in [(0, "1"), (40, "1"), (1000, "1"), (1001, "2"), (2500, "3")] {
+            let response =
+                Problem::overloaded(Stage::Catalog, Duration::from_millis(wait_ms), "busy")
+                    .into_response();
+            assert_eq!(
+                response.headers()[header::RETRY_AFTER],
+                header,
+                "{wait_ms} ms"
+            );
+        }
     }
 
     #[tokio::test]

@@ -8,13 +8,18 @@
 //! `ConcurrencyLimit` would release at the headers and undercount).
 //!
 //! The pending count is the signal the dashboards use: it rises when calls queue for a
-//! slot, which is a different fault from a slow downstream.
+//! slot, which is a different fault from a slow downstream. Its gauge, like the active
+//! one, moves by one step with every transition, in the same guards that undo the
+//! transition ([`Slot`] and the queue place), so it returns to 0 with the last of them
+//! however many complete or are cancelled at once.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::metrics::PoolGauges;
 
 /// Why no slot was given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -34,7 +39,7 @@ pub struct Bulkhead {
     pending_max: Option<usize>,
     pending: AtomicUsize,
     peak_pending: AtomicUsize,
-    on_change: Option<Box<dyn Fn(usize, usize) + Send + Sync>>,
+    gauges: PoolGauges,
 }
 
 impl std::fmt::Debug for Bulkhead {
@@ -57,8 +62,7 @@ pub struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        // The permit is released after this body runs, so count it as already gone.
-        self.bulkhead.report(1);
+        self.bulkhead.gauges.active.dec();
     }
 }
 
@@ -68,7 +72,7 @@ struct Waiting<'a>(&'a Bulkhead);
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.pending.fetch_sub(1, Ordering::SeqCst);
-        self.0.report(0);
+        self.0.gauges.pending.dec();
     }
 }
 
@@ -83,13 +87,14 @@ impl Bulkhead {
             pending_max,
             pending: AtomicUsize::new(0),
             peak_pending: AtomicUsize::new(0),
-            on_change: None,
+            gauges: PoolGauges::default(),
         }
     }
 
-    /// Calls `f(pending, active)` whenever either changes, to drive gauges.
-    pub fn on_change(mut self, f: impl Fn(usize, usize) + Send + Sync + 'static) -> Self {
-        self.on_change = Some(Box::new(f));
+    /// Reports the queue and the slots in use to `gauges` (by default, gauges nobody
+    /// reads).
+    pub fn with_gauges(mut self, gauges: PoolGauges) -> Self {
+        self.gauges = gauges;
         self
     }
 
@@ -146,21 +151,16 @@ impl Bulkhead {
             .map_err(|_| AcquireError::QueueFull)?
             + 1;
         self.peak_pending.fetch_max(now, Ordering::SeqCst);
-        self.report(0);
+        // Nothing can fail between this step and the guard that undoes it.
+        self.gauges.pending.inc();
         Ok(Waiting(self))
     }
 
     fn slot(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Slot {
-        self.report(0);
+        self.gauges.active.inc();
         Slot {
             _permit: permit,
             bulkhead: Arc::clone(self),
-        }
-    }
-
-    fn report(&self, releasing: usize) {
-        if let Some(f) = &self.on_change {
-            f(self.pending(), self.active().saturating_sub(releasing));
         }
     }
 }

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use http::{HeaderMap, header};
+
 use crate::deadline::{Deadline, DeadlineExceeded};
 use crate::problem::Problem;
 use crate::stage::Stage;
@@ -28,7 +30,7 @@ pub enum CallError {
     /// The downstream answered 503: passed on with its `Retry-After`.
     #[error("the downstream is overloaded")]
     DownstreamOverloaded {
-        /// From the downstream's `Retry-After`, or 1 s.
+        /// From the downstream's `Retry-After`, or [`DEFAULT_RETRY_AFTER`].
         retry_after: Duration,
     },
     /// The downstream answered 404 for what we asked: the caller's input was wrong.
@@ -45,10 +47,26 @@ pub enum CallError {
     Invalid(String),
 }
 
+/// The wait passed on with a downstream 503 whose `Retry-After` is missing or unreadable.
+pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The wait a downstream asks for in `Retry-After`, in delay-seconds (the form both
+/// services send). The HTTP-date form counts as unreadable: turning it into a wait would
+/// trust the other host's clock, which this project never does.
+fn retry_after(headers: &HeaderMap) -> Duration {
+    headers
+        .get(header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .map_or(DEFAULT_RETRY_AFTER, Duration::from_secs)
+}
+
 impl CallError {
-    /// Maps a downstream status to success or the matching error.
+    /// Maps a downstream status to success or the matching error; `headers` are the
+    /// downstream's, for a 503's `Retry-After`.
     pub(crate) fn check(
         status: http::StatusCode,
+        headers: &HeaderMap,
         body: bytes::Bytes,
         deadline: &Deadline,
     ) -> Result<bytes::Bytes, CallError> {
@@ -58,8 +76,9 @@ impl CallError {
             504 => Err(CallError::DownstreamDeadline(
                 deadline.exceeded(Stage::Catalog),
             )),
+            // Passed on as the downstream said: it knows best when it will have room.
             503 => Err(CallError::DownstreamOverloaded {
-                retry_after: Duration::from_secs(1),
+                retry_after: retry_after(headers),
             }),
             _ => Err(CallError::Status(status)),
         }
@@ -86,6 +105,36 @@ impl CallError {
             ),
             CallError::NotFound => Problem::not_found(format!("not found in the {stage} service")),
             other => Problem::bad_gateway(stage, other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_read_in_seconds_and_defaults_when_unreadable() {
+        let cases = [
+            (Some("7"), 7),
+            (Some(" 120 "), 120),
+            (Some("0"), 0),
+            (None, 1),
+            (Some("soon"), 1),
+            (Some("-3"), 1),
+            (Some("1.5"), 1),
+            (Some("Wed, 21 Oct 2015 07:28:00 GMT"), 1),
+        ];
+        for (value, secs) in cases {
+            let mut headers = HeaderMap::new();
+            if let Some(value) = value {
+                headers.insert(header::RETRY_AFTER, value.parse().unwrap());
+            }
+            assert_eq!(
+                retry_after(&headers),
+                Duration::from_secs(secs),
+                "{value:?}"
+            );
         }
     }
 }

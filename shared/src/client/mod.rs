@@ -7,8 +7,10 @@
 //!    deadline passing while waiting is a 504.
 //! 2. [`send`](BudgetedClient::send) (`catalog`): connect, send, headers *and body* under
 //!    what is left, with the budget propagated as `X-Request-Timeout-Ms` minus the
-//!    per-hop reserve. When the deadline fires the future is dropped, which closes the
-//!    connection, and the downstream (if it watches its own deadline) stops too.
+//!    per-hop reserve. A budget no larger than the reserve is spent: nothing is sent and
+//!    the call fails with 504 `catalog` at once. When the deadline fires the future is
+//!    dropped, which closes the connection, and the downstream (if it watches its own
+//!    deadline) stops too.
 //!
 //! Both stages end at the same instant, so together they are the one timeout over pool
 //! wait + request + body that a per-request "response timeout" cannot give.
@@ -29,7 +31,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 pub use bulkhead::{AcquireError, Bulkhead, Slot};
-pub use error::CallError;
+pub use error::{CallError, DEFAULT_RETRY_AFTER};
 
 use crate::deadline::Deadline;
 use crate::header::REQUEST_TIMEOUT_HEADER;
@@ -62,7 +64,11 @@ pub struct ClientConfig {
     pub reserve: Duration,
     /// Propagate or legacy.
     pub mode: DeadlineMode,
-    /// How long an *unused* connection is kept open.
+    /// How long an *unused* connection is kept open. Keep it well below the time after
+    /// which the downstream closes idle connections (catalog-service: its header read
+    /// timeout, 5 s). Otherwise a call can reuse a connection at the moment the server
+    /// closes it: the request is lost unanswered and the call fails although the
+    /// downstream is fine. Below it, the client always closes first.
     pub idle_timeout: Duration,
 }
 
@@ -94,9 +100,7 @@ impl BudgetedClient {
         let mut bulkhead = Bulkhead::new(config.max_connections, pending_max);
         if let Some(metrics) = &metrics {
             metrics.init(config.name);
-            let (metrics, name) = (metrics.clone(), config.name);
-            bulkhead =
-                bulkhead.on_change(move |pending, active| metrics.set_pool(name, pending, active));
+            bulkhead = bulkhead.with_gauges(metrics.pool_gauges(config.name));
         }
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(config.max_connections)
@@ -229,14 +233,14 @@ impl BudgetedClient {
             outcome = self.attempt(deadline, path, headers).await;
         }
         let took = started.elapsed();
-        if let Ok(Ok((status, _))) = &outcome {
-            span.record("http.response.status_code", status.as_u16());
+        if let Ok(Ok(answer)) = &outcome {
+            span.record("http.response.status_code", answer.status.as_u16());
         }
         let (label, result) = match outcome {
             Err(exceeded) => ("timeout".to_owned(), Err(CallError::Deadline(exceeded))),
-            Ok(Ok((status, body))) => (
-                status.as_str().to_owned(),
-                CallError::check(status, body, deadline),
+            Ok(Ok(answer)) => (
+                answer.status.as_str().to_owned(),
+                CallError::check(answer.status, &answer.headers, answer.body, deadline),
             ),
             Ok(Err(err)) if err.is_timeout() => (
                 "timeout".to_owned(),
@@ -259,8 +263,7 @@ impl BudgetedClient {
         deadline: &Deadline,
         path: &str,
         headers: HeaderMap,
-    ) -> Result<Result<(http::StatusCode, bytes::Bytes), reqwest::Error>, crate::DeadlineExceeded>
-    {
+    ) -> Result<Result<Answer, reqwest::Error>, crate::DeadlineExceeded> {
         let request = self
             .http
             .get(format!("{}{path}", self.config.base_url))
@@ -268,7 +271,10 @@ impl BudgetedClient {
         match self.config.mode {
             DeadlineMode::Legacy => Ok(fetch(request.timeout(DeadlineMode::LEGACY_TIMEOUT)).await),
             DeadlineMode::Propagate => {
-                let budget = deadline.outbound_millis(self.config.reserve);
+                // No more than the reserve left: the budget is spent, and no I/O starts.
+                let Some(budget) = deadline.outbound_millis(self.config.reserve) else {
+                    return Err(deadline.exceeded(Stage::Catalog));
+                };
                 let request = request.header(REQUEST_TIMEOUT_HEADER, budget);
                 deadline.run(Stage::Catalog, fetch(request)).await
             }
@@ -276,12 +282,23 @@ impl BudgetedClient {
     }
 }
 
+/// A downstream's whole answer.
+struct Answer {
+    status: http::StatusCode,
+    /// Kept for what is passed on (a 503's `Retry-After`).
+    headers: HeaderMap,
+    body: bytes::Bytes,
+}
+
 /// Sends and reads the whole body: both belong inside the same timeout.
-async fn fetch(
-    request: reqwest::RequestBuilder,
-) -> Result<(http::StatusCode, bytes::Bytes), reqwest::Error> {
+async fn fetch(request: reqwest::RequestBuilder) -> Result<Answer, reqwest::Error> {
     let response = request.send().await?;
     let status = response.status();
+    let headers = response.headers().clone();
     let body = response.bytes().await?;
-    Ok((status, body))
+    Ok(Answer {
+        status,
+        headers,
+        body,
+    })
 }

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use axum::extract::MatchedPath;
 use axum::response::IntoResponse;
 use http::{Request, Response};
 use tower::Service;
@@ -45,7 +46,9 @@ where
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let config = &self.config;
-        let log = Arc::new(match &config.metrics {
+        // A probe's budget and stages are nobody's budget: its log reports to no metrics.
+        let metrics = config.metrics.as_ref().filter(|_| !is_probe(&request));
+        let log = Arc::new(match metrics {
             Some(metrics) => StageLog::with_metrics(metrics.clone()),
             None => StageLog::default(),
         });
@@ -67,7 +70,7 @@ where
             }
         };
         let (budget, clamped) = config.policy.accept(requested);
-        if let Some(metrics) = &config.metrics {
+        if let Some(metrics) = metrics {
             metrics.observe_inbound(budget, clamped);
         }
         let deadline = Deadline::with_log(budget, log);
@@ -77,4 +80,14 @@ where
         request.extensions_mut().insert(deadline.clone());
         ResponseFuture::bounded(self.inner.call(request), deadline)
     }
+}
+
+/// Whether `request` is for one of the [`PROBE_PATHS`](super::PROBE_PATHS): by its route
+/// template when routing has run (the layer is a route layer), else by its path.
+fn is_probe<B>(request: &Request<B>) -> bool {
+    let path = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or(request.uri().path(), MatchedPath::as_str);
+    super::PROBE_PATHS.contains(&path)
 }

@@ -26,7 +26,8 @@ fn latency_histogram() -> Histogram {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RequestLabels {
-    pub(crate) method: String,
+    /// Bounded: see `http::method_label`.
+    pub(crate) method: &'static str,
     pub(crate) uri: String,
     pub(crate) status: String,
 }
@@ -204,6 +205,17 @@ impl RejectReason {
     }
 }
 
+/// The pending and active gauges of one client; clones share the values. A bulkhead
+/// moves them one step per transition, never `set`s them from counts read a moment
+/// earlier: two releases at once would write the same stale count, stuck above 0.
+#[derive(Clone, Debug, Default)]
+pub struct PoolGauges {
+    /// Calls waiting for a slot.
+    pub pending: Gauge,
+    /// Calls holding a slot.
+    pub active: Gauge,
+}
+
 /// The outbound client families for one named client.
 #[derive(Clone, Debug)]
 pub struct ClientMetrics {
@@ -287,15 +299,13 @@ impl ClientMetrics {
             .observe(took.as_secs_f64());
     }
 
-    /// Sets the pending and active gauges.
-    pub fn set_pool(&self, client: &'static str, pending: usize, active: usize) {
+    /// The pending and active gauges of `client`, for its bulkhead to move.
+    pub fn pool_gauges(&self, client: &'static str) -> PoolGauges {
         let label = ClientLabel { client };
-        self.pending
-            .get_or_create(&label)
-            .set(i64::try_from(pending).unwrap_or(i64::MAX));
-        self.active
-            .get_or_create(&label)
-            .set(i64::try_from(active).unwrap_or(i64::MAX));
+        PoolGauges {
+            pending: self.pending.get_or_create(&label).clone(),
+            active: self.active.get_or_create(&label).clone(),
+        }
     }
 
     /// Records how long a call waited for its slot.

@@ -5,8 +5,15 @@
 //! Apply it with `Router::route_layer` *outside* the deadline layer, so requests that
 //! time out are measured too and `MatchedPath` is known (the `uri` label is the template,
 //! `/api/orders/{id}`, never the raw path, which would make one series per order).
+//!
+//! Every label value comes from a fixed set, whatever a client sends (DESIGN §7): the
+//! method is one of the standard ones or `_OTHER` (as OpenTelemetry's HTTP conventions
+//! spell it), and a path without a route template of its own (a nested service's tail)
+//! is [`UNMATCHED`]. Otherwise a scanner inventing a method per request would add a
+//! series per request, until the service or Prometheus runs out of memory.
 
 use axum::extract::{MatchedPath, Request, State};
+use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
 use tokio::time::Instant;
@@ -16,14 +23,34 @@ use super::Metrics;
 use super::families::{RequestLabels, UriLabel};
 use crate::problem::ProblemReport;
 
+/// The `uri` label of a request without a route template of its own.
+const UNMATCHED: &str = "unmatched";
+
+/// The `method` label: the method's name when it is one of the nine of RFC 9110 and
+/// RFC 5789, else `_OTHER`.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::CONNECT => "CONNECT",
+        Method::OPTIONS => "OPTIONS",
+        Method::TRACE => "TRACE",
+        Method::PATCH => "PATCH",
+        _ => "_OTHER",
+    }
+}
+
 /// Measures one request; use with `axum::middleware::from_fn_with_state`.
 pub async fn track_http(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
     let uri = request
         .extensions()
         .get::<MatchedPath>()
-        .map_or("unmatched", MatchedPath::as_str)
+        .map_or(UNMATCHED, MatchedPath::as_str)
         .to_owned();
-    let method = request.method().to_string();
+    let method = method_label(request.method());
     let span = tracing::info_span!(
         "http.server",
         otel.name = %format_args!("{method} {uri}"),
@@ -43,7 +70,7 @@ pub async fn track_http(State(metrics): State<Metrics>, request: Request, next: 
 async fn measure(
     metrics: Metrics,
     uri: String,
-    method: String,
+    method: &'static str,
     request: Request,
     next: Next,
 ) -> Response {
@@ -107,5 +134,28 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.gauge.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standard_methods_keep_their_names_and_any_other_is_other() {
+        for name in [
+            "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+        ] {
+            assert_eq!(
+                method_label(&Method::from_bytes(name.as_bytes()).unwrap()),
+                name
+            );
+        }
+        for name in ["BREW", "get", "PROPFIND", "X-SCAN-1"] {
+            assert_eq!(
+                method_label(&Method::from_bytes(name.as_bytes()).unwrap()),
+                "_OTHER"
+            );
+        }
     }
 }

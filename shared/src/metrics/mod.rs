@@ -21,7 +21,8 @@ use axum::routing::get;
 use prometheus_client::registry::Registry;
 
 pub use families::{
-    ClientMetrics, DbMetrics, DeadlineMetrics, HttpServerMetrics, RejectReason, ToolMetrics,
+    ClientMetrics, DbMetrics, DeadlineMetrics, HttpServerMetrics, PoolGauges, RejectReason,
+    ToolMetrics,
 };
 pub use http::track_http;
 
