@@ -10,7 +10,7 @@
 
 use std::net::SocketAddr;
 
-use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -27,9 +27,9 @@ pub fn router(faults: Faults, allow_remote: bool) -> Router {
             "/admin/faults",
             get(get_faults).put(put_faults).delete(delete_faults),
         )
-        .with_state(faults)
-        // A fault configuration is a few dozen bytes.
-        .layer(DefaultBodyLimit::max(4 * 1024));
+        .with_state(faults);
+    // A fault configuration is a few dozen bytes.
+    let router = shared::json::limit_bodies(router, 4 * 1024);
     if allow_remote {
         router
     } else {

@@ -1,6 +1,6 @@
 //! The public API: `GET /catalog/{sku}`, `/metrics`, `/healthz`.
 
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{Path, State};
 use axum::routing::get;
 use axum::{Json, Router};
 use shared::metrics::Metrics;
@@ -17,9 +17,9 @@ pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
         .route("/catalog/{sku}", get(get_item))
         .with_state(faults)
         .route("/healthz", get(|| async { "ok" }));
+    // The public API takes no bodies at all.
+    let routes = shared::json::limit_bodies(routes, 1024);
     shared::ingress::instrument(routes, DeadlineLayer::new(policy), &metrics)
-        // The public API takes no bodies at all.
-        .layer(DefaultBodyLimit::max(1024))
 }
 
 /// One catalog item, after the injected faults.

@@ -4,9 +4,12 @@
 //! contract promises (400 malformed, 415 wrong media type, 413 too large, 422 a value
 //! that does not fit the schema) and a problem body instead of plain text.
 
+use axum::Router;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, Request};
-use http::StatusCode;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use http::{StatusCode, header};
 use serde::de::DeserializeOwned;
 
 use crate::problem::Problem;
@@ -41,5 +44,37 @@ fn problem_for(rejection: JsonRejection) -> Problem {
             Problem::payload_too_large("the request body is over the size limit")
         }
         other => Problem::bad_request(other.body_text()),
+    }
+}
+
+/// Limits the request bodies of `router` to `max` bytes, with 413 problems.
+///
+/// A body found too large while it is read is refused by the extractor
+/// ([`DefaultBodyLimit`]). A body whose `Content-Length` already says it is too large is
+/// refused before a byte of it is read: otherwise a client that announces 10 MB and
+/// sends nothing holds a worker until its deadline, and gets a 504 that blames the
+/// server for the client's mistake.
+pub fn limit_bodies<S>(router: Router<S>, max: usize) -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+{
+    router
+        .layer(DefaultBodyLimit::max(max))
+        .layer(middleware::from_fn(move |request: Request, next: Next| {
+            refuse_announced_oversize(max, request, next)
+        }))
+}
+
+async fn refuse_announced_oversize(max: usize, request: Request, next: Next) -> Response {
+    let announced = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    match announced {
+        Some(length) if length > max as u64 => Problem::payload_too_large(format!(
+            "the request body is {length} bytes; at most {max} are accepted"
+        ))
+        .into_response(),
+        _ => next.run(request).await,
     }
 }

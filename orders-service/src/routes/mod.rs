@@ -3,7 +3,6 @@
 mod health;
 mod orders;
 
-use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::{Router, middleware};
 use shared::{DeadlineLayer, DeadlinePolicy};
@@ -35,7 +34,7 @@ pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> 
         .route("/readyz", get(health::readyz))
         .route("/healthz", get(health::healthz))
         .with_state(state);
+    let routes = shared::json::limit_bodies(routes, MAX_BODY_BYTES);
     let layer = DeadlineLayer::new(policy).mode(config.deadline_mode);
     shared::ingress::instrument(routes, layer, &metrics)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
 }
