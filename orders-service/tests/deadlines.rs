@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{MS, json_of, spawn_app, spawn_app_with};
+use common::{MS, json_of, spawn_app, spawn_app_with, spawn_app_with_catalog};
 use futures_util::future::join_all;
 use reqwest::StatusCode;
 use shared::DeadlineMode;
@@ -183,13 +183,25 @@ async fn an_unreachable_catalog_is_a_502_well_inside_the_budget() {
 
 #[tokio::test]
 async fn a_catalog_that_runs_out_of_budget_is_a_504_and_is_not_retried() {
-    // The catalog's own maximum is lower than what orders sends, so the 504 comes from
-    // the catalog side of the hop.
-    let app = spawn_app().await;
+    // The catalog's own maximum (100 ms) is far below what orders sends (about 895 ms),
+    // so the 504 comes from the catalog side of the hop with most of the budget still
+    // left: time enough for a retry, which must not happen (the deadline is shared).
+    let app = spawn_app_with_catalog(
+        test_support::test_database().await,
+        |catalog| catalog.deadline_max_ms = 100,
+        |_| {},
+    )
+    .await;
     app.slow_catalog(400);
-    let response = app.order("SKU-00001", 1, Some(300)).await;
+    let started = Instant::now();
+    let response = app.order("SKU-00001", 1, Some(900)).await;
+    let took = started.elapsed();
     assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(json_of(response).await["stage"], "catalog");
+    assert!(
+        took < MS(400),
+        "answered when the catalog's 504 came, not at the 900 ms budget: {took:?}"
+    );
     assert_eq!(
         app.catalog_budgets.lock().unwrap().len(),
         1,

@@ -45,7 +45,17 @@ pub async fn spawn_app_with(customize: impl FnOnce(&mut Config)) -> TestApp {
 
 /// Like [`spawn_app_with`], on a given database.
 pub async fn spawn_app_on(database: TestDatabase, customize: impl FnOnce(&mut Config)) -> TestApp {
-    let (catalog_url, faults, catalog_budgets, catalog) = spawn_recorded_catalog().await;
+    spawn_app_with_catalog(database, |_| {}, customize).await
+}
+
+/// Like [`spawn_app_on`], with the catalog's settings adjusted too.
+pub async fn spawn_app_with_catalog(
+    database: TestDatabase,
+    customize_catalog: impl FnOnce(&mut catalog_service::Config),
+    customize: impl FnOnce(&mut Config),
+) -> TestApp {
+    let (catalog_url, faults, catalog_budgets, catalog) =
+        spawn_recorded_catalog(customize_catalog).await;
     let mut config = Config::for_tests(&catalog_url, &database.url);
     customize(&mut config);
     let app = Application::build(config)
@@ -81,8 +91,11 @@ fn side_options(url: &str) -> PgConnectOptions {
 }
 
 /// The real catalog router behind a layer that records the budget of every call.
-async fn spawn_recorded_catalog() -> (String, Faults, Arc<Mutex<Vec<Option<u64>>>>, Running) {
-    let config = catalog_service::Config::for_tests();
+async fn spawn_recorded_catalog(
+    customize: impl FnOnce(&mut catalog_service::Config),
+) -> (String, Faults, Arc<Mutex<Vec<Option<u64>>>>, Running) {
+    let mut config = catalog_service::Config::for_tests();
+    customize(&mut config);
     let faults = Faults::new(FaultConfig::default());
     let metrics = shared::metrics::Metrics::new("catalog-service");
     let budgets: Arc<Mutex<Vec<Option<u64>>>> = Arc::default();
