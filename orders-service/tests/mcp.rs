@@ -1,0 +1,169 @@
+//! The MCP server (`/mcp`) driven by rmcp's own client over real HTTP: tools listed and
+//! called, a tool out of budget, and a cancellation that stops the tool's catalog call
+//! and its SQL statement on the server without costing the pooled connection.
+
+mod common;
+
+use common::{MS, TestApp, spawn_app};
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest};
+use rmcp::service::{PeerRequestOptions, RoleClient, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use serde_json::{Value, json};
+use sqlx::Connection;
+use test_support::{metric_value, wait_until};
+use tokio::time::Instant;
+
+type Client = RunningService<RoleClient, ()>;
+
+async fn connect(app: &TestApp) -> Client {
+    let transport = StreamableHttpClientTransport::from_uri(format!("{}/mcp", app.base));
+    ().serve(transport).await.expect("an MCP session")
+}
+
+fn call(tool: &str, sku: &str) -> CallToolRequestParams {
+    let arguments = json!({ "sku": sku }).as_object().cloned().unwrap();
+    CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments)
+}
+
+/// The first text block of a tool result, as JSON when it is JSON.
+fn text(result: &CallToolResult) -> Value {
+    let value = serde_json::to_value(result).unwrap();
+    let text = value["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    serde_json::from_str(&text).unwrap_or(Value::String(text))
+}
+
+/// Catalog requests being served right now, from the catalog's own `/metrics`.
+async fn catalog_in_flight(app: &TestApp) -> f64 {
+    let text = app.scrape(&app.catalog_url).await;
+    metric_value(
+        &text,
+        "http_server_requests_in_flight",
+        r#"uri="/catalog/{sku}""#,
+    )
+    .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn the_tools_are_listed_and_answer() {
+    let app = spawn_app().await;
+    let client = connect(&app).await;
+    let mut names: Vec<_> = client
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["catalog_lookup", "inventory_check"]);
+
+    let lookup = client
+        .call_tool(call("catalog_lookup", "SKU-00042"))
+        .await
+        .unwrap();
+    assert_ne!(lookup.is_error, Some(true), "{lookup:?}");
+    assert_eq!(text(&lookup)["sku"], "SKU-00042");
+    assert!(text(&lookup)["price_cents"].as_u64().is_some());
+    let stock = client
+        .call_tool(call("inventory_check", "SKU-00042"))
+        .await
+        .unwrap();
+    assert!(text(&stock)["available"].as_i64().is_some(), "{stock:?}");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_tool_out_of_budget_is_an_error_result_at_its_cap() {
+    let app = spawn_app().await;
+    app.slow_catalog(2000);
+    let client = connect(&app).await;
+    let started = Instant::now();
+    let result = client
+        .call_tool(call("catalog_lookup", "SKU-00001"))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(result.is_error, Some(true), "{result:?}");
+    assert!(took < MS(800 + 150), "the 800 ms tool cap held: {took:?}");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_cancelled_lookup_closes_its_catalog_call_at_once() {
+    let app = spawn_app().await;
+    app.slow_catalog(2000);
+    let client = connect(&app).await;
+    let request =
+        ClientRequest::CallToolRequest(CallToolRequest::new(call("catalog_lookup", "SKU-00042")));
+    let handle = client
+        .send_cancellable_request(request, PeerRequestOptions::no_options())
+        .await
+        .unwrap();
+    wait_until("the catalog serves the tool's call", MS(2000), || async {
+        catalog_in_flight(&app).await == 1.0
+    })
+    .await;
+    handle
+        .cancel(Some("test: cancel mid-flight".into()))
+        .await
+        .unwrap();
+    wait_until("the catalog call is gone", MS(200), || async {
+        catalog_in_flight(&app).await == 0.0
+    })
+    .await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_cancelled_stock_check_stops_its_statement_and_keeps_its_connection() {
+    let app = spawn_app().await;
+    let client = connect(&app).await;
+    // One call first, so the pool holds the session the next call will use.
+    client
+        .call_tool(call("inventory_check", "SKU-00001"))
+        .await
+        .unwrap();
+    let before = app.service_backends().await;
+
+    let mut locker = app.side_connection().await;
+    let mut lock = locker.begin().await.unwrap();
+    sqlx::raw_sql("LOCK TABLE inventory IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let request =
+        ClientRequest::CallToolRequest(CallToolRequest::new(call("inventory_check", "SKU-00001")));
+    let handle = client
+        .send_cancellable_request(request, PeerRequestOptions::no_options())
+        .await
+        .unwrap();
+    wait_until("the tool's SELECT waits on the lock", MS(2000), || async {
+        app.service_lock_waiters().await == 1
+    })
+    .await;
+    handle
+        .cancel(Some("test: cancel mid-flight".into()))
+        .await
+        .unwrap();
+    // Well before the tool's 800 ms budget would have ended it on the server.
+    wait_until("the SELECT is gone from the server", MS(200), || async {
+        app.service_lock_waiters().await == 0
+    })
+    .await;
+    lock.rollback().await.unwrap();
+
+    let after = client
+        .call_tool(call("inventory_check", "SKU-00001"))
+        .await
+        .unwrap();
+    assert!(text(&after)["available"].as_i64().is_some(), "{after:?}");
+    assert!(
+        app.service_backends().await.is_superset(&before),
+        "the cancel cost no pooled session"
+    );
+    client.cancel().await.unwrap();
+}
