@@ -1,4 +1,4 @@
-// The before/after experiment (DESIGN.md section 9).
+// The before/after experiment (docs/design.md §9).
 //
 //   k6 run k6/deadline-load.js                                # propagate, both models
 //   MODE=legacy k6 run k6/deadline-load.js                    # the "before"

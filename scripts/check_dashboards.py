@@ -10,7 +10,7 @@ Static checks (always):
   - every `$variable` in an expr is a dashboard variable or a Grafana built-in;
   - every metric name in an expr is one of the contract's families (DESIGN.md
     section 7), so a typo fails here, before any Prometheus is involved;
-  - the seed's query appears unchanged in some dashboard (DESIGN.md section 7).
+  - the seed's query appears unchanged in some dashboard (docs/design.md §7).
 
 Live checks (with --prometheus URL): each expr, with dashboard variables replaced by
 their defaults and $__rate_interval by 1m, runs as an instant query against that
@@ -47,7 +47,7 @@ SEED_QUERY = (
     '(rate(http_server_requests_seconds_bucket{uri="/api/orders"}[1m])))'
 )
 
-# DESIGN.md section 7 (contract). Keep in sync with it and with shared/src/metrics.
+# docs/design.md §7 (contract). Keep in sync with it and with shared/src/metrics.
 HISTOGRAMS = {
     "http_server_requests_seconds",
     "http_client_requests_seconds",
@@ -274,7 +274,7 @@ def check_dashboard(path: Path, seen_uids: dict[str, Path]) -> tuple[list[Panel]
                 panel.problems.append(f"target {ref}: unknown variable ${var}")
             for metric in sorted(metric_names(resolved) - KNOWN_METRICS):
                 panel.problems.append(
-                    f"target {ref}: {metric!r} is not a contract metric (DESIGN.md section 7)"
+                    f"target {ref}: {metric!r} is not a contract metric (docs/design.md §7)"
                 )
             panel.queries.append(Query(ref, expr, resolved))
 

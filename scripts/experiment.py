@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The before/after experiment (DESIGN.md section 9) as one command, without Docker.
+"""The before/after experiment (docs/design.md §9) as one command, without Docker.
 
     ./experiment                      # release build, 150 VUs closed loop, 30 s per mode
     ./experiment --seed               # the seed's run: 250 VUs, 5 min, closed + open model
@@ -76,7 +76,7 @@ RECOVERY_GIVE_UP_S = 30.0  # no 201 by then: the experiment failed
 # get the same warm-up, and it ends before the first /metrics sample, so no figure
 # includes it.
 WARMUP_S = 3.0
-RECOVERY_ACCEPT_S = 5.0  # DESIGN §9: "recovers as soon as the latency is removed"
+RECOVERY_ACCEPT_S = 5.0  # docs/design.md §9: "recovers as soon as the latency is removed"
 DRAIN_WAIT_S = 10.0  # in-flight must reach 0 within this after recovery
 # Window of the chart's rates and p99. Legacy answers come in waves (50 slots finish
 # together every second), so a 1 s window aliases; 2 s keeps the error small.
@@ -136,7 +136,7 @@ non_negative_int = int_at_least(0)
 # CATALOG_POOL_PENDING_MAX) and answers after ~3 s; propagate must hold the 700 ms budget.
 DEFAULTS = dict(vus=150, duration="30s", scenario="closed", rate=200, budget=700, delay=1000,
                 margin=50, grace="5s")
-# --seed: DESIGN.md section 9 / the seed's numbers, and k6/deadline-load.js's defaults.
+# --seed: docs/design.md §9 / the seed's numbers, and k6/deadline-load.js's defaults.
 SEED = dict(vus=250, duration="5m", scenario="both", rate=200, budget=700, delay=1000,
             margin=50, grace="30s")
 
@@ -197,7 +197,7 @@ class Settings:
 def parse_args(argv: list[str]) -> Settings:
     parser = argparse.ArgumentParser(
         prog="./experiment",
-        description="Run the before/after deadline experiment (DESIGN.md section 9): the same "
+        description="Run the before/after deadline experiment (docs/design.md §9): the same "
         "k6 load against orders-service in legacy and in propagate mode, with a slow catalog.",
         epilog="Defaults: --vus %(vus)s --duration %(duration)s --scenario %(scenario)s "
         "--budget %(budget)s --delay %(delay)s --grace %(grace)s (about 2 minutes). --seed: "
@@ -1180,7 +1180,7 @@ class Check:
 
 
 def acceptance(settings: Settings, a: dict[str, dict], prom: dict | None) -> tuple[list[Check], list[Check]]:
-    """DESIGN.md section 9: checks of propagate, and what legacy shows (not checked)."""
+    """docs/design.md §9: checks of propagate, and what legacy shows (not checked)."""
     p, l = a["propagate"], a["legacy"]
     limit = settings.budget_ms + settings.margin_ms
     checks: list[Check] = []
@@ -1729,7 +1729,7 @@ def report(settings: Settings, ctx: Context, results: dict[str, ModeResult], pro
     print()
     print(text_table(rows))
     print()
-    print("acceptance (DESIGN.md section 9), propagate mode:")
+    print("acceptance (docs/design.md §9), propagate mode:")
     for c in checks:
         print(f"  {c.tag:<7} {c.text}")
     print("legacy (the \"before\", reported, not checked):")
@@ -1778,7 +1778,7 @@ def report(settings: Settings, ctx: Context, results: dict[str, ModeResult], pro
         "\"server p99\" is estimated from the service's histogram buckets. Recovery is the time from k6's "
         "exit (its teardown removed the catalog delay) to the first 201 of one request every 50 ms.",
         "",
-        "## Acceptance (DESIGN.md section 9), propagate mode",
+        "## Acceptance (docs/design.md §9), propagate mode",
         "",
         *[f"- **{c.tag}** {c.text}" for c in checks],
         "",

@@ -5,7 +5,7 @@
 #   scripts/pg-throwaway.sh stop DIR         # stop and delete DIR
 #
 # PostgreSQL refuses to run as root, so as root initdb and postgres run as the
-# `postgres` user (DESIGN §10). Data lives in DIR and is deleted by `stop`.
+# `postgres` user (docs/design.md §10). Data lives in DIR and is deleted by `stop`.
 set -euo pipefail
 
 bindir() {

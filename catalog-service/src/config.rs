@@ -1,4 +1,4 @@
-//! Settings, from environment variables or the matching `--flags` (DESIGN §8).
+//! Settings, from environment variables or the matching `--flags` (docs/design.md §8).
 
 use std::net::SocketAddr;
 

@@ -8,7 +8,7 @@
 //!
 //! The expected answers are computed here independently of the code under test (a
 //! different algorithm, or a re-parse through `serde_json::Value`), so a change to the
-//! parser that breaks DESIGN §3 or the order validation shows up as a failed assertion,
+//! parser that breaks docs/design.md §3 or the order validation shows up as a failed assertion,
 //! not only as a panic.
 
 use http::{HeaderValue, StatusCode};

@@ -49,7 +49,7 @@ fn trim_whitespace(raw: &[u8]) -> &[u8] {
     &raw[start..end]
 }
 
-/// What `parse_millis(raw)` must answer (DESIGN §3), computed another way than the
+/// What `parse_millis(raw)` must answer (docs/design.md §3), computed another way than the
 /// parser does: no arithmetic on the digits at all. Without its leading zeros, the value
 /// fits a `u64` when its decimal text is shorter than that of `u64::MAX`, or as long and
 /// not greater in byte order (equal-length digit strings order like their values); std's

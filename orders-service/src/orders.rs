@@ -163,7 +163,7 @@ enum Attempt {
 
 /// Places `order` at `unit_price_cents` in one transaction, under `deadline`.
 ///
-/// The answer tells the truth about the table (DESIGN §5): `Created` only once the
+/// The answer tells the truth about the table (docs/design.md §5): `Created` only once the
 /// COMMIT is known to have succeeded; every error from here means nothing was written
 /// (or, for a COMMIT whose outcome could not be learned, a 500 that says so).
 pub async fn place_order(

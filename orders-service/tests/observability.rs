@@ -137,7 +137,7 @@ async fn send_hostile_round(app: &common::TestApp, base: &str, round: usize) {
 }
 
 /// An unknown method is `_OTHER`, a path without a route shares one label, so no client
-/// can grow the number of series a scrape returns (DESIGN §7).
+/// can grow the number of series a scrape returns (docs/design.md §7).
 #[tokio::test]
 async fn hostile_methods_and_paths_do_not_grow_the_series_of_either_service() {
     let app = spawn_app().await;

@@ -1,4 +1,4 @@
-//! What an answer promises (DESIGN §5), held against the system of record: the `orders`
+//! What an answer promises (docs/design.md §5), held against the system of record: the `orders`
 //! table and `pg_stat_activity`, never the service's own bookkeeping.
 //!
 //! - a 201 means the order is committed; a 504, 503 or 502 means nothing was written,

@@ -154,7 +154,7 @@ impl Deadline {
     }
 
     /// The budget to send downstream: `remaining - reserve` in whole milliseconds, or
-    /// `None` when that is less than 1 ms: the budget is spent (DESIGN §3).
+    /// `None` when that is less than 1 ms: the budget is spent (docs/design.md §3).
     ///
     /// The reserve leaves this hop time to turn the downstream's answer into its own. A
     /// budget no larger than the reserve has nothing left to hand on; sending the call

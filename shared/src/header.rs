@@ -1,4 +1,4 @@
-//! Parsing the `X-Request-Timeout-Ms` header (DESIGN §3).
+//! Parsing the `X-Request-Timeout-Ms` header (docs/design.md §3).
 //!
 //! The value is the caller's *remaining* budget in milliseconds, relative, so the clocks
 //! of two hosts never need to agree. Parsing tells three cases apart, like tonic's

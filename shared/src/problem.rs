@@ -2,7 +2,7 @@
 //! (RFC 9457).
 //!
 //! Deadline answers carry the extension members `stage`, `budget_ms` and `elapsed_ms`
-//! (DESIGN §3), so a client sees *where* its budget went. A 503 also carries
+//! (docs/design.md §3), so a client sees *where* its budget went. A 503 also carries
 //! `Retry-After`: the request was refused before any work was done and may be retried.
 //!
 //! `into_response` never logs. Internal causes are kept out of the body (the client

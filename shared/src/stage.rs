@@ -2,7 +2,7 @@
 //!
 //! Every 504 and 503 names the stage where the budget ran out, and the metrics are
 //! labelled with it, so an operator can tell "waiting for a pooled connection" apart from
-//! "the downstream itself is slow". The names are part of the contract (DESIGN §3).
+//! "the downstream itself is slow". The names are part of the contract (docs/design.md §3).
 
 use std::fmt;
 

@@ -1,4 +1,4 @@
-//! Tool calls for AI assistants, under numeric budgets (DESIGN §6).
+//! Tool calls for AI assistants, under numeric budgets (docs/design.md §6).
 //!
 //! The same two read-only tools are offered two ways:
 //! - `POST /api/assistant/chat` ([`chat`]): a [`Planner`] reads the message and plans

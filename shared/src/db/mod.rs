@@ -1,4 +1,4 @@
-//! PostgreSQL under the deadline (DESIGN §5).
+//! PostgreSQL under the deadline (docs/design.md §5).
 //!
 //! # What an answer promises
 //!

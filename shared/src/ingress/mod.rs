@@ -39,7 +39,7 @@ pub fn instrument(router: Router, layer: DeadlineLayer, metrics: &Metrics) -> Ro
         .merge(metrics.router())
 }
 
-/// The probe and scrape endpoints (DESIGN §8). Load balancers and Prometheus call them
+/// The probe and scrape endpoints (docs/design.md §8). Load balancers and Prometheus call them
 /// every few seconds with budgets of their own choosing; counted with the clients'
 /// requests they would fill the deadline histograms with numbers that describe no
 /// client. The ingress still bounds them, but reports none of their budget metrics.

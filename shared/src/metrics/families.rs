@@ -1,4 +1,4 @@
-//! The metric families, each registered under its contract name (DESIGN §7).
+//! The metric families, each registered under its contract name (docs/design.md §7).
 //!
 //! prometheus-client appends `_total` to counters, so counters are registered without it.
 

@@ -6,7 +6,7 @@
 //! time out are measured too and `MatchedPath` is known (the `uri` label is the template,
 //! `/api/orders/{id}`, never the raw path, which would make one series per order).
 //!
-//! Every label value comes from a fixed set, whatever a client sends (DESIGN §7): the
+//! Every label value comes from a fixed set, whatever a client sends (docs/design.md §7): the
 //! method is one of the standard ones or `_OTHER` (as OpenTelemetry's HTTP conventions
 //! spell it), and a path without a route template of its own (a nested service's tail)
 //! is [`UNMATCHED`]. Otherwise a scanner inventing a method per request would add a

@@ -1,4 +1,4 @@
-//! Prometheus metrics with the names of the contract (DESIGN §7).
+//! Prometheus metrics with the names of the contract (docs/design.md §7).
 //!
 //! Each service owns one [`Metrics`] with its own registry, so two services in one test
 //! process keep separate numbers. The families are grouped by what they explain:

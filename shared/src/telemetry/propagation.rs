@@ -1,7 +1,7 @@
 //! W3C trace context across the hop: `traceparent` in, `traceparent` out.
 //!
 //! Hand-written rather than reqwest-tracing, which lags OpenTelemetry releases
-//! (DESIGN §10); it is a dozen lines.
+//! (docs/design.md §10); it is a dozen lines.
 
 use http::HeaderMap;
 use opentelemetry::propagation::{Extractor, Injector};
