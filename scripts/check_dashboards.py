@@ -8,8 +8,8 @@ Static checks (always):
     datasource uid `prometheus` (the uid grafana/provisioning/datasources provides),
     and at least one target; every target has a non-empty `expr` and a unique refId;
   - every `$variable` in an expr is a dashboard variable or a Grafana built-in;
-  - every metric name in an expr is one of the contract's families (DESIGN.md
-    section 7), so a typo fails here, before any Prometheus is involved;
+  - every metric name in an expr is one of the contract's families (docs/design.md
+    §7), so a typo fails here, before any Prometheus is involved;
   - the seed's query appears unchanged in some dashboard (docs/design.md §7).
 
 Live checks (with --prometheus URL): each expr, with dashboard variables replaced by

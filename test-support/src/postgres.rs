@@ -3,7 +3,7 @@
 //!
 //! PostgreSQL refuses to run as root, and tests and CI run as root, so `initdb`,
 //! `postgres` and `pg_ctl` run as the `postgres` user through `runuser`, in a temporary
-//! folder owned by that user (DESIGN §10). As any other user they run directly.
+//! folder owned by that user (docs/design.md §10). As any other user they run directly.
 //!
 //! Tear-down does not rely on destructors (statics are never dropped): the cluster is
 //! started by a small shell watchdog whose stdin is a pipe from the test process. When
