@@ -60,7 +60,9 @@ impl Application {
             admin,
             faults,
             metrics: Metrics::new("catalog-service"),
-            drain_timeout: Duration::from_millis(config.deadline_max_ms) + Duration::from_secs(1),
+            drain_timeout: shared::server::drain_timeout(Duration::from_millis(
+                config.deadline_max_ms,
+            )),
             config,
         })
     }

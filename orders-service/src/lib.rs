@@ -158,7 +158,7 @@ impl Application {
     /// legitimately need longer than the maximum budget, so that bounds the drain.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) {
         let options = ServerOptions {
-            drain_timeout: Config::ms(self.config.deadline_max_ms) + Duration::from_secs(1),
+            drain_timeout: shared::server::drain_timeout(Config::ms(self.config.deadline_max_ms)),
             header_read_timeout: Config::ms(self.config.header_read_timeout_ms),
             ..ServerOptions::default()
         };

@@ -26,8 +26,8 @@ pub struct ServerOptions {
     pub header_read_timeout: Duration,
     /// The largest request head (request line plus headers) accepted, in bytes.
     pub max_header_bytes: usize,
-    /// How long in-flight requests may take to finish after shutdown starts. Set it to
-    /// the service's maximum budget plus a margin: no request can legitimately need more.
+    /// How long in-flight requests may take to finish after shutdown starts: see
+    /// [`drain_timeout`] (no request can legitimately need more).
     pub drain_timeout: Duration,
 }
 
@@ -39,6 +39,13 @@ impl Default for ServerOptions {
             drain_timeout: Duration::from_secs(10),
         }
     }
+}
+
+/// The drain a service with `max_budget` as its largest budget needs: every in-flight
+/// request ends within its budget, plus a second to write the answers. Deployments size
+/// their termination grace period from this (`deploy/k8s`, checked in CI).
+pub fn drain_timeout(max_budget: Duration) -> Duration {
+    max_budget + Duration::from_secs(1)
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then drains.
