@@ -36,7 +36,7 @@ impl CatalogClient {
                 pending_max: usize::try_from(config.catalog_pool_pending_max).unwrap_or(usize::MAX),
                 acquire_timeout: Config::ms(config.catalog_pool_acquire_timeout_ms),
                 reserve: Config::ms(config.deadline_reserve_ms),
-                mode: config.deadline_mode,
+                admission: config.catalog_admission,
                 idle_timeout: Config::ms(config.catalog_pool_idle_timeout_ms),
             },
             Some(metrics.client().clone()),
@@ -60,7 +60,7 @@ impl CatalogClient {
     /// Whether the catalog answers `/healthz` within `deadline`.
     pub async fn ping(&self, deadline: &Deadline) -> Result<(), Problem> {
         self.http
-            .get_bytes(deadline, "/healthz")
+            .get_health(deadline, "/healthz")
             .await
             .map(drop)
             .map_err(|err| err.into_problem(Stage::Catalog))

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use shared::DeadlineMode;
+use shared::client::AdmissionMode;
 use shared::telemetry::LogFormat;
 
 /// orders-service settings. `--help` lists each with its variable and default.
@@ -46,10 +47,26 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub deadline_reserve_ms: u64,
 
-    /// `propagate` (the technique) or `legacy` (the "before": fixed 30 s timeouts,
-    /// unbounded pool wait, no statement timeout).
+    /// `propagate` (the technique), `observe` (everything runs, nothing is refused: what
+    /// propagate would refuse is counted) or `legacy` (the "before": fixed 30 s
+    /// timeouts, unbounded pool wait, no statement timeout). Switchable at run time
+    /// through the admin API.
     #[arg(long, env = "DEADLINE_MODE", value_enum, default_value_t = DeadlineMode::Propagate)]
     pub deadline_mode: DeadlineMode,
+
+    /// `predict`: refuse (503) a catalog call that the recent catalog latency says
+    /// cannot finish in its remaining budget, before it takes a slot. `off`: send all.
+    #[arg(long, env = "CATALOG_ADMISSION", value_enum, default_value_t = AdmissionMode::Predict)]
+    pub catalog_admission: AdmissionMode,
+
+    /// Listen address of the admin API (`GET|PUT /admin/mode`). Keep it on loopback.
+    #[arg(long, env = "ORDERS_ADMIN_ADDR", default_value = "127.0.0.1:9080")]
+    pub admin_addr: SocketAddr,
+
+    /// Serve the admin API to non-loopback clients too (behind a trusted network only).
+    #[arg(long, env = "ORDERS_ADMIN_ALLOW_REMOTE", default_value_t = false,
+          action = clap::ArgAction::Set)]
+    pub admin_allow_remote: bool,
 
     /// Catalog calls in flight at most.
     #[arg(long, env = "CATALOG_POOL_MAX_CONNECTIONS", default_value_t = 50,
@@ -136,6 +153,7 @@ impl Config {
         Self::parse_from([
             "orders-service",
             "--listen-addr=127.0.0.1:0",
+            "--admin-addr=127.0.0.1:0",
             &format!("--catalog-url={catalog_url}"),
             &format!("--database-url={database_url}"),
         ])

@@ -16,10 +16,13 @@
 //! - [`assistant`]: tool calls for AI assistants under numeric budgets: the chat
 //!   endpoint and the MCP server.
 //! - [`routes`]: the HTTP API, health and readiness.
+//! - [`admin`]: `GET|PUT /admin/mode` on the admin address: the rollout switch.
 //!
 //! `DEADLINE_MODE=legacy` runs the same code the way it would be written without the
-//! technique, for the before/after experiment.
+//! technique, for the before/after experiment; `observe` runs it all but refuses
+//! nothing. The mode switches at run time through the admin API.
 
+pub mod admin;
 pub mod assistant;
 pub mod catalog;
 pub mod config;
@@ -32,6 +35,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use shared::DeadlineMode;
 use shared::db::{Db, DbConfig};
+use shared::ingress::LiveMode;
 use shared::metrics::Metrics;
 use shared::server::{ServerOptions, serve};
 use shared::tools::ToolPolicy;
@@ -52,6 +56,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Assistant budgets and planner.
     pub assistant: Assistant,
+    /// The deadline mode in force, switched by the admin API.
+    pub mode: LiveMode,
 }
 
 /// How assistant turns are planned and budgeted.
@@ -91,7 +97,9 @@ impl Assistant {
 /// A built, bound orders-service, not yet serving.
 pub struct Application {
     listener: TcpListener,
+    admin: TcpListener,
     port: u16,
+    admin_port: u16,
     state: AppState,
     config: Config,
 }
@@ -126,14 +134,23 @@ impl Application {
                     config.listen_addr
                 )
             })?;
+        let admin = TcpListener::bind(config.admin_addr)
+            .await
+            .with_context(|| {
+                format!("cannot listen on {} (ORDERS_ADMIN_ADDR)", config.admin_addr)
+            })?;
+        let mode = LiveMode::new(config.deadline_mode).with_metrics(metrics.deadline().clone());
         Ok(Self {
             port: listener.local_addr()?.port(),
+            admin_port: admin.local_addr()?.port(),
             listener,
+            admin,
             state: AppState {
                 catalog,
                 db,
                 metrics,
                 assistant: Assistant::from_config(&config)?,
+                mode,
             },
             config,
         })
@@ -144,9 +161,14 @@ impl Application {
         self.port
     }
 
-    /// Propagate or legacy.
+    /// The admin API's port.
+    pub fn admin_port(&self) -> u16 {
+        self.admin_port
+    }
+
+    /// The deadline mode in force now.
     pub fn mode(&self) -> DeadlineMode {
-        self.config.deadline_mode
+        self.state.mode.get()
     }
 
     /// The shared state, for tests that look at pools and metrics.
@@ -165,11 +187,16 @@ impl Application {
         // Open MCP event streams would hold the drain up: end them when shutdown starts.
         let stop = CancellationToken::new();
         let app = routes::router(&self.config, self.state.clone(), stop.clone());
+        let admin = admin::router(self.state.mode.clone(), self.config.admin_allow_remote);
+        let admin_stop = stop.clone();
         let shutdown = async move {
             shutdown.await;
             stop.cancel();
         };
-        serve(self.listener, app, shutdown, options).await;
+        tokio::join!(
+            serve(self.listener, app, shutdown, options),
+            serve(self.admin, admin, admin_stop.cancelled_owned(), options),
+        );
         self.state.db.close().await;
     }
 }

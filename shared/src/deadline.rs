@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::ingress::DeadlineMode;
 use crate::stage::Stage;
 use crate::timing::StageLog;
 
@@ -102,6 +103,7 @@ pub struct Deadline {
     at: Instant,
     budget: Duration,
     log: Arc<StageLog>,
+    mode: DeadlineMode,
 }
 
 impl Deadline {
@@ -118,7 +120,27 @@ impl Deadline {
             at: later_by(started, budget),
             budget,
             log,
+            mode: DeadlineMode::Propagate,
         }
+    }
+
+    /// The same deadline, run in `mode` (the ingress stamps the mode in force when the
+    /// request arrived; see [`LiveMode`](crate::ingress::LiveMode)).
+    pub fn with_mode(mut self, mode: DeadlineMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The mode this request runs in: every step reads it here, so a mode switch never
+    /// changes a request half-way.
+    pub fn mode(&self) -> DeadlineMode {
+        self.mode
+    }
+
+    /// Counts, in observe mode, a refusal propagate would have made in `stage`.
+    pub fn would_refuse(&self, stage: Stage, reason: &'static str) {
+        tracing::debug!(stage = stage.as_str(), reason, "propagate would refuse");
+        self.log.count_would_refuse(stage, reason);
     }
 
     /// The ingress constructor: applies `policy` to the requested budget. Returns the
@@ -175,6 +197,7 @@ impl Deadline {
             at,
             budget: at.saturating_duration_since(now),
             log: Arc::clone(&self.log),
+            mode: self.mode,
         }
     }
 

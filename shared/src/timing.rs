@@ -48,6 +48,12 @@ impl StageLog {
         }
     }
 
+    pub(crate) fn count_would_refuse(&self, stage: Stage, reason: &'static str) {
+        if let Some(metrics) = &self.metrics {
+            metrics.count_would_refuse(stage, reason);
+        }
+    }
+
     pub(crate) fn count_exceeded(&self, stage: Stage) {
         if let Some(metrics) = &self.metrics {
             metrics.count_exceeded(stage);

@@ -7,10 +7,10 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::routing::get;
-use shared::client::{BudgetedClient, CallError, ClientConfig};
+use shared::client::{AdmissionMode, BudgetedClient, CallError, ClientConfig};
 use shared::metrics::Metrics;
 use shared::server::{ServerOptions, serve};
-use shared::{Deadline, DeadlineMode, Stage};
+use shared::{Deadline, Stage};
 use test_support::{Running, metric_value};
 use tokio::net::TcpListener;
 
@@ -33,7 +33,7 @@ fn client(base_url: &str, max_connections: usize, metrics: &Metrics) -> Budgeted
         pending_max: 100_000,
         acquire_timeout: Duration::from_secs(10),
         reserve: MS(5),
-        mode: DeadlineMode::Propagate,
+        admission: AdmissionMode::Off,
         idle_timeout: Duration::from_secs(1),
     };
     BudgetedClient::new(config, Some(metrics.client().clone())).expect("the client builds")

@@ -19,6 +19,7 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> Router {
     let policy = DeadlinePolicy::from_millis(config.deadline_max_ms, config.deadline_default_ms);
     let metrics = state.metrics.clone();
+    let mode = state.mode.clone();
     let mcp = tower::ServiceBuilder::new()
         .layer(middleware::from_fn(assistant::mcp::watch_disconnect))
         .service(assistant::mcp::service(
@@ -35,6 +36,6 @@ pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> 
         .route("/healthz", get(health::healthz))
         .with_state(state);
     let routes = shared::json::limit_bodies(routes, MAX_BODY_BYTES);
-    let layer = DeadlineLayer::new(policy).mode(config.deadline_mode);
+    let layer = DeadlineLayer::new(policy).live_mode(mode);
     shared::ingress::instrument(routes, layer, &metrics)
 }

@@ -20,6 +20,8 @@ pub const MS: fn(u64) -> Duration = Duration::from_millis;
 
 pub struct TestApp {
     pub base: String,
+    /// The admin API's base URL (`GET|PUT /admin/mode`).
+    pub admin: String,
     pub client: reqwest::Client,
     pub state: AppState,
     pub faults: Faults,
@@ -62,12 +64,14 @@ pub async fn spawn_app_with_catalog(
         .await
         .expect("orders-service builds");
     let base = format!("http://127.0.0.1:{}", app.port());
+    let admin = format!("http://127.0.0.1:{}", app.admin_port());
     let state = app.state();
     let side = PgPool::connect_with(side_options(&database.url))
         .await
         .expect("side pool");
     TestApp {
         base,
+        admin,
         client: reqwest::Client::new(),
         state,
         faults,
@@ -162,6 +166,11 @@ impl TestApp {
     pub async fn order(&self, sku: &str, quantity: i64, budget_ms: Option<u64>) -> Response {
         self.post_order(json!({"sku": sku, "quantity": quantity}), budget_ms, None)
             .await
+    }
+
+    /// How many `/catalog/` calls the catalog has received so far.
+    pub fn catalog_calls(&self) -> usize {
+        self.catalog_budgets.lock().unwrap().len()
     }
 
     pub fn slow_catalog(&self, delay_ms: u64) {

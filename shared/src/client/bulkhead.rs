@@ -103,7 +103,7 @@ impl Bulkhead {
         if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
             return Ok(self.slot(permit));
         }
-        let waiting = self.join_queue()?;
+        let waiting = self.join_queue(self.pending_max.unwrap_or(usize::MAX))?;
         let permit = match wait {
             Some(wait) => tokio::time::timeout(wait, Arc::clone(&self.slots).acquire_owned())
                 .await
@@ -113,6 +113,25 @@ impl Bulkhead {
         .expect("the semaphore is never closed");
         drop(waiting);
         Ok(self.slot(permit))
+    }
+
+    /// Takes a slot however long the queue and the wait (legacy and observe modes, which
+    /// refuse nothing). The flag says whether the queue was already at `pending_max`:
+    /// propagate would have refused this call.
+    pub async fn acquire_unbounded(self: &Arc<Self>) -> (Slot, bool) {
+        if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
+            return (self.slot(permit), false);
+        }
+        let over = self.pending() >= self.pending_max.unwrap_or(usize::MAX);
+        let waiting = self
+            .join_queue(usize::MAX)
+            .expect("an unlimited queue has room");
+        let permit = Arc::clone(&self.slots)
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        drop(waiting);
+        (self.slot(permit), over)
     }
 
     /// Calls waiting for a slot now.
@@ -140,8 +159,7 @@ impl Bulkhead {
         self.pending_max
     }
 
-    fn join_queue(&self) -> Result<Waiting<'_>, AcquireError> {
-        let limit = self.pending_max.unwrap_or(usize::MAX);
+    fn join_queue(&self, limit: usize) -> Result<Waiting<'_>, AcquireError> {
         // Check and increment in one step: two callers must never both take the last place.
         let now = self
             .pending

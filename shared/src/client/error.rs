@@ -21,6 +21,15 @@ pub enum CallError {
         /// How long the caller should wait before retrying.
         retry_after: Duration,
     },
+    /// Refused before taking a slot: recent calls say this one cannot finish in what it
+    /// has left (see [`Admission`](super::Admission)). 503 with the call's stage.
+    #[error("predicted to finish late: needs about {needed:?}, has {available:?}")]
+    PredictedLate {
+        /// Pool wait plus call time, as estimated.
+        needed: Duration,
+        /// What the call had to spend.
+        available: Duration,
+    },
     /// Our deadline ran out (while waiting for a slot, or during the call): 504.
     #[error(transparent)]
     Deadline(#[from] DeadlineExceeded),
@@ -94,6 +103,16 @@ impl CallError {
                 Stage::CatalogPool,
                 retry_after,
                 format!("no connection to the {stage} service: {reason}; retry later"),
+            ),
+            CallError::PredictedLate { needed, available } => Problem::overloaded(
+                stage,
+                DEFAULT_RETRY_AFTER,
+                format!(
+                    "not sent to the {stage} service: recent calls need about {} ms, {} ms \
+                     were left; retry later",
+                    needed.as_millis(),
+                    available.as_millis()
+                ),
             ),
             CallError::Deadline(exceeded) | CallError::DownstreamDeadline(exceeded) => {
                 Problem::deadline(exceeded)

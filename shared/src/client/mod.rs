@@ -15,10 +15,16 @@
 //! Both stages end at the same instant, so together they are the one timeout over pool
 //! wait + request + body that a per-request "response timeout" cannot give.
 //!
-//! In [`DeadlineMode::Legacy`] the same client behaves like code written without the
-//! technique: an unbounded queue, no budget header, and a fixed 30 s reqwest timeout
-//! that covers the request but not the time spent queueing for a slot.
+//! Before either, [`Admission`] refuses a call that recent calls say cannot finish in
+//! its remaining budget (503 `catalog`), so a doomed call never takes a slot.
+//!
+//! Each call runs in the mode its [`Deadline`] carries. In [`DeadlineMode::Legacy`] the
+//! client behaves like code written without the technique: an unbounded queue, no
+//! budget header, and a fixed 30 s reqwest timeout that covers the request but not the
+//! time spent queueing for a slot. [`DeadlineMode::Observe`] waits and times out like
+//! legacy but sends the budget header and counts each refusal propagate would make.
 
+pub mod admission;
 mod bulkhead;
 mod error;
 
@@ -30,6 +36,7 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+pub use admission::{Admission, AdmissionMode, Verdict, expected_wait};
 pub use bulkhead::{AcquireError, Bulkhead, Slot};
 pub use error::{CallError, DEFAULT_RETRY_AFTER};
 
@@ -62,8 +69,8 @@ pub struct ClientConfig {
     pub acquire_timeout: Duration,
     /// Budget kept back at this hop when propagating (`DEADLINE_RESERVE_MS`).
     pub reserve: Duration,
-    /// Propagate or legacy.
-    pub mode: DeadlineMode,
+    /// Whether calls predicted to finish late are refused (`CATALOG_ADMISSION`).
+    pub admission: AdmissionMode,
     /// How long an *unused* connection is kept open. Keep it well below the time after
     /// which the downstream closes idle connections (catalog-service: its header read
     /// timeout, 5 s). Otherwise a call can reuse a connection at the moment the server
@@ -77,6 +84,7 @@ pub struct ClientConfig {
 pub struct BudgetedClient {
     http: reqwest::Client,
     bulkhead: Arc<Bulkhead>,
+    admission: Option<Arc<Admission>>,
     config: Arc<ClientConfig>,
     metrics: Option<ClientMetrics>,
 }
@@ -93,15 +101,16 @@ impl std::fmt::Debug for BudgetedClient {
 impl BudgetedClient {
     /// Builds the client; `metrics` receives the pool gauges and call times.
     pub fn new(config: ClientConfig, metrics: Option<ClientMetrics>) -> Result<Self, BuildError> {
-        let pending_max = match config.mode {
-            DeadlineMode::Propagate => Some(config.pending_max),
-            DeadlineMode::Legacy => None,
-        };
-        let mut bulkhead = Bulkhead::new(config.max_connections, pending_max);
+        // Legacy and observe ignore the queue limit per call (the mode can switch).
+        let mut bulkhead = Bulkhead::new(config.max_connections, Some(config.pending_max));
         if let Some(metrics) = &metrics {
             metrics.init(config.name);
             bulkhead = bulkhead.with_gauges(metrics.pool_gauges(config.name));
         }
+        let admission = (config.admission == AdmissionMode::Predict).then(|| {
+            let gauge = metrics.as_ref().map(|m| m.estimate_gauge(config.name));
+            Arc::new(Admission::new(gauge.unwrap_or_default()))
+        });
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(config.max_connections)
             .pool_idle_timeout(config.idle_timeout)
@@ -110,6 +119,7 @@ impl BudgetedClient {
         Ok(Self {
             http,
             bulkhead: Arc::new(bulkhead),
+            admission,
             config: Arc::new(config),
             metrics,
         })
@@ -118,6 +128,11 @@ impl BudgetedClient {
     /// The bulkhead, for gauges and tests.
     pub fn bulkhead(&self) -> &Arc<Bulkhead> {
         &self.bulkhead
+    }
+
+    /// The latency estimate, unless admission is off.
+    pub fn admission(&self) -> Option<&Arc<Admission>> {
+        self.admission.as_ref()
     }
 
     /// The configuration.
@@ -143,18 +158,88 @@ impl BudgetedClient {
         deadline: &Deadline,
         path: &str,
     ) -> Result<bytes::Bytes, CallError> {
+        self.admit(deadline)?;
         let slot = self.acquire_slot(deadline).await?;
-        let body = self.send(deadline, path).await;
+        let body = self.send_sampled(deadline, path, true).await;
         // The slot is held until the whole body has been read.
         drop(slot);
         body
     }
 
+    /// Like [`get_bytes`](Self::get_bytes), for a health check: never refused by
+    /// admission and not part of the estimate. A health endpoint answers at once however
+    /// slow the real calls are; its times would tell admission the downstream is quick.
+    pub async fn get_health(
+        &self,
+        deadline: &Deadline,
+        path: &str,
+    ) -> Result<bytes::Bytes, CallError> {
+        let slot = self.acquire_slot(deadline).await?;
+        let body = self.send_sampled(deadline, path, false).await;
+        drop(slot);
+        body
+    }
+
+    /// Admission: refuses (503 in propagate; counted only in observe) a call that the
+    /// recent latency says cannot finish in what it has left, before it takes a slot.
+    pub fn admit(&self, deadline: &Deadline) -> Result<(), CallError> {
+        let mode = deadline.mode();
+        let Some(admission) = self
+            .admission
+            .as_ref()
+            .filter(|_| mode != DeadlineMode::Legacy)
+        else {
+            return Ok(());
+        };
+        let bulkhead = &self.bulkhead;
+        let wait = expected_wait(
+            bulkhead.active(),
+            bulkhead.max_in_flight(),
+            bulkhead.pending(),
+            admission.estimate(),
+            self.config.acquire_timeout,
+        );
+        let available = deadline.remaining().saturating_sub(self.config.reserve);
+        match admission.check(available, wait, mode.enforces()) {
+            Verdict::Admit => Ok(()),
+            Verdict::Probe => {
+                if let Some(metrics) = &self.metrics {
+                    metrics.count_probe(self.config.name);
+                }
+                Ok(())
+            }
+            Verdict::Refuse { .. } if mode == DeadlineMode::Observe => {
+                deadline.would_refuse(Stage::Catalog, "predicted_late");
+                Ok(())
+            }
+            Verdict::Refuse { needed } => {
+                if let Some(metrics) = &self.metrics {
+                    metrics.count_predicted_late(self.config.name);
+                }
+                Err(CallError::PredictedLate { needed, available })
+            }
+        }
+    }
+
     /// Stage `catalog_pool`: a slot, or a refusal before any I/O.
     pub async fn acquire_slot(&self, deadline: &Deadline) -> Result<Slot, CallError> {
         let started = Instant::now();
-        let result = match self.config.mode {
-            DeadlineMode::Legacy => Ok(self.bulkhead.acquire(None).await),
+        let result = match deadline.mode() {
+            DeadlineMode::Legacy => Ok(Ok(self.bulkhead.acquire_unbounded().await.0)),
+            DeadlineMode::Observe => {
+                let (slot, over) = self.bulkhead.acquire_unbounded().await;
+                let reason = if over {
+                    Some("queue_full")
+                } else if started.elapsed() > self.config.acquire_timeout {
+                    Some("acquire_timeout")
+                } else {
+                    deadline.is_expired().then_some("deadline")
+                };
+                if let Some(reason) = reason {
+                    deadline.would_refuse(Stage::CatalogPool, reason);
+                }
+                Ok(Ok(slot))
+            }
             DeadlineMode::Propagate => {
                 let wait = Some(self.config.acquire_timeout);
                 deadline
@@ -191,8 +276,18 @@ impl BudgetedClient {
     }
 
     /// Stage `catalog`: the request and its body, with the budget propagated and the
-    /// trace context (`traceparent`) of a client span injected.
+    /// trace context (`traceparent`) of a client span injected. Its time informs the
+    /// admission estimate.
     pub async fn send(&self, deadline: &Deadline, path: &str) -> Result<bytes::Bytes, CallError> {
+        self.send_sampled(deadline, path, true).await
+    }
+
+    async fn send_sampled(
+        &self,
+        deadline: &Deadline,
+        path: &str,
+        sampled: bool,
+    ) -> Result<bytes::Bytes, CallError> {
         let span = tracing::info_span!(
             "http.client",
             otel.name = %format_args!("GET {}", self.config.name),
@@ -203,7 +298,7 @@ impl BudgetedClient {
             deadline.remaining_ms = deadline.remaining().as_millis() as u64,
             http.response.status_code = tracing::field::Empty,
         );
-        self.send_in(deadline, path, &span)
+        self.send_in(deadline, path, &span, sampled)
             .instrument(span.clone())
             .await
     }
@@ -213,7 +308,14 @@ impl BudgetedClient {
         deadline: &Deadline,
         path: &str,
         span: &tracing::Span,
+        sampled: bool,
     ) -> Result<bytes::Bytes, CallError> {
+        let mode = deadline.mode();
+        let spent = deadline.outbound_millis(self.config.reserve).is_none();
+        if spent && mode == DeadlineMode::Propagate {
+            // Nothing is sent, so there is nothing to learn from either.
+            return Err(CallError::Deadline(deadline.exceeded(Stage::Catalog)));
+        }
         let mut headers = HeaderMap::new();
         crate::telemetry::propagation::inject(span, &mut headers);
         let started = Instant::now();
@@ -223,10 +325,7 @@ impl BudgetedClient {
         // retried: the shared deadline has run out there, and a retry would only
         // spend what is left for nothing.
         let refused = matches!(&outcome, Ok(Err(err)) if err.is_connect());
-        if refused
-            && self.config.mode == DeadlineMode::Propagate
-            && deadline.remaining() > MIN_RETRY_BUDGET
-        {
+        if refused && mode == DeadlineMode::Propagate && deadline.remaining() > MIN_RETRY_BUDGET {
             if let Some(metrics) = &self.metrics {
                 metrics.count_retry(self.config.name);
             }
@@ -235,6 +334,19 @@ impl BudgetedClient {
         let took = started.elapsed();
         if let Ok(Ok(answer)) = &outcome {
             span.record("http.response.status_code", answer.status.as_u16());
+        }
+        // Cut at our deadline, or the downstream ran out of the budget we gave it: the
+        // call would have taken at least this long (a censored observation).
+        let censored = match &outcome {
+            Err(_) => true,
+            Ok(Ok(answer)) => answer.status == http::StatusCode::GATEWAY_TIMEOUT,
+            Ok(Err(err)) => err.is_timeout(),
+        };
+        if let Some(admission) = self.admission.as_ref().filter(|_| sampled) {
+            admission.record(started, took, censored);
+        }
+        if mode == DeadlineMode::Observe && (spent || deadline.is_expired()) {
+            deadline.would_refuse(Stage::Catalog, "deadline");
         }
         let (label, result) = match outcome {
             Err(exceeded) => ("timeout".to_owned(), Err(CallError::Deadline(exceeded))),
@@ -268,8 +380,16 @@ impl BudgetedClient {
             .http
             .get(format!("{}{path}", self.config.base_url))
             .headers(headers);
-        match self.config.mode {
+        match deadline.mode() {
             DeadlineMode::Legacy => Ok(fetch(request.timeout(DeadlineMode::LEGACY_TIMEOUT)).await),
+            // The budget goes downstream (unless spent), but nothing here enforces it.
+            DeadlineMode::Observe => {
+                let request = match deadline.outbound_millis(self.config.reserve) {
+                    Some(budget) => request.header(REQUEST_TIMEOUT_HEADER, budget),
+                    None => request,
+                };
+                Ok(fetch(request.timeout(DeadlineMode::LEGACY_TIMEOUT)).await)
+            }
             DeadlineMode::Propagate => {
                 // No more than the reserve left: the budget is spent, and no I/O starts.
                 let Some(budget) = deadline.outbound_millis(self.config.reserve) else {

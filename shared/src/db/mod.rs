@@ -131,7 +131,8 @@ pub struct DbConfig {
     pub max_connections: u32,
     /// The longest a request waits for a connection (`DB_POOL_ACQUIRE_TIMEOUT_MS`).
     pub acquire_timeout: Duration,
-    /// Propagate or legacy.
+    /// The mode at start-up: it decides the per-connection backstops (propagate only),
+    /// which stay for the pool's life. Each request then runs in its deadline's mode.
     pub mode: DeadlineMode,
     /// The largest budget any request gets (`DEADLINE_MAX_MS`): no statement or
     /// transaction may legitimately take longer.
@@ -162,25 +163,24 @@ impl Db {
         metrics: Option<DbMetrics>,
     ) -> Result<Self, sqlx::Error> {
         let options: PgConnectOptions = url.parse()?;
-        let (pool_options, acquire_timeout) = match config.mode {
+        // The pool's own acquire limit is legacy's: propagate bounds each acquire by
+        // `min(acquire_timeout, remaining)` itself, and the mode can switch at run time.
+        let pool_options = match config.mode {
             // Backstops, set once per connection in its startup packet (no per-request
             // cost): no statement outlives the largest budget, and a transaction left
             // open by a bug is ended a second after any budget could.
-            DeadlineMode::Propagate => (
-                options.clone().options([
-                    ("statement_timeout", millis(config.max_budget)),
-                    (
-                        "idle_in_transaction_session_timeout",
-                        millis(config.max_budget + IDLE_IN_TRANSACTION_SLACK),
-                    ),
-                ]),
-                config.acquire_timeout,
-            ),
-            DeadlineMode::Legacy => (options.clone(), DeadlineMode::LEGACY_TIMEOUT),
+            DeadlineMode::Propagate => options.clone().options([
+                ("statement_timeout", millis(config.max_budget)),
+                (
+                    "idle_in_transaction_session_timeout",
+                    millis(config.max_budget + IDLE_IN_TRANSACTION_SLACK),
+                ),
+            ]),
+            DeadlineMode::Observe | DeadlineMode::Legacy => options.clone(),
         };
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
-            .acquire_timeout(acquire_timeout)
+            .acquire_timeout(DeadlineMode::LEGACY_TIMEOUT)
             .connect_lazy_with(pool_options);
         let cancel_pool = PgPoolOptions::new()
             .max_connections(2)
@@ -253,8 +253,10 @@ impl Db {
         T: Send + 'static,
         B: Body<T>,
     {
-        if self.config.mode == DeadlineMode::Legacy {
-            return self.legacy(body).await;
+        match deadline.mode() {
+            DeadlineMode::Legacy => return self.legacy(body, None).await,
+            DeadlineMode::Observe => return self.legacy(body, Some(deadline)).await,
+            DeadlineMode::Propagate => {}
         }
         let (reply, answer) = oneshot::channel();
         // Dropping this future (client gone, tool cancelled) cancels the token: the job
@@ -279,13 +281,32 @@ impl Db {
 
     /// The same transaction as code without the technique writes it: no budget, no
     /// server-side limits, statements dropped wherever the caller's future is dropped.
-    async fn legacy<T, B: Body<T>>(&self, body: B) -> Result<T, DbError> {
+    /// `observed` (observe mode) counts where propagate would have refused it.
+    async fn legacy<T, B: Body<T>>(
+        &self,
+        body: B,
+        observed: Option<&Deadline>,
+    ) -> Result<T, DbError> {
         let unbounded = Deadline::after(DeadlineMode::LEGACY_TIMEOUT);
+        let started = tokio::time::Instant::now();
         let mut tx = self
             .pool
             .begin()
             .await
             .map_err(|err| classify(err, &unbounded, Stage::DbPool))?;
+        let mut counted = false;
+        if let Some(deadline) = observed {
+            let reason = if started.elapsed() > self.config.acquire_timeout {
+                Some("acquire_timeout")
+            } else {
+                deadline.is_expired().then_some("deadline")
+            };
+            if let Some(reason) = reason {
+                deadline.would_refuse(Stage::DbPool, reason);
+                counted = true;
+            }
+        }
+        let _count_late_statements = observed.filter(|_| !counted).map(LateCheck);
         let value = match body(&mut tx).await {
             Ok(End::Commit(value)) => {
                 tx.commit().await.map_err(DbError::Query)?;
@@ -333,5 +354,17 @@ pub fn classify(err: sqlx::Error, deadline: &Deadline, stage: Stage) -> DbError 
         | sqlx::Error::Protocol(_)
         | sqlx::Error::WorkerCrashed => DbError::Unavailable(err.to_string()),
         _ => DbError::Query(err),
+    }
+}
+
+/// Observe mode: counts a transaction that ended after its deadline, however it ended,
+/// as the 504 `db` propagate would have answered.
+struct LateCheck<'a>(&'a Deadline);
+
+impl Drop for LateCheck<'_> {
+    fn drop(&mut self) {
+        if self.0.is_expired() {
+            self.0.would_refuse(Stage::Db, "deadline");
+        }
     }
 }

@@ -38,6 +38,8 @@ pin_project! {
             // Set once the timer has been pushed back for a step past its point of no
             // return (a COMMIT on the wire).
             extended: bool,
+            // Observe mode: the timer only counts the 504 propagate would answer.
+            observe: bool,
         },
     }
 }
@@ -58,6 +60,7 @@ impl<F> ResponseFuture<F> {
                 timer: Some(tokio::time::sleep_until(deadline.instant())),
                 deadline,
                 extended: false,
+                observe: false,
             },
         }
     }
@@ -69,6 +72,21 @@ impl<F> ResponseFuture<F> {
                 timer: None,
                 deadline,
                 extended: false,
+                observe: false,
+            },
+        }
+    }
+
+    /// Observe mode: the handler runs to its end, and the deadline passing is counted
+    /// as the 504 `ingress` propagate would have answered.
+    pub(crate) fn observed(handler: F, deadline: Deadline) -> Self {
+        Self {
+            kind: Kind::Run {
+                handler,
+                timer: Some(tokio::time::sleep_until(deadline.instant())),
+                deadline,
+                extended: false,
+                observe: true,
             },
         }
     }
@@ -92,6 +110,7 @@ where
                 mut timer,
                 deadline,
                 extended,
+                observe,
             } => {
                 // The handler goes first: an answer that is ready at the deadline is
                 // still a good answer.
@@ -103,6 +122,12 @@ where
                     return Poll::Pending;
                 };
                 ready!(sleep.as_mut().poll(cx));
+                if *observe {
+                    deadline.would_refuse(Stage::Ingress, "deadline");
+                    // The handler, polled above, wakes this future when it is done.
+                    timer.set(None);
+                    return Poll::Pending;
+                }
                 // A COMMIT is on the wire: a 504 now would promise that nothing was
                 // written, which nobody knows yet. Give the handler, which waits for
                 // the outcome, a bounded grace to answer by it.

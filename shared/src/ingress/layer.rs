@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use tower::Layer;
 
-use super::DeadlineMode;
 use super::service::DeadlineService;
+use super::{DeadlineMode, LiveMode};
 use crate::deadline::DeadlinePolicy;
 use crate::metrics::DeadlineMetrics;
 
@@ -18,7 +18,7 @@ pub struct DeadlineLayer {
 #[derive(Clone, Debug)]
 pub(crate) struct IngressConfig {
     pub(crate) policy: DeadlinePolicy,
-    pub(crate) mode: DeadlineMode,
+    pub(crate) mode: LiveMode,
     pub(crate) metrics: Option<DeadlineMetrics>,
 }
 
@@ -28,7 +28,7 @@ impl DeadlineLayer {
         Self {
             config: Arc::new(IngressConfig {
                 policy,
-                mode: DeadlineMode::Propagate,
+                mode: LiveMode::new(DeadlineMode::Propagate),
                 metrics: None,
             }),
         }
@@ -37,6 +37,11 @@ impl DeadlineLayer {
     /// Sets the mode; in [`DeadlineMode::Legacy`] the header is ignored and the handler
     /// is not bounded, as in a service written without the technique.
     pub fn mode(self, mode: DeadlineMode) -> Self {
+        self.live_mode(LiveMode::new(mode))
+    }
+
+    /// Reads the mode from `mode` for every request, so it can be switched at run time.
+    pub fn live_mode(self, mode: LiveMode) -> Self {
         self.map(|c| c.mode = mode)
     }
 

@@ -15,9 +15,11 @@
 
 pub mod future;
 pub mod layer;
+pub mod mode;
 pub mod service;
 
 pub use layer::DeadlineLayer;
+pub use mode::{DeadlineMode, LiveMode};
 pub use service::DeadlineService;
 
 use axum::Router;
@@ -44,19 +46,3 @@ pub fn instrument(router: Router, layer: DeadlineLayer, metrics: &Metrics) -> Ro
 /// requests they would fill the deadline histograms with numbers that describe no
 /// client. The ingress still bounds them, but reports none of their budget metrics.
 pub const PROBE_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
-
-/// How an ingress treats budgets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum DeadlineMode {
-    /// Accept the client's budget (clamped), propagate it, answer 504 when it runs out.
-    #[default]
-    Propagate,
-    /// The "before" of the experiment: no ingress budget, fixed client timeouts, no
-    /// statement timeout. Everything else is identical so the comparison is fair.
-    Legacy,
-}
-
-impl DeadlineMode {
-    /// The fixed timeout legacy code uses where the technique would use the deadline.
-    pub const LEGACY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-}

@@ -53,16 +53,22 @@ where
             None => StageLog::default(),
         });
 
-        if config.mode == DeadlineMode::Legacy {
+        // Read once: the whole request runs in the mode in force when it arrived.
+        let mode = config.mode.get();
+        if mode == DeadlineMode::Legacy {
             // Handlers still get a Deadline to pass around, but nothing enforces it:
             // the legacy components use their own fixed timeouts.
-            let deadline = Deadline::with_log(DeadlineMode::LEGACY_TIMEOUT, log);
+            let deadline = Deadline::with_log(DeadlineMode::LEGACY_TIMEOUT, log)
+                .with_mode(DeadlineMode::Legacy);
             request.extensions_mut().insert(deadline.clone());
             return ResponseFuture::unbounded(self.inner.call(request), deadline);
         }
 
-        let requested = match parse_request_timeout(request.headers()) {
-            Ok(requested) => requested,
+        let (requested, invalid) = match parse_request_timeout(request.headers()) {
+            Ok(requested) => (requested, false),
+            // Observe refuses nothing: the default budget stands in, and the 400 that
+            // propagate would answer is counted below.
+            Err(_) if mode == DeadlineMode::Observe => (None, true),
             Err(invalid) => {
                 let problem =
                     Problem::invalid_header(REQUEST_TIMEOUT_HEADER_DISPLAY, invalid.to_string());
@@ -73,11 +79,17 @@ where
         if let Some(metrics) = metrics {
             metrics.observe_inbound(budget, clamped);
         }
-        let deadline = Deadline::with_log(budget, log);
+        let deadline = Deadline::with_log(budget, log).with_mode(mode);
+        if invalid {
+            deadline.would_refuse(Stage::Ingress, "invalid_header");
+        }
         deadline.log().observe_start(Stage::Ingress, budget);
         // The server span (opened by the HTTP middleware) declares this field.
         tracing::Span::current().record("deadline.budget_ms", budget.as_millis() as u64);
         request.extensions_mut().insert(deadline.clone());
+        if mode == DeadlineMode::Observe {
+            return ResponseFuture::observed(self.inner.call(request), deadline);
+        }
         ResponseFuture::bounded(self.inner.call(request), deadline)
     }
 }

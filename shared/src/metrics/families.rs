@@ -2,6 +2,7 @@
 //!
 //! prometheus-client appends `_total` to counters, so counters are registered without it.
 
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -46,6 +47,19 @@ struct ServiceLabel {
 struct ServiceStage {
     service: &'static str,
     stage: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StageReason {
+    service: &'static str,
+    stage: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceMode {
+    service: &'static str,
+    mode: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -111,6 +125,8 @@ pub struct DeadlineMetrics {
     clamped: Family<ServiceLabel, Counter>,
     remaining: Family<ServiceStage, Histogram, fn() -> Histogram>,
     exceeded: Family<ServiceStage, Counter>,
+    would_refuse: Family<StageReason, Counter>,
+    mode: Family<ServiceMode, Gauge>,
 }
 
 impl DeadlineMetrics {
@@ -121,6 +137,8 @@ impl DeadlineMetrics {
             clamped: Family::default(),
             remaining: Family::new_with_constructor(latency_histogram),
             exceeded: Family::default(),
+            would_refuse: Family::default(),
+            mode: Family::default(),
         };
         registry.register(
             "deadline_inbound_budget_seconds",
@@ -141,6 +159,16 @@ impl DeadlineMetrics {
             "deadline_exceeded",
             "Budgets that ran out, by the stage they ran out in",
             this.exceeded.clone(),
+        );
+        registry.register(
+            "deadline_would_refuse",
+            "What propagate would have refused, counted in observe mode, by stage and reason",
+            this.would_refuse.clone(),
+        );
+        registry.register(
+            "deadline_mode",
+            "1 for the deadline mode in force now (legacy, observe, propagate), 0 for the others",
+            this.mode.clone(),
         );
         // Every stage shows up from the first scrape, so dashboards and rate() queries
         // never see a series appear out of nowhere.
@@ -181,6 +209,31 @@ impl DeadlineMetrics {
     /// Counts a budget that ran out in `stage`.
     pub fn count_exceeded(&self, stage: Stage) {
         self.exceeded.get_or_create(&self.stage_label(stage)).inc();
+    }
+
+    /// Counts what propagate would have refused in `stage` (observe mode); `reason` is
+    /// one of a fixed set (`deadline`, `predicted_late`, `queue_full`, ...).
+    pub fn count_would_refuse(&self, stage: Stage, reason: &'static str) {
+        let (service, stage) = (self.service, stage.as_str());
+        let labels = StageReason {
+            service,
+            stage,
+            reason,
+        };
+        self.would_refuse.get_or_create(&labels).inc();
+    }
+
+    /// Shows `current` as the mode in force: 1 for it, 0 for each of `all` others.
+    pub fn set_mode(&self, current: &'static str, all: &[&'static str]) {
+        for &mode in all {
+            let labels = ServiceMode {
+                service: self.service,
+                mode,
+            };
+            self.mode
+                .get_or_create(&labels)
+                .set(i64::from(mode == current));
+        }
     }
 }
 
@@ -225,6 +278,9 @@ pub struct ClientMetrics {
     acquire: Family<ClientLabel, Histogram, fn() -> Histogram>,
     rejections: Family<ClientReason, Counter>,
     retries: Family<ClientLabel, Counter>,
+    admission: Family<ClientReason, Counter>,
+    probes: Family<ClientLabel, Counter>,
+    estimate: Family<ClientLabel, Gauge<f64, AtomicU64>>,
 }
 
 impl ClientMetrics {
@@ -236,6 +292,9 @@ impl ClientMetrics {
             acquire: Family::new_with_constructor(latency_histogram),
             rejections: Family::default(),
             retries: Family::default(),
+            admission: Family::default(),
+            probes: Family::default(),
+            estimate: Family::default(),
         };
         registry.register(
             "http_client_requests_seconds",
@@ -267,6 +326,21 @@ impl ClientMetrics {
             "Calls retried once after a refused connection (never after a 504)",
             this.retries.clone(),
         );
+        registry.register(
+            "http_client_admission_rejections",
+            "Calls refused before taking a slot because they were predicted to finish late",
+            this.admission.clone(),
+        );
+        registry.register(
+            "http_client_admission_probes",
+            "Calls predicted late but sent anyway, to learn whether the downstream recovered",
+            this.probes.clone(),
+        );
+        registry.register(
+            "http_client_latency_estimate_seconds",
+            "The call time admission decides on (pool wait not included)",
+            this.estimate.clone(),
+        );
         this
     }
 
@@ -277,6 +351,12 @@ impl ClientMetrics {
         let _ = self.active.get_or_create(&label);
         let _ = self.acquire.get_or_create(&label);
         let _ = self.retries.get_or_create(&label);
+        let _ = self.probes.get_or_create(&label);
+        let _ = self.estimate.get_or_create(&label);
+        let reason = "predicted_late";
+        let _ = self
+            .admission
+            .get_or_create(&ClientReason { client, reason });
         for reason in [
             RejectReason::QueueFull,
             RejectReason::AcquireTimeout,
@@ -313,6 +393,24 @@ impl ClientMetrics {
         self.acquire
             .get_or_create(&ClientLabel { client })
             .observe(waited.as_secs_f64());
+    }
+
+    /// Counts a call refused as predicted late (`reason="predicted_late"`).
+    pub fn count_predicted_late(&self, client: &'static str) {
+        let reason = "predicted_late";
+        self.admission
+            .get_or_create(&ClientReason { client, reason })
+            .inc();
+    }
+
+    /// Counts a probe: a call predicted late and sent anyway.
+    pub fn count_probe(&self, client: &'static str) {
+        self.probes.get_or_create(&ClientLabel { client }).inc();
+    }
+
+    /// The estimate gauge of `client`, for its admission to set.
+    pub fn estimate_gauge(&self, client: &'static str) -> Gauge<f64, AtomicU64> {
+        self.estimate.get_or_create(&ClientLabel { client }).clone()
     }
 
     /// Counts a retry after a refused connection.

@@ -1,0 +1,135 @@
+//! The admin API: `GET|PUT /admin/mode`, on the admin address only (`ORDERS_ADMIN_ADDR`).
+//!
+//! The deadline mode is the rollout switch: `observe` first (everything runs, nothing is
+//! refused, `deadline_would_refuse_total` counts what propagate would refuse), then
+//! `propagate`, and back to `legacy` or `observe` at once if something goes wrong. A
+//! switch needs no restart: it applies to every request that starts after it (each
+//! request reads the mode once, at the ingress).
+//!
+//! Only loopback clients are served unless `ORDERS_ADMIN_ALLOW_REMOTE` is set: whoever
+//! reaches this API can switch the service's protection off, so binding it to loopback
+//! is not left as the only line of defence. Malformed JSON is 400; a missing field, an
+//! unknown field or an unknown mode is 422; each is a problem that says what was wrong.
+
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use shared::ingress::LiveMode;
+use shared::{DeadlineMode, JsonBody, Problem};
+
+/// The body of `GET` and `PUT /admin/mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModeBody {
+    /// `legacy`, `observe` or `propagate`.
+    pub mode: DeadlineMode,
+}
+
+/// The admin router; `allow_remote` lets non-loopback clients in.
+pub fn router(mode: LiveMode, allow_remote: bool) -> Router {
+    let router = Router::new()
+        .route("/admin/mode", get(get_mode).put(put_mode))
+        .with_state(mode)
+        // A mode is a few dozen bytes.
+        .layer(DefaultBodyLimit::max(4 * 1024));
+    if allow_remote {
+        router
+    } else {
+        router.layer(middleware::from_fn(loopback_only))
+    }
+}
+
+/// 403 for any client that is not on this machine.
+async fn loopback_only(request: Request, next: Next) -> Response {
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| addr.ip());
+    match peer {
+        Some(ip) if ip.is_loopback() => next.run(request).await,
+        _ => Problem::forbidden(
+            "the admin API only answers loopback clients (see ORDERS_ADMIN_ALLOW_REMOTE)",
+        )
+        .into_response(),
+    }
+}
+
+async fn get_mode(State(mode): State<LiveMode>) -> Json<ModeBody> {
+    Json(ModeBody { mode: mode.get() })
+}
+
+async fn put_mode(
+    State(mode): State<LiveMode>,
+    JsonBody(body): JsonBody<ModeBody>,
+) -> Json<ModeBody> {
+    let before = mode.set(body.mode);
+    tracing::warn!(
+        from = before.as_str(),
+        to = body.mode.as_str(),
+        "deadline mode switched"
+    );
+    Json(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::StatusCode;
+    use tower::ServiceExt;
+
+    async fn send(peer: &str, allow_remote: bool, request: Request) -> (StatusCode, String) {
+        let mut request = request;
+        let addr: SocketAddr = peer.parse().unwrap();
+        request.extensions_mut().insert(ConnectInfo(addr));
+        let response = router(LiveMode::new(DeadlineMode::Propagate), allow_remote)
+            .oneshot(request)
+            .await
+            .unwrap();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .unwrap();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    fn get_request() -> Request {
+        Request::get("/admin/mode").body(Body::empty()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn remote_clients_are_refused_unless_allowed() {
+        assert_eq!(
+            send("127.0.0.1:5000", false, get_request()).await.0,
+            StatusCode::OK
+        );
+        assert_eq!(
+            send("[::1]:5000", false, get_request()).await.0,
+            StatusCode::OK
+        );
+        let (status, body) = send("10.1.2.3:5000", false, get_request()).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(body.contains("ORDERS_ADMIN_ALLOW_REMOTE"), "{body}");
+        assert_eq!(
+            send("10.1.2.3:5000", true, get_request()).await.0,
+            StatusCode::OK
+        );
+    }
+
+    #[tokio::test]
+    async fn a_remote_client_cannot_switch_the_mode() {
+        let put = Request::put("/admin/mode")
+            .header("content-type", "application/json")
+            .body(Body::from(r#"{"mode":"legacy"}"#))
+            .unwrap();
+        assert_eq!(
+            send("192.168.1.9:40000", false, put).await.0,
+            StatusCode::FORBIDDEN
+        );
+    }
+}

@@ -1,0 +1,333 @@
+//! Admission over real HTTP: a real catalog-service that records every call it receives.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{MS, TestApp, json_of, spawn_app, spawn_app_with};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use shared::DeadlineMode;
+use shared::client::admission::PROBE_INTERVAL;
+use test_support::{metric_value, wait_until};
+use tokio::time::Instant;
+
+const SKU: &str = "SKU-00042";
+const BUDGET_MS: u64 = 700;
+const PREDICTED_LATE: &str = r#"client="catalog",reason="predicted_late""#;
+
+fn would_refuse(stage: &str, reason: &str) -> String {
+    format!(r#"service="orders-service",stage="{stage}",reason="{reason}""#)
+}
+
+fn counter(app: &TestApp, name: &str, labels: &str) -> f64 {
+    metric_value(&app.metrics(), name, labels).unwrap_or(0.0)
+}
+
+fn estimate(app: &TestApp) -> Duration {
+    app.state
+        .catalog
+        .http()
+        .admission()
+        .expect("admission is on")
+        .estimate()
+}
+
+/// Sends `n` orders from `workers` concurrent clients; returns (status, elapsed, body).
+async fn orders(app: &TestApp, n: usize, workers: usize) -> Vec<(StatusCode, Duration, Value)> {
+    let per_worker = n / workers;
+    let runs = (0..workers).map(|_| async {
+        let mut answers = Vec::new();
+        for _ in 0..per_worker {
+            let started = Instant::now();
+            let response = app.order(SKU, 1, Some(BUDGET_MS)).await;
+            let status = response.status();
+            let retry_after = response.headers().get("retry-after").cloned();
+            let mut body = response.json::<Value>().await.unwrap_or(Value::Null);
+            if let Some(value) = retry_after {
+                body["retry_after_header"] = json!(value.to_str().unwrap());
+            }
+            answers.push((status, started.elapsed(), body));
+        }
+        answers
+    });
+    futures_util::future::join_all(runs)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Drives orders through a catalog slower than the budget until admission has learned it.
+async fn learn_slow_catalog(app: &TestApp) {
+    app.slow_catalog(1000);
+    wait_until(
+        "admission learned the slow catalog",
+        Duration::from_secs(10),
+        || async {
+            let _ = orders(app, 4, 4).await;
+            estimate(app) > MS(BUDGET_MS)
+        },
+    )
+    .await;
+}
+
+/// Sends 5 orders at once: all but the probe of the current interval (one call per
+/// interval is sent anyway, to learn) are refused with 503. A lone sequential client
+/// would get only probes: each of its late calls takes longer than the interval.
+async fn refused_but_the_probe(app: &TestApp) {
+    let answers = orders(app, 5, 5).await;
+    let refused = answers
+        .iter()
+        .filter(|(s, ..)| *s == StatusCode::SERVICE_UNAVAILABLE)
+        .count();
+    assert!(refused >= 4, "{refused} of 5 refused: {answers:?}");
+}
+
+async fn put_mode(app: &TestApp, body: &str) -> reqwest::Response {
+    app.client
+        .put(format!("{}/admin/mode", app.admin))
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .expect("admin request sent")
+}
+
+#[tokio::test]
+async fn a_catalog_slower_than_every_budget_gets_few_calls_and_callers_a_fast_503() {
+    let app = spawn_app().await;
+    learn_slow_catalog(&app).await;
+
+    let before = app.catalog_calls();
+    let started = Instant::now();
+    let answers = orders(&app, 400, 20).await;
+    let reached = app.catalog_calls() - before;
+    // Only probes go out: at most one per interval, and at most a tenth of the calls.
+    let probes = started.elapsed().as_millis() / PROBE_INTERVAL.as_millis() + 2;
+    assert!(
+        reached as u128 <= probes,
+        "the catalog received {reached} calls in {:?}",
+        started.elapsed()
+    );
+    assert!(reached <= 40, "the catalog received {reached} of 400 calls");
+
+    let refused: Vec<_> = answers
+        .iter()
+        .filter(|(status, ..)| *status == StatusCode::SERVICE_UNAVAILABLE)
+        .collect();
+    assert!(refused.len() >= 360, "{} of 400 refused", refused.len());
+    for (_, _, body) in &refused {
+        assert_eq!(body["stage"], "catalog", "{body}");
+        assert!(
+            body["retry_after_header"].is_string(),
+            "Retry-After: {body}"
+        );
+    }
+    let mut times: Vec<Duration> = refused.iter().map(|(_, took, _)| *took).collect();
+    times.sort();
+    let median = times[times.len() / 2];
+    assert!(median < MS(50), "a refusal takes {median:?} (median)");
+    assert!(
+        counter(
+            &app,
+            "http_client_admission_rejections_total",
+            PREDICTED_LATE
+        ) >= 360.0
+    );
+    assert!(
+        metric_value(
+            &app.metrics(),
+            "http_client_latency_estimate_seconds",
+            r#"client="catalog""#
+        )
+        .unwrap()
+            > 0.7
+    );
+
+    // The latency goes away: probes notice, and orders succeed again within about 1 s.
+    app.slow_catalog(0);
+    let removed = Instant::now();
+    wait_until(
+        "an order succeeds again",
+        Duration::from_secs(5),
+        || async { app.order(SKU, 1, Some(BUDGET_MS)).await.status() == StatusCode::CREATED },
+    )
+    .await;
+    let recovered = removed.elapsed();
+    assert!(recovered < MS(1500), "served again after {recovered:?}");
+}
+
+#[tokio::test]
+async fn a_healthy_catalog_is_never_refused() {
+    let app = spawn_app().await;
+    let answers = orders(&app, 300, 10).await;
+    let created = answers
+        .iter()
+        .filter(|(s, ..)| *s == StatusCode::CREATED)
+        .count();
+    assert_eq!(created, 300);
+    assert_eq!(
+        counter(
+            &app,
+            "http_client_admission_rejections_total",
+            PREDICTED_LATE
+        ),
+        0.0
+    );
+    assert!(estimate(&app) < MS(BUDGET_MS / 2), "{:?}", estimate(&app));
+}
+
+#[tokio::test]
+async fn observe_refuses_nothing_and_counts_what_propagate_would_refuse() {
+    let app = spawn_app_with(|c| c.deadline_mode = DeadlineMode::Observe).await;
+    learn_slow_catalog(&app).await;
+
+    let before = app.catalog_calls();
+    let answers = orders(&app, 20, 4).await;
+    assert_eq!(
+        app.catalog_calls() - before,
+        20,
+        "every call reached the catalog"
+    );
+    assert!(
+        answers
+            .iter()
+            .all(|(s, ..)| *s != StatusCode::SERVICE_UNAVAILABLE)
+    );
+    assert_eq!(
+        counter(
+            &app,
+            "http_client_admission_rejections_total",
+            PREDICTED_LATE
+        ),
+        0.0
+    );
+    let counted = counter(
+        &app,
+        "deadline_would_refuse_total",
+        &would_refuse("catalog", "predicted_late"),
+    );
+    assert!(counted >= 20.0, "counted {counted}");
+
+    // A header propagate would answer 400 for is served with the default budget.
+    app.slow_catalog(0);
+    let response = app
+        .client
+        .post(format!("{}/api/orders", app.base))
+        .header("X-Request-Timeout-Ms", "soon")
+        .json(&json!({"sku": SKU, "quantity": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let invalid = counter(
+        &app,
+        "deadline_would_refuse_total",
+        &would_refuse("ingress", "invalid_header"),
+    );
+    assert_eq!(invalid, 1.0);
+}
+
+#[tokio::test]
+async fn the_admin_api_switches_the_mode_live() {
+    let app = spawn_app().await;
+    let mode = |body: Value| body["mode"].as_str().unwrap().to_owned();
+    let get = || async {
+        let response = app
+            .client
+            .get(format!("{}/admin/mode", app.admin))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        mode(json_of(response).await)
+    };
+    assert_eq!(get().await, "propagate");
+    learn_slow_catalog(&app).await;
+    refused_but_the_probe(&app).await;
+
+    // Observe: the same order is sent to the catalog, not refused here.
+    assert_eq!(
+        put_mode(&app, r#"{"mode":"observe"}"#).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(get().await, "observe");
+    let shown = |m: &str| {
+        metric_value(
+            &app.metrics(),
+            "deadline_mode",
+            &format!(r#"service="orders-service",mode="{m}""#),
+        )
+    };
+    assert_eq!(
+        (shown("observe"), shown("propagate")),
+        (Some(1.0), Some(0.0))
+    );
+    let before = app.catalog_calls();
+    assert_ne!(
+        app.order(SKU, 1, Some(BUDGET_MS)).await.status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(app.catalog_calls(), before + 1);
+
+    // Legacy: no budget at all, so the slow catalog answers and the order is created.
+    assert_eq!(
+        put_mode(&app, r#"{"mode":"legacy"}"#).await.status(),
+        StatusCode::OK
+    );
+    let response = app.order(SKU, 1, Some(BUDGET_MS)).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(app.catalog_budgets.lock().unwrap().last(), Some(&None));
+
+    // Back to propagate: refused again, without a restart.
+    assert_eq!(
+        put_mode(&app, r#"{"mode":"propagate"}"#).await.status(),
+        StatusCode::OK
+    );
+    refused_but_the_probe(&app).await;
+}
+
+#[tokio::test]
+async fn the_admin_api_says_what_is_wrong_with_a_bad_body() {
+    let app = spawn_app().await;
+    let cases = [
+        ("not json", StatusCode::BAD_REQUEST, ""),
+        (
+            r#"{"mode":"fast"}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "fast",
+        ),
+        ("{}", StatusCode::UNPROCESSABLE_ENTITY, "mode"),
+        (
+            r#"{"mode":"observe","why":1}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "why",
+        ),
+    ];
+    for (body, status, named) in cases {
+        let response = put_mode(&app, body).await;
+        assert_eq!(response.status(), status, "{body}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json",
+            "{body}"
+        );
+        let detail = json_of(response).await["detail"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(detail.contains(named), "{body}: {detail}");
+    }
+    let current = app
+        .client
+        .get(format!("{}/admin/mode", app.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        json_of(current).await["mode"],
+        "propagate",
+        "a bad body changes nothing"
+    );
+}

@@ -1,0 +1,228 @@
+//! [`Admission`]: refuse a call that the recent latency says cannot finish in time,
+//! before it takes a slot.
+//!
+//! A deadline stops a call when its budget runs out; it does not stop the call from
+//! *starting*. With 1 s of downstream latency and a 700 ms budget every call is sent,
+//! holds a slot for the whole budget and ends in a 504: the downstream spends its
+//! capacity on answers nobody reads, and the caller waits its whole budget for a no.
+//! Admission compares what a call has left with what calls like it took recently, and
+//! refuses the doomed ones at once (503, `Retry-After`).
+//!
+//! # The estimate
+//!
+//! What a call started *now* will take is best told by the calls started most recently.
+//! The estimate is a weighted quantile of the last [`WINDOW`] call times, each weighted by
+//! how recently its call *started* (halving every [`HALF_LIFE`]). Weighting by start,
+//! not by completion, is what makes recovery quick: when the downstream gets fast, the
+//! slow calls started before that still complete for a while, but they started earlier
+//! than the first fast call, so they count for little next to it.
+//!
+//! The quantile is a *low* one ([`MIN_SUCCESS_CHANCE`], 10 %): a call is refused only
+//! when fewer than one in ten recent calls were as quick as it would need to be. A
+//! high quantile would refuse calls that have a good chance: with a catalog answering in
+//! 200 to 800 ms and a 700 ms budget, 80 % of calls succeed, and refusing them all
+//! because the p90 is 740 ms would throw that goodput away. Refusing only calls with a
+//! small chance costs nothing where calls might succeed, and still refuses everything
+//! when the downstream is slower than every budget.
+//!
+//! # Censored calls
+//!
+//! A call cut at its deadline says only that the downstream took *at least* that long.
+//! Dropping such calls would leave a downstream slower than every budget unlearned
+//! forever; counting them at the time they were cut would put the estimate exactly at
+//! the budget of the next caller like them, who would be admitted and cut again. So a
+//! cut call counts as [`CENSORED_FACTOR`] times its budget: longer than it could wait,
+//! by a margin that callers with much more budget can still afford.
+//!
+//! # Noticing recovery
+//!
+//! Refused calls produce no samples, so while refusing the estimate would never change.
+//! One call per [`PROBE_INTERVAL`] is let through anyway (a *probe*), so the estimate
+//! keeps following the downstream and admission reopens within about one interval of
+//! the downstream getting fast. At 4 probes a second, a downstream that gets 70 calls a
+//! second without admission gets about 6 % of them with it.
+//!
+//! The pool wait is added per call: a call that must queue for a slot needs the wait
+//! on top of the call itself (see [`expected_wait`]).
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::time::Instant;
+
+/// Recent calls the estimate is taken from.
+pub const WINDOW: usize = 64;
+/// A call's weight halves for every this much earlier it started than the newest.
+pub const HALF_LIFE: Duration = Duration::from_millis(250);
+/// A call is refused when fewer than this share of recent calls were quick enough.
+pub const MIN_SUCCESS_CHANCE: f64 = 0.1;
+/// A call cut at its deadline counts as this many times the budget it had.
+pub const CENSORED_FACTOR: u32 = 2;
+/// While refusing, one call per interval goes through as a probe.
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Whether the budgeted client predicts (`CATALOG_ADMISSION`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum AdmissionMode {
+    /// Refuse calls predicted to finish late.
+    #[default]
+    Predict,
+    /// Admit every call (the pool limits still apply).
+    Off,
+}
+
+/// What to do with one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Enough budget for what calls like it took.
+    Admit,
+    /// Predicted late, but sent to learn whether the downstream is quick again.
+    Probe,
+    /// Predicted late: `needed` (pool wait + call) is more than the call has.
+    Refuse {
+        /// What the call would need.
+        needed: Duration,
+    },
+}
+
+/// One finished call: when it started and how long it took (or counts as taking).
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    started: Instant,
+    took: Duration,
+}
+
+/// The latency estimate and probe clock of one downstream. Share it behind an `Arc`.
+#[derive(Debug)]
+pub struct Admission {
+    samples: Mutex<VecDeque<Sample>>,
+    /// The current estimate in nanoseconds: read on every call without the lock.
+    estimate_nanos: AtomicU64,
+    /// Nanoseconds after `origin` before which no further probe goes out.
+    next_probe: AtomicU64,
+    origin: Instant,
+    gauge: Gauge<f64, AtomicU64>,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Self::new(Gauge::default())
+    }
+}
+
+impl Admission {
+    /// An admission with no history (it admits everything until calls are recorded);
+    /// `gauge` shows the estimate (`http_client_latency_estimate_seconds`).
+    pub fn new(gauge: Gauge<f64, AtomicU64>) -> Self {
+        Self {
+            samples: Mutex::new(VecDeque::with_capacity(WINDOW + 1)),
+            estimate_nanos: AtomicU64::new(0),
+            next_probe: AtomicU64::new(0),
+            origin: Instant::now(),
+            gauge,
+        }
+    }
+
+    /// What a call started now is expected to take (pool wait not included).
+    pub fn estimate(&self) -> Duration {
+        Duration::from_nanos(self.estimate_nanos.load(Ordering::Relaxed))
+    }
+
+    /// The verdict for a call with `available` to spend after waiting `wait` for a slot.
+    /// `may_probe: false` (observe mode) asks only what the verdict would be, and uses
+    /// up no probe.
+    pub fn check(&self, available: Duration, wait: Duration, may_probe: bool) -> Verdict {
+        let needed = self.estimate() + wait;
+        if available >= needed {
+            Verdict::Admit
+        } else if may_probe && self.take_probe() {
+            Verdict::Probe
+        } else {
+            Verdict::Refuse { needed }
+        }
+    }
+
+    /// Records a finished call that started at `started` and took `took`; `censored`
+    /// when it was cut at its deadline (it would have taken at least `took`).
+    pub fn record(&self, started: Instant, took: Duration, censored: bool) {
+        let took = if censored {
+            took.saturating_mul(CENSORED_FACTOR)
+        } else {
+            took
+        };
+        let mut samples = self
+            .samples
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        samples.push_back(Sample { started, took });
+        if samples.len() > WINDOW {
+            samples.pop_front();
+        }
+        let estimate = weighted_quantile(&samples, MIN_SUCCESS_CHANCE);
+        self.estimate_nanos.store(
+            u64::try_from(estimate.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        self.gauge.set(estimate.as_secs_f64());
+    }
+
+    /// Takes the probe of the current interval, if nobody has yet.
+    fn take_probe(&self) -> bool {
+        let now = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let next = now.saturating_add(u64::try_from(PROBE_INTERVAL.as_nanos()).unwrap_or(0));
+        self.next_probe
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |due| {
+                (now >= due).then_some(next)
+            })
+            .is_ok()
+    }
+}
+
+/// The `quantile` of the call times, each weighted by how recently its call started.
+fn weighted_quantile(samples: &VecDeque<Sample>, quantile: f64) -> Duration {
+    let Some(newest) = samples.iter().map(|s| s.started).max() else {
+        return Duration::ZERO;
+    };
+    let mut weighted: Vec<(Duration, f64)> = samples
+        .iter()
+        .map(|s| {
+            let age = newest.duration_since(s.started).as_secs_f64();
+            (s.took, (-age / HALF_LIFE.as_secs_f64()).exp2())
+        })
+        .collect();
+    weighted.sort_by_key(|&(took, _)| took);
+    let total: f64 = weighted.iter().map(|&(_, w)| w).sum();
+    let mut seen = 0.0;
+    for &(took, weight) in &weighted {
+        seen += weight;
+        if seen >= quantile * total {
+            return took;
+        }
+    }
+    weighted.last().map_or(Duration::ZERO, |&(took, _)| took)
+}
+
+/// How long a call is expected to wait for a slot: nothing while one is free; else its
+/// place in the queue times how often a slot frees up (`estimate / max_in_flight`),
+/// never more than the pool's own acquire limit.
+pub fn expected_wait(
+    active: usize,
+    max_in_flight: usize,
+    pending: usize,
+    estimate: Duration,
+    limit: Duration,
+) -> Duration {
+    if active < max_in_flight {
+        return Duration::ZERO;
+    }
+    let place = u32::try_from(pending + 1).unwrap_or(u32::MAX);
+    let per_slot = estimate / u32::try_from(max_in_flight.max(1)).unwrap_or(u32::MAX);
+    per_slot.saturating_mul(place).min(limit)
+}
+
+#[cfg(test)]
+#[path = "admission_tests.rs"]
+mod tests;

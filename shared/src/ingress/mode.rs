@@ -1,0 +1,160 @@
+//! [`DeadlineMode`] and [`LiveMode`]: how budgets are treated, switchable at run time.
+//!
+//! Rolling the technique out is itself a risk: a budget that is too tight, or an
+//! admission that refuses too eagerly, turns into errors for real users the moment it is
+//! switched on. So there is a middle step, `observe` (Finagle's "dark mode"): everything
+//! runs (budgets, headers, metrics, the latency estimate) but nothing is refused, and
+//! `deadline_would_refuse_total{stage,reason}` counts what propagate would have refused.
+//! When that count looks right, switch to `propagate`; if something goes wrong, switch
+//! back. [`LiveMode`] makes that a run-time switch (orders-service's admin API) rather
+//! than a restart.
+//!
+//! The ingress reads the mode once per request and stamps it on the request's
+//! [`Deadline`](crate::Deadline); the client and the database read it from there. So a
+//! switch applies to the next request, and a request in flight never runs half in one
+//! mode and half in another.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crate::metrics::DeadlineMetrics;
+
+/// How an ingress treats budgets.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum DeadlineMode {
+    /// Accept the client's budget (clamped), propagate it, answer 504 when it runs out.
+    #[default]
+    Propagate,
+    /// Run the budget, headers, metrics and latency estimate, but refuse nothing: count
+    /// what propagate would have refused. Waits and timeouts are legacy's.
+    Observe,
+    /// The "before" of the experiment: no ingress budget, fixed client timeouts, no
+    /// statement timeout. Everything else is identical so the comparison is fair.
+    Legacy,
+}
+
+impl DeadlineMode {
+    /// The fixed timeout legacy code uses where the technique would use the deadline.
+    pub const LEGACY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+    /// Every mode, for the `deadline_mode` gauge.
+    pub const ALL: [DeadlineMode; 3] = [
+        DeadlineMode::Legacy,
+        DeadlineMode::Observe,
+        DeadlineMode::Propagate,
+    ];
+
+    /// The name used in settings, the admin API and the metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DeadlineMode::Propagate => "propagate",
+            DeadlineMode::Observe => "observe",
+            DeadlineMode::Legacy => "legacy",
+        }
+    }
+
+    /// Whether this mode refuses work (504, 503) where the budget says so.
+    pub const fn enforces(self) -> bool {
+        matches!(self, DeadlineMode::Propagate)
+    }
+
+    const fn to_u8(self) -> u8 {
+        match self {
+            DeadlineMode::Propagate => 0,
+            DeadlineMode::Observe => 1,
+            DeadlineMode::Legacy => 2,
+        }
+    }
+
+    const fn from_u8(value: u8) -> Self {
+        match value {
+            1 => DeadlineMode::Observe,
+            2 => DeadlineMode::Legacy,
+            _ => DeadlineMode::Propagate,
+        }
+    }
+}
+
+/// The mode in force now; clones share it. One atomic load per request.
+#[derive(Clone, Debug)]
+pub struct LiveMode {
+    current: Arc<AtomicU8>,
+    metrics: Option<DeadlineMetrics>,
+}
+
+impl LiveMode {
+    /// Starts in `mode`.
+    pub fn new(mode: DeadlineMode) -> Self {
+        Self {
+            current: Arc::new(AtomicU8::new(mode.to_u8())),
+            metrics: None,
+        }
+    }
+
+    /// Shows the mode as `deadline_mode{mode}` in `metrics`, from now on.
+    pub fn with_metrics(mut self, metrics: DeadlineMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self.show(self.get());
+        self
+    }
+
+    /// The mode in force.
+    pub fn get(&self) -> DeadlineMode {
+        DeadlineMode::from_u8(self.current.load(Ordering::Relaxed))
+    }
+
+    /// Switches to `mode` for every request that starts from now on; returns the mode
+    /// it replaced.
+    pub fn set(&self, mode: DeadlineMode) -> DeadlineMode {
+        let before = DeadlineMode::from_u8(self.current.swap(mode.to_u8(), Ordering::Relaxed));
+        self.show(mode);
+        before
+    }
+
+    fn show(&self, mode: DeadlineMode) {
+        if let Some(metrics) = &self.metrics {
+            metrics.set_mode(mode.as_str(), &DeadlineMode::ALL.map(DeadlineMode::as_str));
+        }
+    }
+}
+
+impl From<DeadlineMode> for LiveMode {
+    fn from(mode: DeadlineMode) -> Self {
+        Self::new(mode)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_switch_is_seen_by_every_clone() {
+        let mode = LiveMode::new(DeadlineMode::Legacy);
+        let seen_by_ingress = mode.clone();
+        for next in DeadlineMode::ALL {
+            mode.set(next);
+            assert_eq!(seen_by_ingress.get(), next);
+        }
+    }
+
+    #[test]
+    fn modes_read_and_write_as_lowercase_names() {
+        for mode in DeadlineMode::ALL {
+            let json = serde_json::to_string(&mode).unwrap();
+            assert_eq!(json, format!("\"{}\"", mode.as_str()));
+            assert_eq!(serde_json::from_str::<DeadlineMode>(&json).unwrap(), mode);
+        }
+    }
+}
