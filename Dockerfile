@@ -17,9 +17,13 @@
 # `docker compose` (v2) always.
 
 ARG RUST_VERSION=1.94
+# Cargo features for both services, e.g. `--build-arg CARGO_FEATURES=tls` for outbound
+# HTTPS (a hosted LLM planner or OTLP endpoint). Empty: plain HTTP, the faster build.
+ARG CARGO_FEATURES=""
 
 # ----------------------------------------------------------------------------- build
 FROM rust:${RUST_VERSION}-bookworm AS build
+ARG CARGO_FEATURES
 WORKDIR /src
 # sqlx's query macros check SQL at compile time against a live database unless told to
 # use the prepared metadata in .sqlx/ (`cargo sqlx prepare --workspace`); no database
@@ -35,13 +39,21 @@ RUN --mount=type=cache,id=deadline-cargo-registry,target=/usr/local/cargo/regist
     --mount=type=cache,id=deadline-cargo-git,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,id=deadline-target,target=/src/target,sharing=locked \
     cargo build --release --locked --package catalog-service --package orders-service --bins \
+        ${CARGO_FEATURES:+--features "$CARGO_FEATURES"} \
  && mkdir -p /out \
  && cp target/release/catalog-service target/release/orders-service /out/
 
 # --------------------------------------------------------------------------- runtime
-# No extra packages: the services speak plain HTTP inside the compose network (reqwest
-# is built without TLS) and compose's health checks use bash's /dev/tcp.
+# No extra packages by default: the services speak plain HTTP inside the compose network
+# (reqwest is built without TLS) and compose's health checks use bash's /dev/tcp. With
+# the tls feature, rustls verifies servers against the system's CA certificates.
 FROM debian:bookworm-slim AS runtime
+ARG CARGO_FEATURES
+RUN case ",$CARGO_FEATURES," in \
+        *,tls,*) apt-get update \
+            && apt-get install -y --no-install-recommends ca-certificates \
+            && rm -rf /var/lib/apt/lists/* ;; \
+    esac
 RUN groupadd --system --gid 10001 app \
  && useradd --system --uid 10001 --gid app --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin app

@@ -4,19 +4,29 @@
 Static checks (always):
   - every dashboard file parses as JSON, has a uid unique across the files and a
     panel list;
-  - every panel (rows excepted: they only group) has a non-empty description, the
-    datasource uid `prometheus` (the uid grafana/provisioning/datasources provides),
-    and at least one target; every target has a non-empty `expr` and a unique refId;
+  - every dashboard has a `datasource` variable of type datasource whose default is
+    the uid `prometheus` (the uid grafana/provisioning/datasources provides), and
+    every panel, target and annotation query uses `${datasource}`;
+  - every panel (rows excepted: they only group) has a non-empty description and at
+    least one target; every target has a non-empty `expr` and a unique refId;
   - every `$variable` in an expr is a dashboard variable or a Grafana built-in;
+  - no expr depends on the scrape job's name (`job`), and every range window is
+    `$__rate_interval` (the seed query excepted: it must stay unchanged);
   - every metric name in an expr is one of the contract's families (docs/design.md
     §7), so a typo fails here, before any Prometheus is involved;
   - the seed's query appears unchanged in some dashboard (docs/design.md §7).
 
-Live checks (with --prometheus URL): each expr, with dashboard variables replaced by
-their defaults and $__rate_interval by 1m, runs as an instant query against that
+Live checks (with --prometheus URL): each panel expr, with dashboard variables replaced
+by their defaults and $__rate_interval by 1m, runs as an instant query against that
 Prometheus (GET /api/v1/query). A query that errors or returns no series fails the
 run. A histogram_quantile over a window without observations returns NaN: that is
-data (the series exist), and is reported as such.
+data (the series exist), and is reported as such. Annotation queries are checked
+statically only (they return data only while a fault is injected).
+
+Rules (with --prometheus URL): the rules Prometheus loaded from prometheus/rules/
+(GET /api/v1/rules) must all be there, evaluated without error (health "ok"), and every
+recording rule's series must exist (queried by its name, NaN allowed as above). An
+alert's expression returning nothing is an alert not firing, which is not a failure.
 
 One line per panel is printed; failures are listed again at the end, and the exit
 status is non-zero when any check failed.
@@ -41,6 +51,9 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATASOURCE_UID = "prometheus"
+# Panels name the datasource through this dashboard variable, so the dashboard works
+# with any Prometheus datasource; its default is DATASOURCE_UID.
+DATASOURCE_REF = "${datasource}"
 
 SEED_QUERY = (
     "histogram_quantile(0.99, sum by (le) "
@@ -61,17 +74,27 @@ GAUGES = {
     "http_client_pool_active_connections",
     "db_pool_connections",
     "db_pool_pending_acquires",
+    "deadline_policy_seconds",
+    "http_client_pool_limit",
+    "catalog_fault_delay_seconds",
+    "process_resident_memory_bytes",
 }
 COUNTERS = {
     "http_client_pool_rejections_total",
     "deadline_clamped_total",
     "deadline_exceeded_total",
     "tool_calls_total",
+    "http_client_retries_total",
+    "process_cpu_seconds_total",
 }
+# k6's own metrics, remote-written by docker-compose's k6 (experimental-prometheus-rw):
+# not the services' contract, and absent unless k6 writes them (--allow-no-data k6_).
+K6_METRICS = {"k6_http_reqs_total", "k6_http_req_duration_p99", "k6_vus"}
 KNOWN_METRICS = (
     GAUGES
     | COUNTERS
     | {f"{h}{suffix}" for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
+    | K6_METRICS
     | {"up"}  # written by Prometheus itself for every target
 )
 
@@ -249,8 +272,8 @@ def check_dashboard(path: Path, seen_uids: dict[str, Path]) -> tuple[list[Panel]
         if not str(raw.get("description") or "").strip():
             panel.problems.append("no description")
         ds = raw.get("datasource")
-        if not isinstance(ds, dict) or ds.get("uid") != DATASOURCE_UID:
-            panel.problems.append(f"datasource is {ds!r}, not uid {DATASOURCE_UID!r}")
+        if not isinstance(ds, dict) or ds.get("uid") != DATASOURCE_REF:
+            panel.problems.append(f"datasource is {ds!r}, not uid {DATASOURCE_REF!r}")
         targets = raw.get("targets") or []
         if not targets:
             panel.problems.append("no targets")
@@ -261,7 +284,7 @@ def check_dashboard(path: Path, seen_uids: dict[str, Path]) -> tuple[list[Panel]
                 panel.problems.append(f"refId {ref} is used twice")
             ref_ids.add(ref)
             tds = target.get("datasource")
-            if tds is not None and (not isinstance(tds, dict) or tds.get("uid") != DATASOURCE_UID):
+            if tds is not None and (not isinstance(tds, dict) or tds.get("uid") != DATASOURCE_REF):
                 panel.problems.append(f"target {ref}: datasource is {tds!r}")
             expr = str(target.get("expr") or "").strip()
             if not expr:
@@ -269,18 +292,57 @@ def check_dashboard(path: Path, seen_uids: dict[str, Path]) -> tuple[list[Panel]
                 continue
             if expr == SEED_QUERY:
                 seed_found = True
-            resolved, unknown = substitute(expr, defaults)
-            for var in unknown:
-                panel.problems.append(f"target {ref}: unknown variable ${var}")
-            for metric in sorted(metric_names(resolved) - KNOWN_METRICS):
-                panel.problems.append(
-                    f"target {ref}: {metric!r} is not a contract metric (docs/design.md §7)"
-                )
+            resolved, expr_problems = check_expr(expr, defaults)
+            panel.problems += [f"target {ref}: {problem}" for problem in expr_problems]
             panel.queries.append(Query(ref, expr, resolved))
 
     for raw in dashboard["panels"]:
         visit(raw)
+    problems += check_datasource_variable(dashboard, rel)
+    for ann in dashboard.get("annotations", {}).get("list", []):
+        if ann.get("builtIn"):
+            continue
+        label = f"{rel}: annotation {ann.get('name')!r}"
+        ds = ann.get("datasource")
+        if not isinstance(ds, dict) or ds.get("uid") != DATASOURCE_REF:
+            problems.append(f"{label}: datasource is {ds!r}, not uid {DATASOURCE_REF!r}")
+        expr = str(ann.get("expr") or "").strip()
+        if not expr:
+            problems.append(f"{label}: no expr")
+            continue
+        problems += [f"{label}: {problem}" for problem in check_expr(expr, defaults)[1]]
     return panels, problems, seed_found
+
+
+def check_expr(expr: str, defaults: dict[str, str]) -> tuple[str, list[str]]:
+    """One expr: variables resolved, and its problems (unknown variables or metrics, a
+    `job` selector, a fixed range window)."""
+    problems = []
+    resolved, unknown = substitute(expr, defaults)
+    for var in unknown:
+        problems.append(f"unknown variable ${var}")
+    for metric in sorted(metric_names(resolved) - KNOWN_METRICS):
+        problems.append(f"{metric!r} is not a contract metric (docs/design.md §7)")
+    if re.search(r"\bjob\b", expr):
+        problems.append("depends on the scrape job's name (`job`): select by the metrics' own labels")
+    if expr != SEED_QUERY:
+        for window in re.findall(r"\[([^\]]*)\]", expr):
+            if window != "$__rate_interval":
+                problems.append(f"range window [{window}]: use [$__rate_interval]")
+    return resolved, problems
+
+
+def check_datasource_variable(dashboard: dict, rel: object) -> list[str]:
+    """The `datasource` variable: a Prometheus datasource picker defaulting to ours."""
+    for var in dashboard.get("templating", {}).get("list", []):
+        if var.get("name") == "datasource":
+            value = (var.get("current") or {}).get("value")
+            if var.get("type") != "datasource" or var.get("query") != "prometheus":
+                return [f"{rel}: variable datasource is not a Prometheus datasource variable"]
+            if value != DATASOURCE_UID:
+                return [f"{rel}: variable datasource defaults to {value!r}, not {DATASOURCE_UID!r}"]
+            return []
+    return [f"{rel}: no `datasource` variable (panels use {DATASOURCE_REF})"]
 
 
 def provisioned_datasource_uids(directory: Path) -> set[str]:
@@ -359,6 +421,43 @@ def run_live(
             query.status = "no data (allowed by --allow-no-data)"
 
 
+def rule_files_loaded(directory: Path) -> int:
+    """How many rule files the repository has (prometheus/rules/*.rules.yml)."""
+    return len(list(directory.glob("*.rules.yml")))
+
+
+def run_rules_live(base_url: str, wait: float, timeout: float, expected_files: int) -> list[str]:
+    """The loaded rules: all healthy, and every recording rule's series present.
+    Retries until `wait` passed: a rule evaluates once per evaluation_interval."""
+    deadline = time.monotonic() + wait
+    while True:
+        problems: list[str] = []
+        url = base_url.rstrip("/") + "/api/v1/rules"
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            groups = json.load(response).get("data", {}).get("groups", [])
+        files = {g.get("file") for g in groups}
+        if len(files) < expected_files:
+            problems.append(f"Prometheus loaded {len(files)} rule file(s), the repository has "
+                            f"{expected_files}: is rule_files in its configuration?")
+        rules = [r for g in groups for r in g.get("rules", [])]
+        for rule in rules:
+            name = rule.get("name", "?")
+            if rule.get("health") != "ok":
+                error = rule.get("lastError") or "not evaluated yet"
+                problems.append(f"rule {name}: health {rule.get('health')!r}: {error}")
+            elif rule.get("type") == "recording":
+                has_data, status, _failed, _settled = instant_query(base_url, name, timeout)
+                if not has_data:
+                    problems.append(f"recording rule {name}: {status}")
+        if not problems or time.monotonic() + 2 > deadline:
+            break
+        time.sleep(2)
+    kinds = [r.get("type") for r in rules]
+    print(f"rules: {kinds.count('recording')} recording, {kinds.count('alerting')} alerting, "
+          f"{len(problems)} problem(s)")
+    return problems
+
+
 def print_targets(base_url: str, timeout: float) -> None:
     """On failure: the scrape targets' health, the usual reason for missing data."""
     try:
@@ -393,6 +492,13 @@ def main() -> int:
         type=Path,
         default=REPO_ROOT / "grafana" / "provisioning" / "datasources",
         help="Grafana datasource provisioning folder (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rules",
+        type=Path,
+        default=REPO_ROOT / "prometheus" / "rules",
+        help="folder of the Prometheus rule files the live check expects loaded "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--prometheus",
@@ -453,6 +559,9 @@ def main() -> int:
         if static_ok:
             try:
                 run_live(panels, args.prometheus, args.wait, args.timeout, allow_no_data)
+                file_problems += run_rules_live(
+                    args.prometheus, args.wait, args.timeout, rule_files_loaded(args.rules)
+                )
             except (OSError, ValueError) as err:
                 print(f"cannot query Prometheus at {args.prometheus}: {err}", file=sys.stderr)
                 return 2

@@ -2,8 +2,10 @@
 # Static checks of the deployment files, without Docker, Grafana or a running service:
 #   - promtool check config on both Prometheus configurations, and that they differ
 #     only in their scrape targets;
-#   - docker-compose config: the compose file is valid, and refuses to start without
-#     GRAFANA_ADMIN_PASSWORD (no default admin password);
+#   - promtool check rules and promtool test rules on prometheus/rules/;
+#   - docker-compose config: the compose file is valid, with .env.example filled in, and
+#     refuses to start without GRAFANA_ADMIN_PASSWORD, also from an unedited copy of
+#     .env.example (no default admin password);
 #   - scripts/check_dashboards.py in static mode.
 # Installs nothing: it names what to install when a tool is missing. Exits non-zero when
 # any check fails (all checks run, so one run shows every problem).
@@ -51,6 +53,23 @@ else
     printf '%s\n' "$drift" | sed 's/^/      /'
 fi
 
+# --- Prometheus rules: valid, and their unit tests pass (each alert fires on what it
+# names and stays quiet on its healthy twin).
+rules=(prometheus/rules/*.rules.yml)
+rule_tests=(prometheus/rules/tests/*.yml)
+if out=$(promtool check rules "${rules[@]}" 2>&1); then
+    pass "promtool check rules ${rules[*]}"
+else
+    fail "promtool check rules"
+    printf '%s\n' "$out" | sed 's/^/      /'
+fi
+if out=$(promtool test rules "${rule_tests[@]}" 2>&1); then
+    pass "promtool test rules ${rule_tests[*]}"
+else
+    fail "promtool test rules"
+    printf '%s\n' "$out" | sed 's/^/      /'
+fi
+
 # --- docker-compose
 # A throwaway value: `config` only interpolates, nothing is started.
 if out=$(GRAFANA_ADMIN_PASSWORD=validate-only "${compose[@]}" --profile load config -q 2>&1); then
@@ -59,11 +78,32 @@ else
     fail "${compose[*]} config"
     printf '%s\n' "$out" | sed 's/^/      /'
 fi
-if (unset GRAFANA_ADMIN_PASSWORD; "${compose[@]}" config -q >/dev/null 2>&1); then
+# --env-file: a developer's own .env (with a password) must not hide the check. An
+# empty file, not /dev/null: docker-compose v1 refuses that ("not a file"), which would
+# pass this check for the wrong reason.
+no_env=$(mktemp)
+if (unset GRAFANA_ADMIN_PASSWORD; "${compose[@]}" --env-file "$no_env" config -q >/dev/null 2>&1); then
     fail "docker-compose.yml starts without GRAFANA_ADMIN_PASSWORD (a default admin password?)"
-else
+elif [[ $(unset GRAFANA_ADMIN_PASSWORD; "${compose[@]}" --env-file "$no_env" config -q 2>&1) == *GRAFANA_ADMIN_PASSWORD* ]]; then
     pass "docker-compose.yml refuses to start without GRAFANA_ADMIN_PASSWORD"
+else
+    fail "docker-compose config failed without GRAFANA_ADMIN_PASSWORD, but not because of it"
 fi
+rm -f "$no_env"
+if (unset GRAFANA_ADMIN_PASSWORD; "${compose[@]}" --env-file .env.example config -q >/dev/null 2>&1); then
+    fail ".env.example, copied unedited, starts Grafana with a password it ships"
+else
+    pass ".env.example, copied unedited, still refuses (its password is empty)"
+fi
+filled=$(mktemp)
+sed 's/^GRAFANA_ADMIN_PASSWORD=$/GRAFANA_ADMIN_PASSWORD=validate-only/' .env.example >"$filled"
+if out=$(unset GRAFANA_ADMIN_PASSWORD; "${compose[@]}" --env-file "$filled" --profile load config -q 2>&1); then
+    pass ".env.example with the password filled in is all compose needs"
+else
+    fail ".env.example with the password filled in"
+    printf '%s\n' "$out" | sed 's/^/      /'
+fi
+rm -f "$filled"
 
 # --- Grafana dashboards
 if python3 scripts/check_dashboards.py; then

@@ -53,13 +53,15 @@ impl Application {
             delay_ms: config.fault_delay_ms,
             ..FaultConfig::default()
         });
+        let metrics = Metrics::new("catalog-service");
+        export_settings(&config, &metrics, &faults);
         Ok(Self {
             port: public.local_addr()?.port(),
             admin_port: admin.local_addr()?.port(),
             public,
             admin,
             faults,
-            metrics: Metrics::new("catalog-service"),
+            metrics,
             drain_timeout: shared::server::drain_timeout(Duration::from_millis(
                 config.deadline_max_ms,
             )),
@@ -106,6 +108,21 @@ impl Application {
             serve(self.admin, admin, stop.cancelled_owned(), options),
         );
     }
+}
+
+/// Exports the budget policy, and the injected delay as it is at each scrape: the
+/// admin API changes it at any time, and the dashboard marks when latency was injected
+/// from this gauge (docs/design.md §7). Jitter and error rate are not exported.
+fn export_settings(config: &Config, metrics: &Metrics, faults: &Faults) {
+    metrics.settings().set_deadline_policy(
+        Duration::from_millis(config.deadline_max_ms),
+        Duration::from_millis(config.deadline_default_ms),
+        None,
+    );
+    let (settings, faults) = (metrics.settings().clone(), faults.clone());
+    metrics.on_scrape(move || {
+        settings.set_fault_delay(Duration::from_millis(faults.get().delay_ms));
+    });
 }
 
 async fn bind(addr: SocketAddr, variable: &str) -> anyhow::Result<TcpListener> {

@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 use shared::client::{BudgetedClient, ClientConfig};
-use shared::metrics::Metrics;
+use shared::metrics::{Metrics, PoolLimits};
 use shared::{Deadline, Problem, Stage};
 
 use crate::config::Config;
@@ -41,6 +41,16 @@ impl CatalogClient {
             },
             Some(metrics.client().clone()),
         )?;
+        // The limits as configured, for panels and alerts to compare the pool against.
+        let limits = http.config();
+        metrics.settings().set_pool_limits(
+            limits.name,
+            PoolLimits {
+                max_connections: limits.max_connections,
+                pending_max: limits.pending_max,
+                acquire_timeout: limits.acquire_timeout,
+            },
+        );
         Ok(Self { http })
     }
 

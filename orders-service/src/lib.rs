@@ -108,6 +108,7 @@ impl Application {
     /// Connects, migrates and binds (port 0 picks a free port, as tests do).
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         let metrics = Metrics::new("orders-service");
+        export_settings(&config, &metrics);
         let db = Db::connect_lazy(
             &config.database_url,
             DbConfig {
@@ -199,6 +200,20 @@ impl Application {
         );
         self.state.db.close().await;
     }
+}
+
+/// Exports the budget policy as metrics, and makes every tool's series exist at 0, so
+/// dashboards and alerts read the limits in force (docs/design.md §7). The catalog
+/// pool's limits are exported by [`CatalogClient::new`], which applies them.
+fn export_settings(config: &Config, metrics: &Metrics) {
+    metrics.settings().set_deadline_policy(
+        Config::ms(config.deadline_max_ms),
+        Config::ms(config.deadline_default_ms),
+        Some(Config::ms(config.deadline_reserve_ms)),
+    );
+    metrics
+        .tools()
+        .init(assistant::Tool::ALL.map(assistant::Tool::name));
 }
 
 /// Applies the migrations, retrying briefly: under compose the database may still be

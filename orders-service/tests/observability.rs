@@ -2,7 +2,9 @@
 
 mod common;
 
-use common::{MS, json_of, spawn_app};
+use std::sync::OnceLock;
+
+use common::{MS, json_of, spawn_app, spawn_app_with};
 use opentelemetry::trace::{SpanKind, TraceId};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use reqwest::StatusCode;
@@ -230,19 +232,28 @@ fn find<'a>(
         })
 }
 
+/// The in-memory exporter every traced test of this binary shares: a process has one
+/// global subscriber, installed by whichever test asks first.
+fn traced() -> &'static (InMemorySpanExporter, SdkTracerProvider) {
+    static TRACING: OnceLock<(InMemorySpanExporter, SdkTracerProvider)> = OnceLock::new();
+    TRACING.get_or_init(|| {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let subscriber =
+            tracing_subscriber::registry().with(shared::telemetry::layer(&provider, "test"));
+        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber here");
+        shared::telemetry::propagation::install_propagator();
+        (exporter, provider)
+    })
+}
+
 /// Both services run in this test process under one in-memory exporter; the trace must
 /// still cross the hop through the `traceparent` header, as between two hosts.
 #[tokio::test]
 async fn a_trace_crosses_the_hop_and_spans_carry_the_budget() {
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .build();
-    let subscriber =
-        tracing_subscriber::registry().with(shared::telemetry::layer(&provider, "test"));
-    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber here");
-    shared::telemetry::propagation::install_propagator();
-
+    let (exporter, provider) = traced();
     let app = spawn_app().await;
     let response = app.order("SKU-00001", 1, Some(700)).await;
     assert_eq!(response.status(), StatusCode::CREATED);
@@ -285,4 +296,102 @@ async fn a_trace_crosses_the_hop_and_spans_carry_the_budget() {
         .parse()
         .unwrap();
     assert!(catalog_budget < 700 && catalog_budget > 0);
+}
+
+/// A scrape that asks for OpenMetrics (as Prometheus does) shows, on the request's
+/// bucket, an exemplar with the trace id of that very request: the link from a slow
+/// bucket to its trace. The outbound call's histogram carries the same trace.
+#[tokio::test]
+async fn a_traced_request_leaves_its_trace_id_as_an_exemplar() {
+    let (exporter, provider) = traced();
+    let app = spawn_app().await;
+    // 650 ms: no other test of this binary uses that budget, so its span is this one.
+    let response = app.order("SKU-00002", 1, Some(650)).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    provider.force_flush().unwrap();
+    let spans = exporter.get_finished_spans().unwrap();
+    let span = spans
+        .iter()
+        .find(|s| {
+            s.name == "POST /api/orders"
+                && attribute(s, "deadline.budget_ms").as_deref() == Some("650")
+        })
+        .expect("the request's server span");
+    let trace_id = span.span_context.trace_id().to_string();
+
+    let scrape = app
+        .client
+        .get(format!("{}/metrics", app.base))
+        .header("Accept", "application/openmetrics-text; version=1.0.0")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        scrape.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text")
+    );
+    let text = scrape.text().await.unwrap();
+    let exemplar = format!(r#" # {{trace_id="{trace_id}"}} "#);
+    for series in [
+        r#"http_server_requests_seconds_bucket{le="#,
+        r#"http_client_requests_seconds_bucket{le="#,
+    ] {
+        let line = text
+            .lines()
+            .find(|line| line.starts_with(series) && line.contains(&exemplar))
+            .unwrap_or_else(|| panic!("no {series} line with {exemplar} in\n{text}"));
+        // `bucket_count # {trace_id="..."} observed_seconds timestamp`
+        let after = line.split_once(&exemplar).unwrap().1;
+        let fields: Vec<f64> = after.split(' ').map(|f| f.parse().unwrap()).collect();
+        assert!(
+            fields.len() == 2 && fields[0] > 0.0 && fields[0] < 0.65,
+            "{line}"
+        );
+    }
+}
+
+/// The configured limits, the process and every tool's series are in a real scrape,
+/// with the values the service was started with.
+#[tokio::test]
+async fn settings_process_and_tool_series_are_exported_from_start_up() {
+    let app = spawn_app_with(|config| {
+        config.deadline_max_ms = 1500;
+        config.deadline_default_ms = 700;
+        config.deadline_reserve_ms = 7;
+        config.catalog_pool_max_connections = 9;
+        config.catalog_pool_pending_max = 11;
+        config.catalog_pool_acquire_timeout_ms = 33;
+    })
+    .await;
+    let text = app.scrape(&app.base).await;
+    let value = |name: &str, labels: &str| {
+        metric_value(&text, name, labels).unwrap_or_else(|| panic!("no {name}{{{labels}}}"))
+    };
+    let policy = |kind| format!(r#"service="orders-service",kind="{kind}""#);
+    assert_eq!(value("deadline_policy_seconds", &policy("max")), 1.5);
+    assert_eq!(value("deadline_policy_seconds", &policy("default")), 0.7);
+    assert_eq!(value("deadline_policy_seconds", &policy("reserve")), 0.007);
+    let limit = |kind| format!(r#"client="catalog",kind="{kind}""#);
+    assert_eq!(
+        value("http_client_pool_limit", &limit("max_connections")),
+        9.0
+    );
+    assert_eq!(value("http_client_pool_limit", &limit("pending_max")), 11.0);
+    assert_eq!(
+        value("http_client_pool_limit", &limit("acquire_timeout_seconds")),
+        0.033
+    );
+    assert!(value("process_resident_memory_bytes", "") > 1_000_000.0);
+    assert!(value("process_cpu_seconds_total", "") >= 0.0);
+    // Before any assistant turn: every tool × outcome, at 0.
+    for tool in ["catalog_lookup", "inventory_check"] {
+        for outcome in ["ok", "error", "timeout", "refused", "cancelled"] {
+            let labels = format!(r#"tool_name="{tool}",outcome="{outcome}""#);
+            assert_eq!(value("tool_calls_total", &labels), 0.0, "{labels}");
+        }
+    }
+    // Only the catalog injects faults: orders exports the family without a series.
+    assert!(metric_value(&text, "catalog_fault_delay_seconds", "").is_none());
 }

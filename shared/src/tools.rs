@@ -64,6 +64,15 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, for series that must exist before the first call.
+    pub const ALL: [Outcome; 5] = [
+        Outcome::Ok,
+        Outcome::Error,
+        Outcome::Timeout,
+        Outcome::Refused,
+        Outcome::Cancelled,
+    ];
+
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {

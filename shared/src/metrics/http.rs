@@ -81,15 +81,14 @@ async fn measure(
     let response = next.run(request).await;
     let status = response.status();
     tracing::Span::current().record("http.response.status_code", status.as_u16());
+    let labels = RequestLabels {
+        method,
+        uri: uri.clone(),
+        status: status.as_str().to_owned(),
+    };
     metrics
         .http()
-        .requests
-        .get_or_create(&RequestLabels {
-            method,
-            uri: uri.clone(),
-            status: status.as_str().to_owned(),
-        })
-        .observe(started.elapsed().as_secs_f64());
+        .observe_request(&labels, started.elapsed().as_secs_f64());
     if let Some(report) = response.extensions().get::<ProblemReport>() {
         log_problem(&uri, report);
     }

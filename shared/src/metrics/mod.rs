@@ -7,7 +7,10 @@
 //! - HTTP client: the catalog call, its bulkhead's queue (pending) and slots (active);
 //!   a rising pending gauge with a flat downstream latency means pool queueing, both
 //!   rising means the downstream is slow;
-//! - database pool and tool calls.
+//! - database pool and tool calls;
+//! - the configuration (budget policy, pool limits, injected faults) and the process
+//!   (memory, CPU), so panels and alerts compare against the limits in force rather
+//!   than numbers typed into a dashboard.
 
 mod families;
 mod http;
@@ -24,6 +27,7 @@ pub use families::{
     ClientMetrics, DbMetrics, DeadlineMetrics, HttpServerMetrics, PoolGauges, RejectReason,
     ToolMetrics,
 };
+pub use families::{PoolLimits, SettingsMetrics};
 pub use http::track_http;
 
 type ScrapeHook = Box<dyn Fn() + Send + Sync>;
@@ -41,6 +45,7 @@ struct Inner {
     client: ClientMetrics,
     db: DbMetrics,
     tools: ToolMetrics,
+    settings: SettingsMetrics,
     on_scrape: Mutex<Vec<ScrapeHook>>,
 }
 
@@ -59,6 +64,8 @@ impl Metrics {
         let client = ClientMetrics::register(&mut registry);
         let db = DbMetrics::register(&mut registry);
         let tools = ToolMetrics::register(&mut registry);
+        let settings = SettingsMetrics::register(&mut registry, service);
+        registry.register_collector(Box::new(families::ProcessCollector));
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -67,6 +74,7 @@ impl Metrics {
                 client,
                 db,
                 tools,
+                settings,
                 on_scrape: Mutex::default(),
             }),
         }
@@ -95,6 +103,11 @@ impl Metrics {
     /// Tool call counter.
     pub fn tools(&self) -> &ToolMetrics {
         &self.inner.tools
+    }
+
+    /// The configuration exported as metrics (budget policy, pool limits, faults).
+    pub fn settings(&self) -> &SettingsMetrics {
+        &self.inner.settings
     }
 
     /// Runs `hook` before every scrape, to copy a value that lives elsewhere (the sqlx

@@ -1,0 +1,102 @@
+//! `process_resident_memory_bytes` and `process_cpu_seconds_total`, read from
+//! `/proc/self` at scrape time.
+//!
+//! Why: docs/design.md §9 asks for flat memory under load, and a CPU-bound service
+//! explains latency that neither the pool nor the downstream does. The names are the
+//! Prometheus process collector's, so existing dashboards and alerts apply unchanged.
+//! Reading two small files per scrape costs microseconds and needs no dependency (the
+//! `procfs` and `libc` routes would add one, and `libc::sysconf` would need `unsafe`,
+//! which this workspace forbids). On systems without `/proc` both are absent.
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+/// Clock ticks per second in `/proc/<pid>/stat`: `USER_HZ`, which the kernel fixes at
+/// 100 for user space on every architecture Rust targets (what `sysconf(_SC_CLK_TCK)`
+/// returns), whatever the kernel's internal `HZ`.
+const USER_HZ: f64 = 100.0;
+
+/// Encodes the process metrics on every scrape.
+#[derive(Debug, Default)]
+pub(crate) struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let status = std::fs::read_to_string("/proc/self/status").ok();
+        if let Some(bytes) = status.as_deref().and_then(resident_bytes) {
+            let gauge = ConstGauge::new(bytes);
+            let metric = encoder.encode_descriptor(
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes",
+                None,
+                gauge.metric_type(),
+            )?;
+            gauge.encode(metric)?;
+        }
+        let stat = std::fs::read_to_string("/proc/self/stat").ok();
+        if let Some(seconds) = stat.as_deref().and_then(cpu_seconds) {
+            let counter = ConstCounter::new(seconds);
+            let metric = encoder.encode_descriptor(
+                // prometheus-client appends `_total` to counters.
+                "process_cpu_seconds",
+                "Total user and system CPU time spent in seconds",
+                None,
+                counter.metric_type(),
+            )?;
+            counter.encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
+/// `VmRSS` of `/proc/self/status` (in kB there), in bytes.
+fn resident_bytes(status: &str) -> Option<i64> {
+    let line = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+    let mut words = line.split_whitespace();
+    let kib: i64 = words.next()?.parse().ok()?;
+    (words.next() == Some("kB")).then(|| kib.saturating_mul(1024))
+}
+
+/// `utime + stime` of `/proc/self/stat` (fields 14 and 15, every thread of the
+/// process), in seconds. The command name (field 2) is in parentheses and may itself
+/// contain spaces and parentheses, so fields are counted from the last `)`.
+fn cpu_seconds(stat: &str) -> Option<f64> {
+    let (_, after_name) = stat.rsplit_once(')')?;
+    let mut fields = after_name.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime.saturating_add(stime) as f64 / USER_HZ)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resident_memory_is_vmrss_in_bytes() {
+        let status = "Name:\tdemo\nVmPeak:\t  9000 kB\nVmRSS:\t    1234 kB\nThreads:\t4\n";
+        assert_eq!(resident_bytes(status), Some(1234 * 1024));
+        assert_eq!(resident_bytes("Name:\tdemo\n"), None);
+        assert_eq!(resident_bytes("VmRSS:\t12 pages\n"), None);
+    }
+
+    #[test]
+    fn cpu_time_adds_user_and_system_ticks_even_with_a_tricky_name() {
+        // Fields 14 (utime) = 250 and 15 (stime) = 50 ticks: 3 s at USER_HZ = 100.
+        let stat = "42 (a) b (c) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 4 0 100";
+        assert_eq!(cpu_seconds(stat), Some(3.0));
+        assert_eq!(cpu_seconds("42 (short) S 1"), None);
+    }
+
+    #[test]
+    fn this_process_reports_both_on_linux() {
+        if cfg!(target_os = "linux") {
+            let status = std::fs::read_to_string("/proc/self/status").unwrap();
+            assert!(resident_bytes(&status).unwrap() > 0);
+            let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+            assert!(cpu_seconds(&stat).is_some());
+        }
+    }
+}
