@@ -11,8 +11,7 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,7 +21,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use test_support::{PgCluster, metric_value, wait_until};
+use test_support::process::free_port;
+use test_support::{PgCluster, ServiceProcess, metric_value, wait_until};
 use tokio::time::Instant;
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
@@ -39,43 +39,19 @@ const SKUS: [&str; 8] = [
 const CLIENTS: usize = 12;
 
 /// A service binary running as a child process, killed when dropped.
-struct Service {
-    child: Child,
-    log: PathBuf,
-}
+struct Service(ServiceProcess);
 
 impl Service {
-    fn start(binary: &PathBuf, env: &[(&str, String)], log: PathBuf) -> Self {
-        let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(binary)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .unwrap_or_else(|err| panic!("cannot start {}: {err}", binary.display()));
-        Self { child, log }
+    fn start(binary: &Path, env: &[(&str, String)], log: PathBuf) -> Self {
+        Self(ServiceProcess::start(binary, env, log).expect("cannot start the service"))
     }
 
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.kill();
     }
 
     fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        self.kill();
+        self.0.rss_kib()
     }
 }
 
@@ -89,14 +65,6 @@ fn catalog_binary() -> PathBuf {
         path.display()
     );
     path
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[derive(Default)]
@@ -138,7 +106,7 @@ impl Stack {
     async fn restart_catalog(&self, down_for: Duration) {
         self.catalog.lock().unwrap().kill();
         tokio::time::sleep(down_for).await;
-        let log = self.catalog.lock().unwrap().log.clone();
+        let log = self.catalog.lock().unwrap().0.log().to_path_buf();
         *self.catalog.lock().unwrap() = Service::start(&catalog_binary(), &self.catalog_env, log);
         let health = format!("{}/healthz", self.catalog_url);
         wait_until("the catalog is back", Duration::from_secs(10), || async {
