@@ -21,22 +21,31 @@ impl ServiceProcess {
     /// Starts `binary` with `env` added to this process's environment; stdout and
     /// stderr go to `log` (appended, so a restart keeps the earlier lines).
     pub fn start(binary: &Path, env: &[(&str, String)], log: PathBuf) -> anyhow::Result<Self> {
+        let mut command = Command::new(binary);
+        // `info` unless the caller (or its environment) says otherwise.
+        command
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or("info".into()),
+            )
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+        Self::spawn(command, log)
+    }
+
+    /// Starts `command` (any program: the experiment runs Prometheus this way too),
+    /// stdout and stderr appended to `log`.
+    pub fn spawn(mut command: Command, log: PathBuf) -> anyhow::Result<Self> {
         let file = File::options()
             .create(true)
             .append(true)
             .open(&log)
             .with_context(|| format!("cannot open {}", log.display()))?;
-        let child = Command::new(binary)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or("info".into()),
-            )
+        let child = command
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file)
             .spawn()
-            .with_context(|| format!("cannot start {}", binary.display()))?;
+            .with_context(|| format!("cannot start {command:?}"))?;
         Ok(Self { child, log })
     }
 

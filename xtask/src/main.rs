@@ -25,6 +25,11 @@ enum Command {
     /// run COMMAND with ORDERS_URL, CATALOG_URL, CATALOG_ADMIN_URL and DATABASE_URL
     /// set, then stop everything. Exits with the command's status.
     Stack(StackArgs),
+    /// Run legacy and propagate under identical load and compare them (DESIGN §9).
+    Experiment(xtask::experiment::ExperimentArgs),
+    /// Check the Grafana dashboards' structure and metric names (no Prometheus needed;
+    /// `experiment --prometheus` also runs their queries).
+    Dashboards,
 }
 
 #[derive(clap::Args)]
@@ -56,6 +61,10 @@ fn key_value(text: &str) -> Result<(String, String), String> {
 async fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Stack(args) => stack_command(args).await,
+        Command::Experiment(args) => xtask::experiment::experiment(args)
+            .await
+            .map(|ok| u8::from(!ok)),
+        Command::Dashboards => dashboards_command(),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -76,4 +85,18 @@ async fn stack_command(args: StackArgs) -> anyhow::Result<u8> {
     };
     let code = stack::run_with_stack(&args.profile, &env, &log_dir, &args.command).await?;
     Ok(u8::try_from(code).unwrap_or(1))
+}
+
+fn dashboards_command() -> anyhow::Result<u8> {
+    let dir = stack::workspace().join("grafana/dashboards");
+    let report = xtask::dashboards::check_dir(&dir)?;
+    for problem in &report.problems {
+        println!("FAIL {problem}");
+    }
+    println!(
+        "dashboards: {} queries, {} problems",
+        report.queries.len(),
+        report.problems.len()
+    );
+    Ok(u8::from(!report.problems.is_empty()))
 }
