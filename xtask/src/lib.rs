@@ -10,7 +10,8 @@
 //! runs every repeat; [`run`] runs one mode (database, services, warm-up, fault, k6 from
 //! [`k6`] with the [`sampler`] beside it, drain); [`stats`] turns k6's request log into
 //! figures; [`summary`] aggregates them; [`check`] applies the acceptance rules;
-//! [`chart`] draws; [`prometheus`] and [`dashboards`] check the dashboards' queries.
+//! [`chart`] draws; [`prometheus`] and [`dashboards`] check the dashboards' queries;
+//! [`readme`] turns the committed summaries into the README's tables.
 
 pub mod chart;
 pub mod check;
@@ -18,6 +19,7 @@ pub mod dashboards;
 pub mod experiment;
 pub mod k6;
 pub mod prometheus;
+pub mod readme;
 pub mod run;
 pub mod sampler;
 pub mod scenario;

@@ -30,6 +30,8 @@ enum Command {
     /// Check the Grafana dashboards' structure and metric names (no Prometheus needed;
     /// `experiment --prometheus` also runs their queries).
     Dashboards,
+    /// Print the README's result tables, generated from docs/results/*/summary.json.
+    ReadmeTables,
 }
 
 #[derive(clap::Args)]
@@ -65,6 +67,11 @@ async fn main() -> ExitCode {
             .await
             .map(|ok| u8::from(!ok)),
         Command::Dashboards => dashboards_command(),
+        Command::ReadmeTables => xtask::readme::tables(&stack::workspace().join("docs/results"))
+            .map(|t| {
+                print!("{t}");
+                0
+            }),
     };
     match result {
         Ok(code) => ExitCode::from(code),
