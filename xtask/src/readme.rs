@@ -24,11 +24,12 @@ pub fn tables(dir: &Path) -> anyhow::Result<String> {
             out,
             "Commit `{}`, {} build, {} run(s) per mode, median (min–max); \
              [summary](docs/results/{name}/summary.md), [chart](docs/results/{name}/chart.svg), \
-             command `cargo xtask experiment {name} --repeat {} --out docs/results/{name}`.\n",
+             command `cargo xtask experiment {name} --repeat {} --duration {}s --out docs/results/{name}`.\n",
             summary.commit,
             summary.profile,
             summary.repeats,
             summary.repeats,
+            summary.load["duration"].as_f64().unwrap_or(0.0),
             name = scenario.name(),
         )?;
         out.push_str(&summary::markdown_table(&summary));
