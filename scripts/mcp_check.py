@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """MCP acceptance check with a real MCP client (the official Python SDK, `mcp` 2.x).
 
-Starts a local stack (scripts/stack.py), connects to orders-service's `/mcp` over
-streamable HTTP and checks, one PASS/FAIL line each, with the numbers measured:
+Runs against a stack started by `cargo xtask stack` (scripts/mcp_check.sh does that),
+which passes the URLs in ORDERS_URL, CATALOG_URL, CATALOG_ADMIN_URL and DATABASE_URL;
+it connects to orders-service's `/mcp` over streamable HTTP and checks, one PASS/FAIL line each, with the numbers measured:
 
   a. initialize + tools/list: catalog_lookup and inventory_check, both requiring `sku`
   b. catalog_lookup succeeds with a JSON result carrying price_cents
@@ -23,23 +24,22 @@ streamable HTTP and checks, one PASS/FAIL line each, with the numbers measured:
 
 A check that cannot run (its precondition never came about) fails; nothing is skipped.
 
-Exit status: 0 when every check passed, 1 otherwise, 2 when the stack did not start.
+Exit status: 0 when every check passed, 1 otherwise, 2 when a URL is missing.
 
-    .venv/bin/python scripts/mcp_check.py --profile dev [--log-dir DIR]
+    cargo xtask stack --orders-env ASSISTANT_TOOL_BUDGET_MS=800 -- .venv/bin/python scripts/mcp_check.py
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import re
+import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -52,9 +52,27 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.dont_write_bytecode = True  # no scripts/__pycache__ left in the work tree
-import stack as stack_mod  # noqa: E402
+
+@dataclass(frozen=True)
+class Stack:
+    """The URLs of the running stack, from the environment `cargo xtask stack` sets."""
+
+    orders_url: str
+    catalog_url: str
+    admin_url: str
+    database_url: str
+
+    @property
+    def mcp_url(self) -> str:
+        return f"{self.orders_url}/mcp"
+
+    @staticmethod
+    def from_env() -> "Stack":
+        names = ("ORDERS_URL", "CATALOG_URL", "CATALOG_ADMIN_URL", "DATABASE_URL")
+        missing = [name for name in names if not os.environ.get(name)]
+        if missing:
+            raise KeyError(", ".join(missing))
+        return Stack(*(os.environ[name].rstrip("/") for name in names))
 
 TOOL_BUDGET_MS = 800  # ASSISTANT_TOOL_BUDGET_MS default; passed to the service explicitly
 BUDGET_MARGIN_MS = 150
@@ -137,7 +155,7 @@ def metric(samples, name: str, labels: dict[str, str]) -> float | None:
 class Probe:
     """Reads the two services' /metrics and the catalog admin API."""
 
-    def __init__(self, stack: stack_mod.Stack, http: httpx2.AsyncClient) -> None:
+    def __init__(self, stack: Stack, http: httpx2.AsyncClient) -> None:
         self.stack = stack
         self.http = http
 
@@ -711,47 +729,32 @@ async def run_checks(report: Report, stack) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="MCP acceptance check with the official Python SDK")
-    parser.add_argument("--profile", default="dev", choices=["dev", "release"])
-    parser.add_argument("--log-dir", help="service logs (default: a temp dir, kept only on failure)")
-    args = parser.parse_args()
-    stack_mod.exit_on_sigterm()
     # The SDK logs through `logging`; mark its lines so they are not mistaken for ours
     # (e.g. "Session termination failed: 202": rmcp answers DELETE /mcp with 202).
     logging.basicConfig(level=logging.WARNING, format="  sdk log %(levelname)s %(name)s: %(message)s")
-
-    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="mcp-check-"))
+    try:
+        stack = Stack.from_env()
+    except KeyError as err:
+        print(f"FAIL stack: {err} not set; run through scripts/mcp_check.sh (cargo xtask stack)", flush=True)
+        return 2
     report = Report()
     started = now()
     try:
-        with stack_mod.running_stack(
-            profile=args.profile,
-            log_dir=log_dir,
-            orders_env={"ASSISTANT_TOOL_BUDGET_MS": str(TOOL_BUDGET_MS)},
-        ) as stack:
-            print(f"stack: orders {stack.orders_url}, catalog {stack.catalog_url}, logs {log_dir}", flush=True)
-            try:
-                anyio.run(run_checks, report, stack)
-            except Exception as err:  # noqa: BLE001 - report it as a failure, then clean up
-                report.check("run", False, f"{type(err).__name__}: {err}")
-                import traceback
-
-                traceback.print_exc()
-            stack.check_alive()
-    except stack_mod.StackError as err:
-        print(f"FAIL stack: {err}", flush=True)
-        return 2
+        anyio.run(run_checks, report, stack)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
         return 130
+    except Exception as err:  # noqa: BLE001 - report it as a failure
+        report.check("run", False, f"{type(err).__name__}: {err}")
+        import traceback
+
+        traceback.print_exc()
     total = report.passed + len(report.failed)
     print(
         f"mcp_check: {report.passed}/{total} passed in {now() - started:.1f} s"
-        + (f"; FAILED: {', '.join(report.failed)}; logs in {log_dir}" if report.failed else ""),
+        + (f"; FAILED: {', '.join(report.failed)}" if report.failed else ""),
         flush=True,
     )
-    if not report.failed and not args.log_dir:
-        shutil.rmtree(log_dir, ignore_errors=True)
     return 1 if report.failed else 0
 
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # CI step: the MCP acceptance check with the official Python SDK (scripts/mcp_check.py).
 #
-#   scripts/mcp_check.sh [extra mcp_check.py arguments, e.g. --log-dir DIR]
+#   scripts/mcp_check.sh [cargo xtask stack options, e.g. --log-dir DIR]
 #
 # Uses the project-local virtualenv .venv (created if missing; nothing is installed
-# globally) with `mcp` 2.x, and the debug binaries that `cargo test` has built; if they
-# are missing it builds them. Needs psql and the PostgreSQL server binaries
-# (Debian's postgresql-15), as the Rust tests do.
+# globally) with `mcp` 2.x. `cargo xtask stack` builds nothing: it runs the debug
+# binaries `cargo test` has built (built here when missing), starts PostgreSQL and both
+# services on free ports, runs the check with their URLs in the environment and stops
+# everything. Needs psql and the PostgreSQL server binaries (Debian's postgresql-15).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,4 +23,5 @@ if [ ! -x "$target/debug/orders-service" ] || [ ! -x "$target/debug/catalog-serv
     cargo build -p catalog-service -p orders-service
 fi
 
-exec .venv/bin/python scripts/mcp_check.py --profile dev "$@"
+exec cargo xtask stack --profile dev --orders-env ASSISTANT_TOOL_BUDGET_MS=800 "$@" \
+    -- .venv/bin/python scripts/mcp_check.py

@@ -6,7 +6,7 @@
 #   - docker-compose config: the compose file is valid, with .env.example filled in, and
 #     refuses to start without GRAFANA_ADMIN_PASSWORD, also from an unedited copy of
 #     .env.example (no default admin password);
-#   - scripts/check_dashboards.py in static mode.
+#   - cargo xtask dashboards: the dashboards' structure and metric names.
 # Installs nothing: it names what to install when a tool is missing. Exits non-zero when
 # any check fails (all checks run, so one run shows every problem).
 set -uo pipefail
@@ -18,7 +18,6 @@ fail() { printf 'FAIL  %s\n' "$*"; failures=$((failures + 1)); }
 
 missing=()
 command -v promtool >/dev/null || missing+=("promtool (Debian: apt-get install prometheus)")
-command -v python3 >/dev/null || missing+=("python3 (3.11 or newer)")
 compose=()
 if command -v docker-compose >/dev/null; then
     compose=(docker-compose)
@@ -106,10 +105,10 @@ fi
 rm -f "$filled"
 
 # --- Grafana dashboards
-if python3 scripts/check_dashboards.py; then
-    pass "scripts/check_dashboards.py (static)"
+if cargo xtask dashboards; then
+    pass "cargo xtask dashboards (static)"
 else
-    fail "scripts/check_dashboards.py (static)"
+    fail "cargo xtask dashboards (static)"
 fi
 
 echo

@@ -4,9 +4,12 @@
 //!   per test. `DATABASE_URL` points the tests at an existing server instead.
 //! - [`spawn`]: run an application in the background with a shutdown handle.
 //! - [`wait_until`]: wait on a condition instead of sleeping and hoping.
-//! - [`metric_value`]: read one sample out of a Prometheus text exposition.
+//! - [`exposition`]: the Prometheus text parser ([`metric_value`] reads one sample).
+//! - [`process`]: the service binaries as child processes.
 
+pub mod exposition;
 pub mod postgres;
+pub mod process;
 
 use std::future::Future;
 use std::time::Duration;
@@ -14,7 +17,9 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub use exposition::metric_value;
 pub use postgres::{PgCluster, TestDatabase, test_database};
+pub use process::ServiceProcess;
 
 /// A running application and the means to stop it.
 pub struct Running {
@@ -71,19 +76,4 @@ where
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-}
-
-/// The value of the sample `name{labels}` in a text exposition; `labels` is the exact
-/// label text between the braces, e.g. `uri="/catalog/{sku}"`.
-pub fn metric_value(exposition: &str, name: &str, labels: &str) -> Option<f64> {
-    let prefix = if labels.is_empty() {
-        format!("{name} ")
-    } else {
-        format!("{name}{{{labels}}} ")
-    };
-    exposition
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|value| value.split_whitespace().next())
-        .and_then(|value| value.parse().ok())
 }

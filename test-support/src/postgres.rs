@@ -199,19 +199,31 @@ pub async fn test_database() -> TestDatabase {
             .await
             .expect("cluster start-up panicked"),
     };
-    let mut admin = sqlx::PgConnection::connect(&admin_url)
-        .await
-        .expect("cannot connect to the test PostgreSQL");
-    // The name is ours (digits and underscores), so formatting it in is safe.
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut admin)
+    let url = create_database(&admin_url, &name)
         .await
         .expect("cannot create the test database");
-    let url = match admin_url.rsplit_once('/') {
-        Some((server, _)) => format!("{server}/{name}"),
-        None => panic!("DATABASE_URL has no database part: {admin_url}"),
-    };
     TestDatabase { url, name }
+}
+
+/// Creates database `name` (letters, digits and underscores only) on the server of
+/// `admin_url` and returns its URL: each test, and each mode of the experiment, starts
+/// on an empty database.
+pub async fn create_database(admin_url: &str, name: &str) -> anyhow::Result<String> {
+    anyhow::ensure!(
+        name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
+        "not a plain database name: {name}"
+    );
+    let mut admin = sqlx::PgConnection::connect(admin_url)
+        .await
+        .context("cannot connect to PostgreSQL")?;
+    // The name was checked above, so formatting it in is safe.
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
+        .await?;
+    match admin_url.rsplit_once('/') {
+        Some((server, _)) => Ok(format!("{server}/{name}")),
+        None => bail!("the URL has no database part: {admin_url}"),
+    }
 }
 
 fn bindir() -> anyhow::Result<PathBuf> {

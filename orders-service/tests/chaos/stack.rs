@@ -1,52 +1,33 @@
 //! The chaos run's stack: the services as real child processes, PostgreSQL from
 //! test-support, and the fault controls the run uses.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::Value;
-use test_support::{PgCluster, wait_until};
+use test_support::process::free_port;
+use test_support::{PgCluster, ServiceProcess, wait_until};
 
-/// A service binary running as a child process, killed when dropped.
-pub(crate) struct Service {
-    child: Child,
-    log: PathBuf,
-}
+/// A service binary running as a child process (test-support's, the one way the
+/// harness starts services), killed when dropped.
+pub(crate) struct Service(ServiceProcess);
 
 impl Service {
-    pub(crate) fn start(binary: &PathBuf, env: &[(&str, String)], log: PathBuf) -> Self {
-        let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(binary)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .unwrap_or_else(|err| panic!("cannot start {}: {err}", binary.display()));
-        Self { child, log }
+    pub(crate) fn start(binary: &Path, env: &[(&str, String)], log: PathBuf) -> Self {
+        Self(ServiceProcess::start(binary, env, log).expect("cannot start the service"))
     }
 
     pub(crate) fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.kill();
+    }
+
+    pub(crate) fn log(&self) -> PathBuf {
+        self.0.log().to_path_buf()
     }
 
     pub(crate) fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        self.kill();
+        self.0.rss_kib()
     }
 }
 
@@ -60,14 +41,6 @@ pub(crate) fn catalog_binary() -> PathBuf {
         path.display()
     );
     path
-}
-
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 pub(crate) struct Stack {
@@ -146,7 +119,7 @@ impl Stack {
     pub(crate) async fn restart_catalog(&self, down_for: Duration) {
         self.catalog.lock().unwrap().kill();
         tokio::time::sleep(down_for).await;
-        let log = self.catalog.lock().unwrap().log.clone();
+        let log = self.catalog.lock().unwrap().log();
         *self.catalog.lock().unwrap() = Service::start(&catalog_binary(), &self.catalog_env, log);
         let health = format!("{}/healthz", self.catalog_url);
         wait_until("the catalog is back", Duration::from_secs(10), || async {

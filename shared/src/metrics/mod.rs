@@ -14,6 +14,7 @@
 
 mod families;
 mod http;
+pub mod names;
 
 use std::sync::{Arc, Mutex};
 

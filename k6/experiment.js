@@ -1,0 +1,113 @@
+// The load of `cargo xtask experiment` (docs/design.md §9). xtask runs this script once per
+// mode with the same settings, injects and removes the catalog fault itself, and
+// computes every figure from the request log this script writes.
+//
+//   MODEL=open   RATE=150 DURATION=30s   an open model: RATE orders per second arrive
+//                                        whatever the service does (constant-arrival-rate)
+//   MODEL=closed VUS=250 THINK_MS=750    a closed loop: each user sends its next order
+//                                        THINK_MS (±1/3, random) after its last answer
+//
+// The client gives up after TIMEOUT_MS (k6's request timeout), as a real caller gives up
+// at its budget; THINK_MS is the same after every answer, whatever its status, so both
+// modes see the same client behaviour.
+//
+// Each answer is one console line `arrival_ms,status,elapsed_ms` (status 0: the client
+// gave up; 1: a transport error), written with `--log-format raw --console-output FILE`.
+// Thresholds carry the acceptance criteria, so k6 exits non-zero (99) when they fail:
+// no status other than 201, 503, 504 or a client timeout; in propagate mode, p99
+// within BUDGET_MS + MARGIN_MS.
+
+import http from 'k6/http';
+import { sleep } from 'k6';
+import { Rate } from 'k6/metrics';
+import { envChoice, envInt, envString } from './lib/env.js';
+
+const MODE = envChoice('MODE', 'propagate', ['propagate', 'legacy']);
+const MODEL = envChoice('MODEL', 'open', ['open', 'closed']);
+const RATE = envInt('RATE', 150);
+const VUS = envInt('VUS', 50);
+const DURATION = envString('DURATION', '30s');
+const BUDGET_MS = envInt('BUDGET_MS', 700);
+const TIMEOUT_MS = envInt('TIMEOUT_MS', BUDGET_MS);
+const MARGIN_MS = envInt('MARGIN_MS', 50);
+const THINK_MS = envInt('THINK_MS', 0);
+const ORDERS_URL = envString('ORDERS_URL', 'http://127.0.0.1:8080').replace(/\/+$/, '');
+const SUMMARY_PATH = envString('SUMMARY_PATH', 'k6-summary.json');
+const SKU_COUNT = 1000; // SKU-00001 .. SKU-01000 exist in catalog and inventory
+
+const unexpectedStatus = new Rate('unexpected_status');
+
+// 201 is an order, 504 "the deadline ran out", 503 "refused early": the service doing
+// its job, so none of them counts in http_req_failed.
+http.setResponseCallback(http.expectedStatuses(201, 503, 504));
+
+const scenario =
+  MODEL === 'open'
+    ? {
+        executor: 'constant-arrival-rate',
+        rate: RATE,
+        timeUnit: '1s',
+        duration: DURATION,
+        // Enough users for every arrival to wait its whole timeout: k6 never has to
+        // drop an arrival (dropped_iterations) for want of a free user.
+        preAllocatedVUs: Math.ceil((RATE * TIMEOUT_MS) / 1000) + 10,
+        maxVUs: Math.ceil((RATE * TIMEOUT_MS) / 1000) * 2 + 20,
+        gracefulStop: `${Math.ceil(TIMEOUT_MS / 1000) + 1}s`,
+      }
+    : {
+        executor: 'constant-vus',
+        vus: VUS,
+        duration: DURATION,
+        gracefulStop: `${Math.ceil(TIMEOUT_MS / 1000) + 1}s`,
+      };
+
+const p99 = MODE === 'propagate' ? [`p(99)<${BUDGET_MS + MARGIN_MS}`] : ['max>=0'];
+
+export const options = {
+  scenarios: { orders: { ...scenario, exec: 'createOrder' } },
+  thresholds: {
+    unexpected_status: ['rate==0'],
+    'http_req_duration{endpoint:create_order}': p99,
+  },
+  summaryTrendStats: ['avg', 'min', 'med', 'max', 'p(90)', 'p(95)', 'p(99)'],
+  tags: { mode: MODE },
+  discardResponseBodies: true,
+};
+
+function randomSku() {
+  const n = 1 + Math.floor(Math.random() * SKU_COUNT);
+  return `SKU-${String(n).padStart(5, '0')}`;
+}
+
+export function createOrder() {
+  const arrival = Date.now();
+  const res = http.post(
+    `${ORDERS_URL}/api/orders`,
+    JSON.stringify({ sku: randomSku(), quantity: 1 }),
+    {
+      headers: {
+        'Content-Type': 'application/json',
+        'X-Request-Timeout-Ms': String(BUDGET_MS),
+      },
+      timeout: `${TIMEOUT_MS}ms`,
+      tags: { name: 'POST /api/orders', endpoint: 'create_order' },
+    },
+  );
+  const elapsed = Date.now() - arrival;
+  // k6 reports a request it cut at its timeout as status 0 with error code 1050.
+  const status = res.status !== 0 ? res.status : res.error_code === 1050 ? 0 : 1;
+  unexpectedStatus.add(![0, 201, 503, 504].includes(status));
+  console.log(`${arrival},${status},${elapsed}`);
+  if (MODEL === 'closed' && THINK_MS > 0) {
+    sleep((THINK_MS * (2 / 3 + (2 / 3) * Math.random())) / 1000);
+  }
+}
+
+export function handleSummary(data) {
+  const d = data.metrics['http_req_duration{endpoint:create_order}'];
+  const line = d
+    ? `k6 ${MODE}: ${data.metrics.http_reqs.values.count} requests, ` +
+      `p99 ${d.values['p(99)'].toFixed(1)} ms\n`
+    : `k6 ${MODE}: no requests\n`;
+  return { [SUMMARY_PATH]: JSON.stringify(data, null, 1), stdout: line };
+}

@@ -1,0 +1,487 @@
+//! The Grafana dashboards, checked without Grafana: their structure here, their
+//! queries against a real Prometheus in [`crate::prometheus`].
+//!
+//! Every dashboard has a `datasource` variable (a Prometheus datasource picker defaulting
+//! to the provisioned uid) and every panel, target and annotation uses it. Every panel
+//! needs a description and at least one query; every query's variables must resolve,
+//! it must not depend on the scrape job's name (`job`), its range windows are
+//! `$__rate_interval`, and every metric it selects must be a contract family
+//! ([`shared::metrics::names`]), a recording rule of `prometheus/rules/`, or one of k6's
+//! own (written only under compose), so a typo fails before any Prometheus is involved.
+//! The seed's p99 query must appear unchanged (docs/design.md §7).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use anyhow::Context as _;
+use serde_json::Value;
+use shared::metrics::names;
+
+/// The seed's own p99 query, which must work unchanged (docs/design.md §7).
+pub const SEED_QUERY: &str = r#"histogram_quantile(0.99, sum by (le) (rate(http_server_requests_seconds_bucket{uri="/api/orders"}[1m])))"#;
+/// The datasource uid grafana/provisioning/datasources provides.
+const DATASOURCE_UID: &str = "prometheus";
+/// How panels name their datasource: the dashboard's `datasource` variable, so the
+/// dashboard works with any Prometheus datasource (its default is [`DATASOURCE_UID`]).
+const DATASOURCE_REF: &str = "${datasource}";
+/// k6's own metrics, remote-written by compose's k6: not the services' contract, and
+/// without data unless k6 writes them.
+pub const K6_PREFIX: &str = "k6_";
+
+/// One query of one panel, its variables replaced by their defaults.
+#[derive(Debug, Clone)]
+pub struct Query {
+    /// `dashboard file / panel title / refId`.
+    pub label: String,
+    /// The query as Prometheus gets it.
+    pub expr: String,
+}
+
+/// What the static check found in every dashboard.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Every query, resolved.
+    pub queries: Vec<Query>,
+    /// Every problem, one line each.
+    pub problems: Vec<String>,
+}
+
+/// Checks every `*.json` in `dir`.
+pub fn check_dir(dir: &Path) -> anyhow::Result<Report> {
+    let recorded = recording_rules(&crate::stack::workspace().join("prometheus/rules"))?;
+    let mut report = Report::default();
+    let mut uids = BTreeSet::new();
+    let mut seed_found = false;
+    let mut files: Vec<_> = std::fs::read_dir(dir)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    for path in files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+    {
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let text = std::fs::read_to_string(path)?;
+        let dashboard: Value =
+            serde_json::from_str(&text).with_context(|| format!("{name} does not parse"))?;
+        let uid = dashboard["uid"].as_str().unwrap_or_default().to_owned();
+        if uid.is_empty() || !uids.insert(uid.clone()) {
+            report
+                .problems
+                .push(format!("{name}: missing or repeated uid {uid:?}"));
+        }
+        let defaults = variable_defaults(&dashboard);
+        if let Err(problem) = check_datasource_variable(&dashboard) {
+            report.problems.push(format!("{name}: {problem}"));
+        }
+        for panel in panels(&dashboard) {
+            seed_found |= check_panel(&name, panel, &defaults, &recorded, &mut report);
+        }
+        for annotation in dashboard["annotations"]["list"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if annotation["builtIn"].as_u64().unwrap_or(0) != 0 {
+                continue;
+            }
+            let label = format!("{name}: annotation {}", annotation["name"]);
+            if annotation["datasource"]["uid"] != DATASOURCE_REF {
+                report
+                    .problems
+                    .push(format!("{label}: datasource is not {DATASOURCE_REF}"));
+            }
+            let expr = annotation["expr"].as_str().unwrap_or_default().trim();
+            // Checked statically only: it has data only while a fault is injected.
+            for problem in check_expr(expr, &defaults, &recorded)
+                .err()
+                .into_iter()
+                .flatten()
+            {
+                report.problems.push(format!("{label}: {problem}"));
+            }
+        }
+    }
+    if !seed_found {
+        report
+            .problems
+            .push(format!("the seed's query is in no dashboard: {SEED_QUERY}"));
+    }
+    Ok(report)
+}
+
+/// Every panel, rows flattened (a collapsed row nests its panels).
+fn panels(dashboard: &Value) -> Vec<&Value> {
+    let mut out = Vec::new();
+    for panel in dashboard["panels"].as_array().into_iter().flatten() {
+        if panel["type"] == "row" {
+            out.extend(panel["panels"].as_array().into_iter().flatten());
+        } else {
+            out.push(panel);
+        }
+    }
+    out
+}
+
+/// Checks one panel; returns whether it holds the seed's query.
+fn check_panel(
+    file: &str,
+    panel: &Value,
+    defaults: &BTreeMap<String, String>,
+    recorded: &BTreeSet<String>,
+    report: &mut Report,
+) -> bool {
+    let title = format!(
+        "{file} / {}",
+        panel["title"].as_str().unwrap_or("<untitled>")
+    );
+    let mut problem = |what: String| report.problems.push(format!("{title}: {what}"));
+    if panel["description"]
+        .as_str()
+        .is_none_or(|d| d.trim().is_empty())
+    {
+        problem("no description".into());
+    }
+    if panel["datasource"]["uid"] != DATASOURCE_REF {
+        problem(format!("datasource is not {DATASOURCE_REF}"));
+    }
+    let targets = panel["targets"].as_array().cloned().unwrap_or_default();
+    if targets.is_empty() {
+        problem("no targets".into());
+    }
+    let mut seed = false;
+    let mut refs = BTreeSet::new();
+    let mut queries = Vec::new();
+    for target in &targets {
+        let ref_id = target["refId"].as_str().unwrap_or("?").to_owned();
+        if !refs.insert(ref_id.clone()) {
+            problem(format!("refId {ref_id} used twice"));
+        }
+        let expr = target["expr"].as_str().unwrap_or_default().trim();
+        if expr.is_empty() {
+            problem(format!("target {ref_id}: no expr"));
+            continue;
+        }
+        seed |= expr == SEED_QUERY;
+        if !target["datasource"].is_null() && target["datasource"]["uid"] != DATASOURCE_REF {
+            problem(format!(
+                "target {ref_id}: datasource is not {DATASOURCE_REF}"
+            ));
+        }
+        match check_expr(expr, defaults, recorded) {
+            Ok(resolved) => queries.push(Query {
+                label: format!("{title} / {ref_id}"),
+                expr: resolved,
+            }),
+            Err(problems) => {
+                for p in problems {
+                    problem(format!("target {ref_id}: {p}"));
+                }
+            }
+        }
+    }
+    report.queries.extend(queries);
+    seed
+}
+
+/// One query: its variables resolved, or every problem with it (an unknown variable or
+/// metric, a `job` selector, a range window other than `$__rate_interval`).
+fn check_expr(
+    expr: &str,
+    defaults: &BTreeMap<String, String>,
+    recorded: &BTreeSet<String>,
+) -> Result<String, Vec<String>> {
+    let mut problems = Vec::new();
+    if expr.is_empty() {
+        return Err(vec!["no expr".into()]);
+    }
+    let words: Vec<&str> = expr
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .collect();
+    if words.contains(&"job") {
+        problems.push(
+            "depends on the scrape job's name (`job`): select by the metrics' own labels".into(),
+        );
+    }
+    if expr != SEED_QUERY {
+        for window in expr.split('[').skip(1).filter_map(|w| w.split(']').next()) {
+            if window != "$__rate_interval" {
+                problems.push(format!("range window [{window}]: use [$__rate_interval]"));
+            }
+        }
+    }
+    let resolved = match substitute(expr, defaults) {
+        Ok(resolved) => resolved,
+        Err(unknown) => {
+            problems.push(format!("unknown variable ${unknown}"));
+            return Err(problems);
+        }
+    };
+    for metric in metric_names(&resolved) {
+        let known = names::is_contract_series(&metric)
+            || recorded.contains(&metric)
+            || metric.starts_with(K6_PREFIX)
+            || metric == "up";
+        if !known {
+            problems.push(format!(
+                "{metric} is not a contract metric or a recording rule"
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(resolved)
+    } else {
+        Err(problems)
+    }
+}
+
+/// The `datasource` variable: a Prometheus datasource picker defaulting to ours.
+fn check_datasource_variable(dashboard: &Value) -> Result<(), String> {
+    let list = dashboard["templating"]["list"].as_array();
+    let Some(var) = list
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == "datasource")
+    else {
+        return Err(format!(
+            "no `datasource` variable (panels use {DATASOURCE_REF})"
+        ));
+    };
+    if var["type"] != "datasource" || var["query"] != "prometheus" {
+        return Err("variable datasource is not a Prometheus datasource variable".into());
+    }
+    if var["current"]["value"] != DATASOURCE_UID {
+        return Err(format!(
+            "variable datasource does not default to {DATASOURCE_UID}"
+        ));
+    }
+    Ok(())
+}
+
+/// The series the recording rules in `dir` (`*.rules.yml`) write: their `record:` names.
+pub fn recording_rules(dir: &Path) -> anyhow::Result<BTreeSet<String>> {
+    let mut names = BTreeSet::new();
+    for path in rule_files(dir)? {
+        let text = std::fs::read_to_string(&path)?;
+        for line in text.lines() {
+            if let Some(name) = line.trim().trim_start_matches("- ").strip_prefix("record:") {
+                names.insert(name.trim().trim_matches('"').to_owned());
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// The rule files Prometheus loads (`prometheus/rules/*.rules.yml`).
+pub fn rule_files(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".rules.yml"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Each dashboard variable's default, as Grafana would interpolate it.
+fn variable_defaults(dashboard: &Value) -> BTreeMap<String, String> {
+    let mut defaults: BTreeMap<String, String> = [
+        ("__rate_interval", "1m"),
+        ("__interval", "1m"),
+        ("__interval_ms", "60000"),
+        ("__range", "15m"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    for var in dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let value = var["current"]["value"]
+            .as_str()
+            .or(var["query"].as_str())
+            .unwrap_or_default();
+        if let Some(name) = var["name"].as_str() {
+            defaults.insert(name.to_owned(), value.to_owned());
+        }
+    }
+    defaults
+}
+
+/// `$name`, `${name}` and `${name:format}` replaced; `Err(name)` for an unknown one.
+fn substitute(expr: &str, defaults: &BTreeMap<String, String>) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let (name, len) = if let Some(braced) = after.strip_prefix('{') {
+            let end = braced.find('}').ok_or_else(|| after.to_owned())?;
+            (braced[..end].split(':').next().unwrap_or_default(), end + 2)
+        } else {
+            let end = after
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(after.len());
+            (&after[..end], end)
+        };
+        out.push_str(defaults.get(name).ok_or_else(|| name.to_owned())?);
+        rest = &after[len..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// The metric names a PromQL expression selects: identifiers that are not function
+/// calls, keywords, label names or inside quotes, braces or brackets.
+pub fn metric_names(expr: &str) -> BTreeSet<String> {
+    const KEYWORDS: &[&str] = &[
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "bool",
+        "and",
+        "or",
+        "unless",
+        "offset",
+        "inf",
+        "nan",
+    ];
+    // Aggregations may be followed by `by (...)` instead of their argument.
+    const AGGREGATIONS: &[&str] = &[
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "count",
+        "stddev",
+        "stdvar",
+        "topk",
+        "bottomk",
+        "quantile",
+        "count_values",
+        "group",
+        "limitk",
+        "limit_ratio",
+    ];
+    let mut names = BTreeSet::new();
+    let chars: Vec<char> = expr.chars().collect();
+    let (mut i, mut depth, mut quote, mut label_list) = (0, 0i32, None, false);
+    while i < chars.len() {
+        let c = chars[i];
+        match (quote, c) {
+            (Some(q), _) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'' | '`') => quote = Some(c),
+            (None, '{' | '[') => depth += 1,
+            (None, '}' | ']') => depth -= 1,
+            (None, ')') => label_list = false,
+            (None, c) if depth == 0 && !label_list && (c.is_alphabetic() || c == '_') => {
+                let start = i;
+                while i < chars.len()
+                    && (chars[i].is_alphanumeric() || chars[i] == '_' || chars[i] == ':')
+                {
+                    i += 1;
+                }
+                let word: String = chars[start..i].iter().collect();
+                let next = chars[i..].iter().find(|c| !c.is_whitespace());
+                if KEYWORDS.contains(&word.to_lowercase().as_str()) {
+                    // `by (...)` and friends list labels, not metrics.
+                    label_list = next == Some(&'(') && word != "bool";
+                } else if next != Some(&'(') && !AGGREGATIONS.contains(&word.as_str()) {
+                    names.insert(word);
+                }
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_metric_names_not_functions_labels_or_windows() {
+        let names = metric_names(SEED_QUERY);
+        assert_eq!(
+            names.into_iter().collect::<Vec<_>>(),
+            ["http_server_requests_seconds_bucket"]
+        );
+        let names = metric_names(
+            r#"sum by (service, stage) (rate(deadline_exceeded_total{a="b c"}[1m])) / up"#,
+        );
+        assert_eq!(
+            names.into_iter().collect::<Vec<_>>(),
+            ["deadline_exceeded_total", "up"]
+        );
+        assert!(metric_names("vector(2000 / 1000)").is_empty());
+    }
+
+    #[test]
+    fn substitutes_variables_and_names_unknown_ones() {
+        let defaults = BTreeMap::from([
+            ("limit".to_owned(), "50".to_owned()),
+            ("__rate_interval".to_owned(), "1m".to_owned()),
+        ]);
+        assert_eq!(
+            substitute("vector($limit) [$__rate_interval] ${limit:raw}", &defaults).unwrap(),
+            "vector(50) [1m] 50"
+        );
+        assert_eq!(substitute("$nope", &defaults), Err("nope".to_owned()));
+    }
+
+    #[test]
+    fn a_job_selector_a_fixed_window_and_an_unknown_metric_are_problems() {
+        let defaults = BTreeMap::from([("__rate_interval".to_owned(), "1m".to_owned())]);
+        let recorded = BTreeSet::from(["uri:http_server_requests_seconds:p99_1m".to_owned()]);
+        let problems = check_expr(
+            r#"rate(tool_calls_total{job="orders"}[5m]) + nope"#,
+            &defaults,
+            &recorded,
+        )
+        .unwrap_err();
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(
+            check_expr(
+                "uri:http_server_requests_seconds:p99_1m",
+                &defaults,
+                &recorded
+            )
+            .is_ok()
+        );
+        assert!(
+            check_expr(
+                "rate(tool_calls_total[$__rate_interval])",
+                &defaults,
+                &recorded
+            )
+            .is_ok()
+        );
+        assert!(
+            check_expr(SEED_QUERY, &defaults, &recorded).is_ok(),
+            "the seed keeps its [1m]"
+        );
+    }
+
+    #[test]
+    fn the_project_dashboards_pass() {
+        let dir = crate::stack::workspace().join("grafana/dashboards");
+        let report = check_dir(&dir).unwrap();
+        assert!(report.problems.is_empty(), "{:#?}", report.problems);
+        assert!(report.queries.len() > 10);
+    }
+}

@@ -1,0 +1,270 @@
+//! `cargo xtask experiment`: legacy against propagate under the identical load, each on
+//! a fresh database and fresh services, repeated with the order alternated; then the
+//! summary, the chart and, with `--check`, the acceptance rules.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use test_support::PgCluster;
+
+use crate::check::{self, Verdict};
+use crate::prometheus::Prometheus;
+use crate::run::{self, Context, ModeRun};
+use crate::scenario::Scenario;
+use crate::stack::{self, Ports, workspace};
+use crate::summary::{self, Summary};
+use crate::{chart, k6};
+
+/// The experiment's command line.
+#[derive(Debug, clap::Args)]
+pub struct ExperimentArgs {
+    /// What to run (docs/design.md §9).
+    #[arg(value_enum, default_value = "goodput")]
+    pub scenario: Scenario,
+    /// Runs per mode; the order alternates (legacy first, then propagate first, ...).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub repeat: u32,
+    /// Build profile of the services (`dev` for CI, which reuses the test build).
+    #[arg(long, default_value = "release", value_parser = ["release", "dev"])]
+    pub profile: String,
+    /// Do not run `cargo build` first.
+    #[arg(long)]
+    pub no_build: bool,
+    /// Length of each load, e.g. `30s`, `2m` (default: the scenario's).
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Closed-loop users instead of the scenario's (seed, mixed, happy).
+    #[arg(long)]
+    pub vus: Option<u32>,
+    /// Open-model arrivals per second instead of the scenario's (goodput, recovery).
+    #[arg(long)]
+    pub rate: Option<u32>,
+    /// Orders with no fault before each measured load, e.g. `3s`.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub warm_up: Duration,
+    /// The budget every order carries, ms.
+    #[arg(long, default_value_t = 700)]
+    pub budget: u64,
+    /// How late past the budget propagate's p99 may be, ms (debug builds need more).
+    #[arg(long, default_value_t = 50)]
+    pub margin: u64,
+    /// Fail (exit 1) when an acceptance rule does not hold.
+    #[arg(long)]
+    pub check: bool,
+    /// Run a real Prometheus beside the services and check every dashboard query.
+    #[arg(long)]
+    pub prometheus: bool,
+    /// Where to write (default: `results/<scenario>`); `docs/results/<scenario>` publishes.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Redraw the chart of an earlier run from DIR/timeseries.json, and run nothing.
+    #[arg(long, value_name = "DIR")]
+    pub replot: Option<PathBuf>,
+}
+
+/// `30s`, `2m`, `1m30s`, `500ms`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (mut total, mut number) = (0u64, String::new());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            number.push(c);
+            continue;
+        }
+        let n: u64 = number
+            .parse()
+            .map_err(|_| format!("bad duration {text:?}"))?;
+        number.clear();
+        total += match (c, chars.peek()) {
+            ('m', Some('s')) => (chars.next(), n).1,
+            ('m', _) => n * 60_000,
+            ('s', _) => n * 1000,
+            ('h', _) => n * 3_600_000,
+            _ => return Err(format!("bad duration {text:?} (use e.g. 30s, 2m, 500ms)")),
+        };
+    }
+    if !number.is_empty() || total == 0 {
+        return Err(format!("bad duration {text:?} (use e.g. 30s, 2m, 500ms)"));
+    }
+    Ok(Duration::from_millis(total))
+}
+
+/// Runs the experiment; `Ok(false)` when `--check` found a rule broken.
+pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
+    if let Some(dir) = &args.replot {
+        return chart::replot(dir).map(|()| true);
+    }
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| workspace().join("results").join(args.scenario.name()));
+    let ctx = prepare(&args, &out).await?;
+    let prometheus = match args.prometheus {
+        true => Some(Prometheus::start(&ctx.ports, &out.join("runs/prometheus")).await?),
+        false => None,
+    };
+    let runs = run_all(&ctx, args.repeat as usize).await?;
+    // Queried at the end of the last load, while the services were still up.
+    let prometheus_problems = match &prometheus {
+        Some(p) => {
+            p.check_dashboards(runs.last().map_or(0.0, |r| r.load_ended_at))
+                .await?
+        }
+        None => Vec::new(),
+    };
+    let summary = Summary::new(
+        args.scenario.name(),
+        commit(),
+        &args.profile,
+        serde_json::to_value(&ctx.load)?,
+        &runs,
+    );
+    let mut verdicts = check::check(&summary, args.budget as f64, args.margin as f64);
+    verdicts.extend(prometheus_problems.iter().map(|p| Verdict {
+        rule: "dashboard query".into(),
+        ok: false,
+        detail: p.clone(),
+    }));
+    write_results(&out, &summary, &runs, &verdicts)?;
+    chart::draw(&out.join("chart.svg"), &summary, &runs)?;
+    print_report(&summary, &verdicts, &out);
+    Ok(!args.check || verdicts.iter().all(|v| v.ok))
+}
+
+/// Builds, finds k6, starts PostgreSQL, picks the ports.
+async fn prepare(args: &ExperimentArgs, out: &Path) -> anyhow::Result<Context> {
+    if !args.no_build {
+        stack::build_services(&args.profile)?;
+    }
+    let k6 = k6::ensure_k6()?;
+    if out.join("runs").exists() {
+        std::fs::remove_dir_all(out.join("runs"))?;
+    }
+    std::fs::create_dir_all(out.join("runs"))?;
+    let cluster = tokio::task::spawn_blocking(PgCluster::start).await??;
+    Ok(Context {
+        profile: args.profile.clone(),
+        cluster,
+        ports: Ports::free(),
+        k6,
+        load: args
+            .scenario
+            .load(args.duration, args.budget)
+            .with_overrides(args.vus, args.rate),
+        margin_ms: args.margin,
+        out: out.join("runs"),
+        warm_up: args.warm_up,
+    })
+}
+
+/// Every repeat, both modes each, the order alternated so neither mode always runs on
+/// a machine the other has just warmed (or tired).
+async fn run_all(ctx: &Context, repeats: usize) -> anyhow::Result<Vec<ModeRun>> {
+    let mut runs = Vec::new();
+    for repeat in 0..repeats {
+        let order = if repeat % 2 == 0 {
+            summary::MODES
+        } else {
+            [summary::MODES[1], summary::MODES[0]]
+        };
+        eprintln!(
+            "{} run {}/{repeats}: {} then {}",
+            ctx.load.scenario.name(),
+            repeat + 1,
+            order[0],
+            order[1]
+        );
+        for mode in order {
+            runs.push(run::run_mode(ctx, mode, repeat).await?);
+        }
+    }
+    Ok(runs)
+}
+
+/// `git describe --always --dirty`: the commit the figures speak for.
+fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["describe", "--always", "--dirty", "--abbrev=12"])
+        .current_dir(workspace())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or_else(
+            || "unknown".to_owned(),
+            |o| String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+        )
+}
+
+/// `summary.json`, `summary.md`, `timeseries.json` and the k6 summaries: small files
+/// that can be committed (the request logs and service logs stay under `runs/`).
+fn write_results(
+    out: &Path,
+    summary: &Summary,
+    runs: &[ModeRun],
+    verdicts: &[Verdict],
+) -> anyhow::Result<()> {
+    std::fs::write(
+        out.join("summary.json"),
+        serde_json::to_string_pretty(summary)? + "\n",
+    )?;
+    std::fs::write(
+        out.join("timeseries.json"),
+        serde_json::to_string(runs)? + "\n",
+    )?;
+    std::fs::write(out.join("summary.md"), summary_markdown(summary, verdicts))?;
+    std::fs::create_dir_all(out.join("k6"))?;
+    for run in runs {
+        let name = format!("run-{}-{}", run.repeat, run.mode);
+        let from = out.join("runs").join(&name).join("k6-summary.json");
+        std::fs::copy(&from, out.join("k6").join(format!("{name}.json")))
+            .with_context(|| format!("{}", from.display()))?;
+    }
+    Ok(())
+}
+
+/// The markdown summary: what ran, the table, the checks.
+pub fn summary_markdown(summary: &Summary, verdicts: &[Verdict]) -> String {
+    let mut text = format!(
+        "# Experiment `{}`\n\nCommit `{}`, {} build, {} run(s) per mode (median, min–max).\n\nLoad: `{}`\n\n",
+        summary.scenario, summary.commit, summary.profile, summary.repeats, summary.load
+    );
+    text.push_str(&summary::markdown_table(summary));
+    text.push_str("\n| check | result | detail |\n| --- | --- | --- |\n");
+    for v in verdicts {
+        text.push_str(&format!(
+            "| {} | {} | {} |\n",
+            v.rule,
+            if v.ok { "pass" } else { "FAIL" },
+            v.detail
+        ));
+    }
+    text
+}
+
+fn print_report(summary: &Summary, verdicts: &[Verdict], out: &Path) {
+    println!("\n{}", summary::markdown_table(summary));
+    for v in verdicts {
+        println!(
+            "{} {}: {}",
+            if v.ok { "PASS" } else { "FAIL" },
+            v.rule,
+            v.detail
+        );
+    }
+    println!("\nresults in {}", out.display());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert!(parse_duration("30").is_err());
+        assert!(parse_duration("x").is_err());
+    }
+}

@@ -1,0 +1,28 @@
+//! The harness of the deadline-propagation project, run as `cargo xtask <command>`
+//! (the binary in `main.rs` only parses the command line and calls in here).
+//!
+//! One implementation of each thing, shared with the tests through test-support:
+//! PostgreSQL from [`test_support::PgCluster`], the services from
+//! [`test_support::ServiceProcess`], `/metrics` read by [`test_support::exposition`],
+//! metric names from [`shared::metrics::names`].
+//!
+//! The experiment, in the order it runs: [`experiment`] parses the command line and
+//! runs every repeat; [`run`] runs one mode (database, services, warm-up, fault, k6 from
+//! [`k6`] with the [`sampler`] beside it, drain); [`stats`] turns k6's request log into
+//! figures; [`summary`] aggregates them; [`check`] applies the acceptance rules;
+//! [`chart`] draws; [`prometheus`] and [`dashboards`] check the dashboards' queries;
+//! [`readme`] turns the committed summaries into the README's tables.
+
+pub mod chart;
+pub mod check;
+pub mod dashboards;
+pub mod experiment;
+pub mod k6;
+pub mod prometheus;
+pub mod readme;
+pub mod run;
+pub mod sampler;
+pub mod scenario;
+pub mod stack;
+pub mod stats;
+pub mod summary;

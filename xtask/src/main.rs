@@ -1,0 +1,109 @@
+//! `cargo xtask <command>`: the project's harness, in Rust, on the same code as the
+//! tests (test-support starts PostgreSQL and the services; its parser reads `/metrics`).
+//!
+//! - `experiment`: legacy against propagate under identical load (docs/design.md §9);
+//! - `stack -- <command>`: a running stack for an outside check (the MCP SDK check);
+//! - `dashboards`: the Grafana dashboards' static checks;
+//! - `readme-tables`: the README's result tables, from the committed `docs/results/`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use xtask::stack;
+
+#[derive(Parser)]
+#[command(about = "The harness of the deadline-propagation project", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start PostgreSQL, catalog-service and orders-service on free loopback ports,
+    /// run COMMAND with ORDERS_URL, CATALOG_URL, CATALOG_ADMIN_URL and DATABASE_URL
+    /// set, then stop everything. Exits with the command's status.
+    Stack(StackArgs),
+    /// Run legacy and propagate under identical load and compare them (docs/design.md §9).
+    Experiment(xtask::experiment::ExperimentArgs),
+    /// Check the Grafana dashboards' structure and metric names (no Prometheus needed;
+    /// `experiment --prometheus` also runs their queries).
+    Dashboards,
+    /// Print the README's result tables, generated from docs/results/*/summary.json.
+    ReadmeTables,
+}
+
+#[derive(clap::Args)]
+struct StackArgs {
+    /// Which build of the services to run (`dev` is target/debug).
+    #[arg(long, default_value = "dev", value_parser = ["dev", "release"])]
+    profile: String,
+    /// Extra orders-service setting, repeatable.
+    #[arg(long = "orders-env", value_name = "K=V", value_parser = key_value)]
+    orders_env: Vec<(String, String)>,
+    /// Extra catalog-service setting, repeatable.
+    #[arg(long = "catalog-env", value_name = "K=V", value_parser = key_value)]
+    catalog_env: Vec<(String, String)>,
+    /// Where the service logs go (default: a new folder under the temp dir).
+    #[arg(long)]
+    log_dir: Option<PathBuf>,
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+fn key_value(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("expected K=V, got {text:?}"))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Stack(args) => stack_command(args).await,
+        Command::Experiment(args) => xtask::experiment::experiment(args)
+            .await
+            .map(|ok| u8::from(!ok)),
+        Command::Dashboards => dashboards_command(),
+        Command::ReadmeTables => xtask::readme::tables(&stack::workspace().join("docs/results"))
+            .map(|t| {
+                print!("{t}");
+                0
+            }),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            eprintln!("xtask: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn stack_command(args: StackArgs) -> anyhow::Result<u8> {
+    let log_dir = args
+        .log_dir
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("stack-logs-{}", std::process::id())));
+    let env = stack::ServiceEnv {
+        orders: args.orders_env,
+        catalog: args.catalog_env,
+    };
+    let code = stack::run_with_stack(&args.profile, &env, &log_dir, &args.command).await?;
+    Ok(u8::try_from(code).unwrap_or(1))
+}
+
+fn dashboards_command() -> anyhow::Result<u8> {
+    let dir = stack::workspace().join("grafana/dashboards");
+    let report = xtask::dashboards::check_dir(&dir)?;
+    for problem in &report.problems {
+        println!("FAIL {problem}");
+    }
+    println!(
+        "dashboards: {} queries, {} problems",
+        report.queries.len(),
+        report.problems.len()
+    );
+    Ok(u8::from(!report.problems.is_empty()))
+}

@@ -1,0 +1,235 @@
+//! A real Prometheus beside the experiment, scraping both services with the project's
+//! own configuration (`prometheus/prometheus.local.yml`, only the ports and the
+//! interval changed), so every dashboard query is checked against real series.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use test_support::ServiceProcess;
+use test_support::process::free_port;
+
+use crate::dashboards::{self, SEED_QUERY};
+use crate::stack::{Ports, workspace};
+
+/// A running Prometheus; stopped when dropped.
+pub struct Prometheus {
+    /// Its base URL.
+    pub url: String,
+    _process: ServiceProcess,
+}
+
+/// The repository's rule files (recording rules and alerts).
+fn rules_dir() -> std::path::PathBuf {
+    workspace().join("prometheus/rules")
+}
+
+/// `prometheus.local.yml` with the services' real ports, 1 s scrape and evaluation
+/// intervals, and the rule files by absolute path.
+pub fn config(ports: &Ports) -> anyhow::Result<String> {
+    let mut text = std::fs::read_to_string(workspace().join("prometheus/prometheus.local.yml"))?;
+    let replacements = [
+        (
+            "\"127.0.0.1:8080\"",
+            format!("\"127.0.0.1:{}\"", ports.orders),
+        ),
+        (
+            "\"127.0.0.1:8081\"",
+            format!("\"127.0.0.1:{}\"", ports.catalog),
+        ),
+        ("scrape_interval: 5s", "scrape_interval: 1s".to_owned()),
+        ("scrape_timeout: 4s", "scrape_timeout: 1s".to_owned()),
+        (
+            "evaluation_interval: 5s",
+            "evaluation_interval: 1s".to_owned(),
+        ),
+        // The configuration is written to a temporary folder; the rules stay here.
+        (
+            "\"rules/*.rules.yml\"",
+            format!("\"{}/*.rules.yml\"", rules_dir().display()),
+        ),
+    ];
+    for (old, new) in replacements {
+        anyhow::ensure!(
+            text.matches(old).count() == 1,
+            "prometheus.local.yml no longer has {old} once"
+        );
+        text = text.replace(old, &new);
+    }
+    Ok(text)
+}
+
+impl Prometheus {
+    /// Starts Prometheus (Debian's `prometheus` binary) with its data under `dir`.
+    pub async fn start(ports: &Ports, dir: &Path) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir.join("tsdb"))?;
+        std::fs::write(dir.join("prometheus.yml"), config(ports)?)?;
+        let port = free_port();
+        let mut command = std::process::Command::new("prometheus");
+        command
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"));
+        let process = ServiceProcess::spawn(command, dir.join("prometheus.log"))
+            .context("cannot start prometheus (Debian: apt-get install prometheus)")?;
+        let url = format!("http://127.0.0.1:{port}");
+        let client = reqwest::Client::new();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(60) {
+            if client
+                .get(format!("{url}/-/ready"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                return Ok(Self {
+                    url,
+                    _process: process,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        bail!(
+            "Prometheus was not ready within 60 s; see {}",
+            dir.join("prometheus.log").display()
+        )
+    }
+
+    /// An instant query at `at` (Unix seconds): `Ok(true)` when it returned data
+    /// (a NaN from a histogram without observations in the window is data too).
+    pub async fn has_data(&self, expr: &str, at: f64) -> anyhow::Result<bool> {
+        let url = format!(
+            "{}/api/v1/query?query={}&time={at:.3}",
+            self.url,
+            percent_encode(expr)
+        );
+        let body: serde_json::Value = reqwest::get(url).await?.json().await?;
+        if body["status"] != "success" {
+            bail!("{}: {}", body["errorType"], body["error"]);
+        }
+        Ok(body["data"]["result"]
+            .as_array()
+            .is_some_and(|r| !r.is_empty()))
+    }
+
+    /// Every dashboard query and the seed's query must return data at `at` (a moment
+    /// when the services were up: after they stop, their series go stale).
+    pub async fn check_dashboards(&self, at: f64) -> anyhow::Result<Vec<String>> {
+        let report = dashboards::check_dir(&workspace().join("grafana/dashboards"))?;
+        let mut problems = report.problems;
+        let seed = dashboards::Query {
+            label: "the seed's p99 query".into(),
+            expr: SEED_QUERY.into(),
+        };
+        for query in report.queries.iter().chain([&seed]) {
+            match self.has_data(&query.expr, at).await {
+                Ok(true) => {}
+                // k6 writes its own metrics to Prometheus only under compose.
+                Ok(false)
+                    if dashboards::metric_names(&query.expr)
+                        .iter()
+                        .all(|m| m.starts_with(dashboards::K6_PREFIX)) => {}
+                Ok(false) => problems.push(format!("{}: no data for {}", query.label, query.expr)),
+                Err(err) => problems.push(format!("{}: {err:#}", query.label)),
+            }
+        }
+        problems.extend(self.check_rules(at).await?);
+        eprintln!(
+            "  Prometheus: {} dashboard queries and the seed's query checked, {} problems",
+            report.queries.len(),
+            problems.len()
+        );
+        Ok(problems)
+    }
+}
+
+impl Prometheus {
+    /// The rules Prometheus loaded from `prometheus/rules/`: every file is loaded, every
+    /// rule evaluates without error, and every recording rule's series exists at `at`.
+    /// An alert whose expression returns nothing is an alert not firing: no problem.
+    pub async fn check_rules(&self, at: f64) -> anyhow::Result<Vec<String>> {
+        let files = dashboards::rule_files(&rules_dir())?.len();
+        let body: serde_json::Value = reqwest::get(format!("{}/api/v1/rules", self.url))
+            .await?
+            .json()
+            .await?;
+        let groups = body["data"]["groups"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let mut problems = Vec::new();
+        let loaded: std::collections::BTreeSet<_> =
+            groups.iter().filter_map(|g| g["file"].as_str()).collect();
+        if loaded.len() < files {
+            problems.push(format!(
+                "Prometheus loaded {} rule file(s), the repository has {files}",
+                loaded.len()
+            ));
+        }
+        let rules: Vec<_> = groups
+            .iter()
+            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+            .collect();
+        for rule in &rules {
+            let name = rule["name"].as_str().unwrap_or("?");
+            if rule["health"] != "ok" {
+                problems.push(format!(
+                    "rule {name}: health {}: {}",
+                    rule["health"], rule["lastError"]
+                ));
+            } else if rule["type"] == "recording" && !self.has_data(name, at).await? {
+                problems.push(format!("recording rule {name}: no data"));
+            }
+        }
+        eprintln!(
+            "  Prometheus: {} rules from {} file(s) checked, {} problems",
+            rules.len(),
+            loaded.len(),
+            problems.len()
+        );
+        Ok(problems)
+    }
+}
+
+/// Percent-encodes everything but unreserved characters (RFC 3986), for a query string.
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_promql_for_a_query_string() {
+        assert_eq!(
+            percent_encode(r#"a{b="c"}[1m]"#),
+            "a%7Bb%3D%22c%22%7D%5B1m%5D"
+        );
+    }
+
+    #[test]
+    fn config_points_at_the_real_ports() {
+        let ports = Ports {
+            orders: 1111,
+            catalog: 2222,
+            admin: 3333,
+        };
+        let text = config(&ports).unwrap();
+        assert!(text.contains("\"127.0.0.1:1111\"") && text.contains("\"127.0.0.1:2222\""));
+        assert!(text.contains("scrape_interval: 1s"));
+    }
+}

@@ -1,0 +1,374 @@
+//! One mode of one scenario, start to finish: a fresh database, fresh services, a
+//! warm-up, the fault, the load, the drain, the figures. Each step is one function.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+use shared::metrics::names;
+use test_support::PgCluster;
+use test_support::exposition::{self, Sample as Series};
+
+use crate::k6::{self, K6Run};
+use crate::sampler::{self, Sample, Sampler};
+use crate::scenario::{Fault, Load};
+use crate::stack::{Ports, ServiceEnv, Services, fresh_database};
+use crate::stats::{self, Second};
+
+/// What every run of one invocation shares.
+pub struct Context {
+    /// `dev` or `release`.
+    pub profile: String,
+    /// The PostgreSQL server; each run gets a database of its own on it.
+    pub cluster: PgCluster,
+    /// The services' ports, the same for every run (Prometheus scrapes them).
+    pub ports: Ports,
+    /// The k6 binary.
+    pub k6: PathBuf,
+    /// The load both modes get.
+    pub load: Load,
+    /// Allowed lateness of an answer past the budget, for the p99 checks.
+    pub margin_ms: u64,
+    /// Where this invocation writes.
+    pub out: PathBuf,
+    /// Seconds of orders with no fault before each measured load.
+    pub warm_up: Duration,
+}
+
+/// The figures of one run, all per second of load where they are rates.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Figures {
+    /// Orders created and answered within the budget, per second.
+    pub goodput_per_s: f64,
+    /// Orders sent, per second.
+    pub sent_per_s: f64,
+    /// 201 answers of any latency, per second.
+    pub created_per_s: f64,
+    /// 503 refused early, per second.
+    pub refused_per_s: f64,
+    /// 504 deadline ran out, per second.
+    pub expired_per_s: f64,
+    /// Requests the client gave up on at its timeout, per second.
+    pub gave_up_per_s: f64,
+    /// Any other outcome (a bug or a transport error), in total.
+    pub other: f64,
+    /// Client-side latency percentiles, ms (a request cut at its timeout counts there).
+    pub p50_ms: f64,
+    /// p99, ms.
+    pub p99_ms: f64,
+    /// Slowest answer, ms.
+    pub max_ms: f64,
+    /// catalog-service's busy slots on average (requests in flight, sampled).
+    pub catalog_busy_slots: f64,
+    /// Of them, slots busy with calls that produced no answer: the caller gave up or its
+    /// budget ran out mid-call, so the work was for someone who had gone.
+    pub catalog_wasted_slots: f64,
+    /// Peak of catalog calls waiting for a bulkhead slot.
+    pub pending_peak: f64,
+    /// Peak of slots in use.
+    pub active_peak: f64,
+    /// Peak of `POST /api/orders` being handled.
+    pub in_flight_peak: f64,
+    /// orders-service memory when the load started, MiB.
+    pub rss_start_mib: f64,
+    /// Its peak, MiB.
+    pub rss_peak_mib: f64,
+    /// After the drain, MiB.
+    pub rss_end_mib: f64,
+    /// How long in-flight orders took to reach 0 once the load stopped, ms.
+    pub drain_ms: f64,
+    /// For `recovery`: from the fault's removal to the first whole second of arrivals
+    /// served in budget at 95%, ms.
+    pub recovery_ms: Option<f64>,
+    /// k6's exit code (99: a threshold failed).
+    pub k6_exit: f64,
+}
+
+/// One mode's run: its figures and its time series.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModeRun {
+    /// `legacy` or `propagate`.
+    pub mode: String,
+    /// Which repeat (0-based).
+    pub repeat: usize,
+    /// The figures.
+    pub figures: Figures,
+    /// Gauges and memory, four times a second.
+    pub samples: Vec<Sample>,
+    /// Arrivals, goodput and p99 per second of arrivals.
+    pub seconds: Vec<Second>,
+    /// For `recovery`: seconds after the load's start when the fault was removed.
+    pub fault_removed_at: Option<f64>,
+    /// When k6 finished, in Unix seconds (Prometheus is queried at that moment).
+    pub load_ended_at: f64,
+}
+
+/// Runs `mode` once (repeat `repeat`).
+pub async fn run_mode(ctx: &Context, mode: &str, repeat: usize) -> anyhow::Result<ModeRun> {
+    let dir = ctx.out.join(format!("run-{repeat}-{mode}"));
+    std::fs::create_dir_all(&dir)?;
+    let db_name = format!("{}_{repeat}_{mode}", ctx.load.scenario.name());
+    let database_url = fresh_database(&ctx.cluster, &db_name).await?;
+    let services = start_services(ctx, mode, database_url, &dir).await?;
+    warm_up(&ctx.ports.orders_url(), ctx.load.budget_ms, ctx.warm_up).await;
+    let client = reqwest::Client::new();
+    let catalog_before = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
+    set_fault(&ctx.ports.admin_url(), ctx.load.fault).await?;
+    let measured = measure_load(ctx, mode, &services, &dir).await;
+    set_fault(&ctx.ports.admin_url(), None).await?;
+    let (k6_run, samples, load_start_ms, removed_ms) = measured?;
+    let load_ended_at = unix_ms() as f64 / 1000.0;
+    let drain = wait_drained(&client, &ctx.ports.orders_url()).await;
+    let catalog_after = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
+    let rss_end = test_support::process::rss_kib(services.orders.pid()) as f64 / 1024.0;
+    services.stop();
+
+    let catalog_answer_seconds =
+        catalog_200_seconds(&catalog_after) - catalog_200_seconds(&catalog_before);
+    let inputs = FigureInputs {
+        load: &ctx.load,
+        k6: &k6_run,
+        samples: &samples,
+        catalog_answer_seconds,
+        drain,
+        rss_end,
+        removed_ms,
+    };
+    let figures = figures(&inputs);
+    eprintln!(
+        "  {mode:>9}: goodput {:.1}/s, p99 {:.0} ms, 503 {:.1}/s, 504 {:.1}/s, gave up {:.1}/s, k6 exit {}",
+        figures.goodput_per_s,
+        figures.p99_ms,
+        figures.refused_per_s,
+        figures.expired_per_s,
+        figures.gave_up_per_s,
+        k6_run.exit_code
+    );
+    Ok(ModeRun {
+        mode: mode.to_owned(),
+        repeat,
+        figures,
+        seconds: stats::per_second(&k6_run.requests, load_start_ms, ctx.load.budget_ms),
+        samples,
+        fault_removed_at: removed_ms.map(|r| r.saturating_sub(load_start_ms) as f64 / 1000.0),
+        load_ended_at,
+    })
+}
+
+fn metrics_url(base: &str) -> String {
+    format!("{base}/metrics")
+}
+
+/// The services in `mode` with the scenario's pool size, on a fresh database.
+async fn start_services(
+    ctx: &Context,
+    mode: &str,
+    database_url: String,
+    dir: &Path,
+) -> anyhow::Result<Services> {
+    let env = ServiceEnv {
+        orders: vec![
+            ("DEADLINE_MODE".into(), mode.into()),
+            (
+                "CATALOG_POOL_MAX_CONNECTIONS".into(),
+                ctx.load.pool_max_connections.to_string(),
+            ),
+            ("LOG_FORMAT".into(), "text".into()),
+            ("RUST_LOG".into(), "warn".into()),
+        ],
+        catalog: vec![("RUST_LOG".into(), "warn".into())],
+    };
+    Services::start(&ctx.profile, ctx.ports, database_url, &env, dir).await
+}
+
+/// Orders with no fault for `length`, 8 at a time: connections, pools, caches and a
+/// cold debug build settle before anything is measured (a cold start once measured
+/// p99 978 ms against an 800 ms limit).
+async fn warm_up(orders_url: &str, budget_ms: u64, length: Duration) {
+    let client = reqwest::Client::new();
+    let until = Instant::now() + length;
+    let workers = (0..8).map(|w| {
+        let (client, url) = (client.clone(), format!("{orders_url}/api/orders"));
+        tokio::spawn(async move {
+            let mut n = 0u32;
+            while Instant::now() < until {
+                n += 1;
+                let body = serde_json::json!({"sku": format!("SKU-{:05}", 1 + (w * 97 + n) % 1000), "quantity": 1});
+                let _ = client
+                    .post(&url)
+                    .header("X-Request-Timeout-Ms", budget_ms.to_string())
+                    .json(&body)
+                    .timeout(Duration::from_secs(5))
+                    .send()
+                    .await;
+            }
+        })
+    });
+    for worker in workers.collect::<Vec<_>>() {
+        let _ = worker.await;
+    }
+    // One assistant turn, so the tool-call series (and their dashboard panel) have data.
+    let _ = client
+        .post(format!("{orders_url}/api/assistant/chat"))
+        .json(&serde_json::json!({"message": "What does SKU-00001 cost?"}))
+        .send()
+        .await;
+}
+
+/// `PUT /admin/faults` with `fault`, or `DELETE` when `None`.
+pub async fn set_fault(admin_url: &str, fault: Option<Fault>) -> anyhow::Result<()> {
+    let client = reqwest::Client::new();
+    let url = format!("{admin_url}/admin/faults");
+    let request = match fault {
+        Some(f) => client.put(&url).json(&serde_json::json!({
+            "delay_ms": f.delay_ms, "jitter_ms": f.jitter_ms, "error_rate": 0.0
+        })),
+        None => client.delete(&url),
+    };
+    let response = request
+        .send()
+        .await
+        .context("catalog admin API unreachable")?;
+    anyhow::ensure!(
+        response.status().is_success(),
+        "{url} answered {}",
+        response.status()
+    );
+    Ok(())
+}
+
+type Measured = (K6Run, Vec<Sample>, u64, Option<u64>);
+
+/// k6 with the sampler beside it; for `recovery`, the fault is removed mid-load.
+async fn measure_load(
+    ctx: &Context,
+    mode: &str,
+    services: &Services,
+    dir: &Path,
+) -> anyhow::Result<Measured> {
+    let sampler = Sampler::start(
+        metrics_url(&ctx.ports.orders_url()),
+        metrics_url(&ctx.ports.catalog_url()),
+        services.orders.pid(),
+    );
+    let load_start_ms = unix_ms();
+    let remover = ctx.load.fault_removed_after.map(|after| {
+        let admin = ctx.ports.admin_url();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            set_fault(&admin, None).await.map(|()| unix_ms())
+        })
+    });
+    let k6_run = k6::run(
+        &ctx.k6,
+        &ctx.load,
+        mode,
+        &ctx.ports.orders_url(),
+        ctx.margin_ms,
+        dir,
+    )
+    .await;
+    let samples = sampler.stop().await;
+    let removed_ms = match remover {
+        Some(task) => Some(task.await??),
+        None => None,
+    };
+    Ok((k6_run?, samples, load_start_ms, removed_ms))
+}
+
+/// Waits (at most 30 s) until no order is in flight; returns how long that took.
+async fn wait_drained(client: &reqwest::Client, orders_url: &str) -> Duration {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(30) {
+        let series = sampler::scrape(client, &metrics_url(orders_url)).await;
+        let in_flight = exposition::sum(
+            &series,
+            names::HTTP_SERVER_REQUESTS_IN_FLIGHT,
+            &[("uri", "/api/orders")],
+        );
+        if in_flight == Some(0.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    started.elapsed()
+}
+
+/// Seconds the catalog spent on calls it answered with 200 (the histogram's `_sum`).
+fn catalog_200_seconds(series: &[Series]) -> f64 {
+    let labels = [("uri", "/catalog/{sku}"), ("status", "200")];
+    let sum = format!("{}_sum", names::HTTP_SERVER_REQUESTS_SECONDS);
+    exposition::sum(series, &sum, &labels).unwrap_or(0.0)
+}
+
+/// Now, in ms since the Unix epoch (k6 logs arrivals on the same clock).
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = values.fold((0.0, 0u32), |(s, n), v| (s + v, n + 1));
+    if n == 0 { 0.0 } else { sum / f64::from(n) }
+}
+
+/// What [`figures`] computes from.
+pub struct FigureInputs<'a> {
+    /// The load that ran.
+    pub load: &'a Load,
+    /// k6's exit code and request log.
+    pub k6: &'a K6Run,
+    /// The sampler's samples.
+    pub samples: &'a [Sample],
+    /// Seconds of catalog work that ended in a 200 answer, during the load.
+    pub catalog_answer_seconds: f64,
+    /// How long the drain took.
+    pub drain: Duration,
+    /// Memory after the drain, MiB.
+    pub rss_end: f64,
+    /// When the fault was removed (recovery), ms since the epoch.
+    pub removed_ms: Option<u64>,
+}
+
+/// The figures of one run.
+pub fn figures(input: &FigureInputs<'_>) -> Figures {
+    let requests = &input.k6.requests;
+    let secs = input.load.duration.as_secs_f64();
+    let per_s = |status: u16| requests.iter().filter(|r| r.status == status).count() as f64 / secs;
+    let latencies: Vec<f64> = requests.iter().map(|r| r.elapsed_ms as f64).collect();
+    let known = [0, 201, 503, 504];
+    let peak = |f: fn(&Sample) -> f64| input.samples.iter().map(f).fold(0.0, f64::max);
+    let goodput = stats::goodput(requests, input.load.budget_ms, secs);
+    let catalog_busy = mean(input.samples.iter().map(|s| s.catalog_in_flight));
+    Figures {
+        goodput_per_s: goodput,
+        sent_per_s: requests.len() as f64 / secs,
+        created_per_s: per_s(201),
+        refused_per_s: per_s(503),
+        expired_per_s: per_s(504),
+        gave_up_per_s: per_s(0),
+        other: requests
+            .iter()
+            .filter(|r| !known.contains(&r.status))
+            .count() as f64,
+        p50_ms: stats::quantile(&latencies, 0.5).unwrap_or(0.0),
+        p99_ms: stats::quantile(&latencies, 0.99).unwrap_or(0.0),
+        max_ms: latencies.iter().copied().fold(0.0, f64::max),
+        catalog_busy_slots: catalog_busy,
+        catalog_wasted_slots: (catalog_busy - input.catalog_answer_seconds / secs).max(0.0),
+        pending_peak: peak(|s| s.pending),
+        active_peak: peak(|s| s.active),
+        in_flight_peak: peak(|s| s.in_flight),
+        rss_start_mib: input.samples.first().map_or(0.0, |s| s.rss_mib),
+        rss_peak_mib: peak(|s| s.rss_mib),
+        rss_end_mib: input.rss_end,
+        drain_ms: input.drain.as_secs_f64() * 1000.0,
+        recovery_ms: input
+            .removed_ms
+            .and_then(|removed| stats::recovery_ms(requests, removed, input.load.budget_ms, 0.95))
+            .map(|ms| ms as f64),
+        k6_exit: f64::from(input.k6.exit_code),
+    }
+}

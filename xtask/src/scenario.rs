@@ -1,0 +1,190 @@
+//! The scenarios of the experiment (docs/design.md §9): what load, what fault, for how long.
+//!
+//! A scenario is data. Both modes of one invocation run the same [`Load`], so every
+//! difference in the figures comes from the mode.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Which experiment to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scenario {
+    /// The headline: an open model above the catalog's capacity, slow and variable
+    /// catalog, clients giving up at their budget. Goodput = 201s within the budget/s.
+    Goodput,
+    /// The seed's run: a closed loop of 250 users, 1 s of catalog latency.
+    Seed,
+    /// The latency goes away while the load goes on: how fast is the service well again?
+    Recovery,
+    /// A closed loop with 400 ms of catalog latency: some orders fit the budget, some not.
+    Mixed,
+    /// No fault: the technique's cost, as throughput propagate / legacy.
+    Happy,
+}
+
+/// How k6 sends orders.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "model")]
+pub enum Model {
+    /// `rate` arrivals per second whatever the service does (constant-arrival-rate).
+    Open {
+        /// Orders per second.
+        rate: u32,
+    },
+    /// `vus` users, each sending its next order `think_ms` after its last answer.
+    Closed {
+        /// Users.
+        vus: u32,
+        /// Pause after every answer, the same in both modes (randomised ±1/3).
+        think_ms: u64,
+    },
+}
+
+/// The catalog fault injected through its admin API.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Fault {
+    /// Fixed delay of every catalog answer.
+    pub delay_ms: u64,
+    /// Extra random delay, uniform in `0..=jitter_ms`.
+    pub jitter_ms: u64,
+}
+
+/// Everything that defines the load of one run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Load {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// How orders arrive.
+    pub model: Model,
+    /// How long k6 sends orders.
+    #[serde(with = "secs")]
+    pub duration: Duration,
+    /// The budget each order carries (`X-Request-Timeout-Ms`).
+    pub budget_ms: u64,
+    /// When the client gives up (k6's request timeout).
+    pub timeout_ms: u64,
+    /// The catalog fault during the load, if any.
+    pub fault: Option<Fault>,
+    /// For `recovery`: the fault is removed this long after the load starts.
+    #[serde(with = "opt_secs")]
+    pub fault_removed_after: Option<Duration>,
+    /// orders-service's catalog bulkhead: slots in flight.
+    pub pool_max_connections: u32,
+}
+
+impl Load {
+    /// The same load with `vus` users (closed loop) or `rate` arrivals (open model).
+    pub fn with_overrides(mut self, vus: Option<u32>, rate: Option<u32>) -> Self {
+        match &mut self.model {
+            Model::Closed { vus: v, .. } => *v = vus.unwrap_or(*v),
+            Model::Open { rate: r } => *r = rate.unwrap_or(*r),
+        }
+        self
+    }
+}
+
+impl Scenario {
+    /// The scenario's load; `duration` overrides its default length.
+    pub fn load(self, duration: Option<Duration>, budget_ms: u64) -> Load {
+        let secs = |s| duration.unwrap_or(Duration::from_secs(s));
+        let base = Load {
+            scenario: self,
+            model: Model::Open { rate: 150 },
+            duration: secs(30),
+            budget_ms,
+            timeout_ms: budget_ms,
+            fault: None,
+            fault_removed_after: None,
+            pool_max_connections: 50,
+        };
+        // 50 slots at 200 to 800 ms (500 ms mean) serve about 100 orders/s: 150/s is
+        // half again what the catalog can take.
+        let variable = Fault {
+            delay_ms: 200,
+            jitter_ms: 600,
+        };
+        let seed_fault = Fault {
+            delay_ms: 1000,
+            jitter_ms: 0,
+        };
+        match self {
+            Self::Goodput => Load {
+                fault: Some(variable),
+                ..base
+            },
+            // Clients of the seed's run wait for their answer (60 s), so legacy's
+            // queue shows up as latency instead of being cut off by the client.
+            Self::Seed => Load {
+                model: Model::Closed {
+                    vus: 250,
+                    think_ms: 750,
+                },
+                timeout_ms: 60_000,
+                fault: Some(seed_fault),
+                ..base
+            },
+            Self::Recovery => {
+                let duration = secs(30);
+                Load {
+                    duration,
+                    fault: Some(seed_fault),
+                    fault_removed_after: Some(duration / 2),
+                    ..base
+                }
+            }
+            Self::Mixed => Load {
+                model: Model::Closed {
+                    vus: 250,
+                    think_ms: 750,
+                },
+                timeout_ms: 60_000,
+                fault: Some(Fault {
+                    delay_ms: 400,
+                    jitter_ms: 0,
+                }),
+                ..base
+            },
+            Self::Happy => Load {
+                model: Model::Closed {
+                    vus: 50,
+                    think_ms: 0,
+                },
+                ..base
+            },
+        }
+    }
+
+    /// The folder name under `docs/results/`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Goodput => "goodput",
+            Self::Seed => "seed",
+            Self::Recovery => "recovery",
+            Self::Mixed => "mixed",
+            Self::Happy => "happy",
+        }
+    }
+}
+
+mod secs {
+    pub(super) fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+}
+
+mod opt_secs {
+    pub(super) fn serialize<S: serde::Serializer>(
+        d: &Option<std::time::Duration>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_f64(d.as_secs_f64()),
+            None => s.serialize_none(),
+        }
+    }
+}

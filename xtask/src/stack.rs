@@ -1,0 +1,240 @@
+//! PostgreSQL, catalog-service and orders-service on free loopback ports: the stack the
+//! experiment measures and `cargo xtask stack -- <command>` lends to outside checks.
+//!
+//! PostgreSQL comes from test-support's [`PgCluster`] and the services from its
+//! [`ServiceProcess`], the same code the tests use. Every value is dropped in reverse
+//! order of creation, so the services stop before the database they hold connections to.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use test_support::postgres::create_database;
+use test_support::process::{binary_dir, free_port};
+use test_support::{PgCluster, ServiceProcess};
+
+/// The workspace root (xtask lives one folder below it).
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask is inside the workspace")
+        .to_path_buf()
+}
+
+/// Builds both services with cargo for `profile` (`dev` or `release`).
+pub fn build_services(profile: &str) -> anyhow::Result<()> {
+    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+        .current_dir(workspace())
+        .args(["build", "--quiet", "--profile", profile])
+        .args(["-p", "catalog-service", "-p", "orders-service"])
+        .status()
+        .context("cannot run cargo build")?;
+    anyhow::ensure!(status.success(), "cargo build failed");
+    Ok(())
+}
+
+/// The loopback ports of one stack, chosen once so a Prometheus started beside it can
+/// scrape every run of an experiment at the same addresses.
+#[derive(Debug, Clone, Copy)]
+pub struct Ports {
+    /// orders-service's public port.
+    pub orders: u16,
+    /// catalog-service's public port.
+    pub catalog: u16,
+    /// catalog-service's admin port (fault injection).
+    pub admin: u16,
+}
+
+impl Ports {
+    /// Three ports free now.
+    pub fn free() -> Self {
+        Self {
+            orders: free_port(),
+            catalog: free_port(),
+            admin: free_port(),
+        }
+    }
+
+    /// `http://127.0.0.1:<orders>`.
+    pub fn orders_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.orders)
+    }
+
+    /// `http://127.0.0.1:<catalog>`.
+    pub fn catalog_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.catalog)
+    }
+
+    /// `http://127.0.0.1:<admin>`.
+    pub fn admin_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.admin)
+    }
+}
+
+/// Both services running against one database.
+pub struct Services {
+    /// orders-service (declared first: dropped, so stopped, first).
+    pub orders: ServiceProcess,
+    /// catalog-service.
+    pub catalog: ServiceProcess,
+    /// Where they listen.
+    pub ports: Ports,
+    /// The database orders-service uses.
+    pub database_url: String,
+}
+
+/// What differs between two starts of the services.
+#[derive(Debug, Clone, Default)]
+pub struct ServiceEnv {
+    /// Extra orders-service settings (`DEADLINE_MODE`, pool sizes, ...).
+    pub orders: Vec<(String, String)>,
+    /// Extra catalog-service settings.
+    pub catalog: Vec<(String, String)>,
+}
+
+impl Services {
+    /// Starts catalog-service then orders-service from `profile`'s binaries, logs in
+    /// `log_dir`, and waits until orders-service's `/readyz` answers 200.
+    pub async fn start(
+        profile: &str,
+        ports: Ports,
+        database_url: String,
+        env: &ServiceEnv,
+        log_dir: &Path,
+    ) -> anyhow::Result<Self> {
+        let bin = binary_dir(&workspace(), profile);
+        for name in ["catalog-service", "orders-service"] {
+            anyhow::ensure!(
+                bin.join(name).is_file(),
+                "{} is missing: cargo build --profile {profile}",
+                bin.join(name).display()
+            );
+        }
+        std::fs::create_dir_all(log_dir)?;
+        let mut catalog_env = vec![
+            (
+                "CATALOG_LISTEN_ADDR",
+                format!("127.0.0.1:{}", ports.catalog),
+            ),
+            ("CATALOG_ADMIN_ADDR", format!("127.0.0.1:{}", ports.admin)),
+        ];
+        catalog_env.extend(env.catalog.iter().map(|(k, v)| (k.as_str(), v.clone())));
+        let catalog = ServiceProcess::start(
+            &bin.join("catalog-service"),
+            &catalog_env,
+            log_dir.join("catalog.log"),
+        )?;
+        let mut orders_env = vec![
+            ("ORDERS_LISTEN_ADDR", format!("127.0.0.1:{}", ports.orders)),
+            ("ORDERS_ADMIN_ADDR", format!("127.0.0.1:{}", free_port())),
+            ("CATALOG_URL", ports.catalog_url()),
+            ("DATABASE_URL", database_url.clone()),
+        ];
+        orders_env.extend(env.orders.iter().map(|(k, v)| (k.as_str(), v.clone())));
+        let orders = ServiceProcess::start(
+            &bin.join("orders-service"),
+            &orders_env,
+            log_dir.join("orders.log"),
+        )?;
+        let mut services = Self {
+            orders,
+            catalog,
+            ports,
+            database_url,
+        };
+        services.wait_ready(Duration::from_secs(60)).await?;
+        Ok(services)
+    }
+
+    /// Polls `/readyz` (database and catalog reachable) every 100 ms.
+    async fn wait_ready(&mut self, limit: Duration) -> anyhow::Result<()> {
+        let client = reqwest::Client::new();
+        let url = format!("{}/readyz", self.ports.orders_url());
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            for (name, process) in [("orders", &mut self.orders), ("catalog", &mut self.catalog)] {
+                if let Some(status) = process.exited() {
+                    bail!(
+                        "{name}-service exited ({status}):\n{}",
+                        process.log_tail(20)
+                    );
+                }
+            }
+            let ready = client
+                .get(&url)
+                .timeout(Duration::from_secs(1))
+                .send()
+                .await;
+            if ready.is_ok_and(|r| r.status().is_success()) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!(
+            "orders-service was not ready after {limit:?}:\n{}",
+            self.orders.log_tail(20)
+        )
+    }
+
+    /// Graceful stop: SIGTERM to orders (it drains), then to the catalog.
+    pub fn stop(mut self) {
+        self.orders.stop(Duration::from_secs(5));
+        self.catalog.stop(Duration::from_secs(5));
+    }
+}
+
+/// A new, empty database named `name` on `cluster`.
+pub async fn fresh_database(cluster: &PgCluster, name: &str) -> anyhow::Result<String> {
+    create_database(&cluster.url("postgres"), name).await
+}
+
+/// `cargo xtask stack -- <command>`: starts PostgreSQL and both services, runs the
+/// command with `ORDERS_URL`, `CATALOG_URL`, `CATALOG_ADMIN_URL` and `DATABASE_URL`
+/// set, stops everything and returns the command's exit code.
+pub async fn run_with_stack(
+    profile: &str,
+    env: &ServiceEnv,
+    log_dir: &Path,
+    command: &[String],
+) -> anyhow::Result<i32> {
+    let (program, args) = command.split_first().context("no command given after --")?;
+    let cluster = tokio::task::spawn_blocking(PgCluster::start).await??;
+    let database_url = fresh_database(&cluster, "stack").await?;
+    let services = Services::start(profile, Ports::free(), database_url, env, log_dir).await?;
+    let ports = services.ports;
+    eprintln!(
+        "stack: orders {}, catalog {}, logs in {}",
+        ports.orders_url(),
+        ports.catalog_url(),
+        log_dir.display()
+    );
+    let status = tokio::process::Command::new(program)
+        .args(args)
+        .env("ORDERS_URL", ports.orders_url())
+        .env("CATALOG_URL", ports.catalog_url())
+        .env("CATALOG_ADMIN_URL", ports.admin_url())
+        .env("DATABASE_URL", &services.database_url)
+        .env("STACK_LOG_DIR", log_dir)
+        .status()
+        .await
+        .with_context(|| format!("cannot run {program}"))?;
+    // A service that died during the command fails the run even if the command
+    // passed: an outside check must not pass against a crashed stack.
+    let mut services = services;
+    let mut code = status.code().unwrap_or(1);
+    for (name, process) in [
+        ("orders", &mut services.orders),
+        ("catalog", &mut services.catalog),
+    ] {
+        if let Some(exit) = process.exited() {
+            eprintln!(
+                "stack: {name}-service exited during the command ({exit}):\n{}",
+                process.log_tail(20)
+            );
+            code = code.max(1);
+        }
+    }
+    services.stop();
+    drop(cluster);
+    Ok(code)
+}
