@@ -49,6 +49,10 @@ pub struct ExperimentArgs {
     /// How late past the budget propagate's p99 may be, ms (debug builds need more).
     #[arg(long, default_value_t = 50)]
     pub margin: u64,
+    /// orders-service's deadline-aware admission (`CATALOG_ADMISSION`) in every run:
+    /// `predict` (the default) or `off`, to measure what admission adds.
+    #[arg(long, default_value = "predict", value_parser = ["predict", "off"])]
+    pub admission: String,
     /// Fail (exit 1) when an acceptance rule does not hold.
     #[arg(long)]
     pub check: bool,
@@ -155,6 +159,7 @@ async fn prepare(args: &ExperimentArgs, out: &Path) -> anyhow::Result<Context> {
         margin_ms: args.margin,
         out: out.join("runs"),
         warm_up: args.warm_up,
+        admission: args.admission.clone(),
     })
 }
 

@@ -34,6 +34,8 @@ pub struct Context {
     pub out: PathBuf,
     /// Seconds of orders with no fault before each measured load.
     pub warm_up: Duration,
+    /// orders-service's `CATALOG_ADMISSION` (`predict` or `off`), in every run.
+    pub admission: String,
 }
 
 /// The figures of one run, all per second of load where they are rates.
@@ -59,6 +61,9 @@ pub struct Figures {
     pub p99_ms: f64,
     /// Slowest answer, ms.
     pub max_ms: f64,
+    /// Calls catalog-service received, per second of load.
+    #[serde(default)]
+    pub catalog_calls_per_s: f64,
     /// catalog-service's busy slots on average (requests in flight, sampled).
     pub catalog_busy_slots: f64,
     /// Of them, slots busy with calls that produced no answer: the caller gave up or its
@@ -126,11 +131,13 @@ pub async fn run_mode(ctx: &Context, mode: &str, repeat: usize) -> anyhow::Resul
 
     let catalog_answer_seconds =
         catalog_200_seconds(&catalog_after) - catalog_200_seconds(&catalog_before);
+    let catalog_calls = catalog_calls(&catalog_after) - catalog_calls(&catalog_before);
     let inputs = FigureInputs {
         load: &ctx.load,
         k6: &k6_run,
         samples: &samples,
         catalog_answer_seconds,
+        catalog_calls,
         drain,
         rss_end,
         removed_ms,
@@ -174,6 +181,7 @@ async fn start_services(
                 "CATALOG_POOL_MAX_CONNECTIONS".into(),
                 ctx.load.pool_max_connections.to_string(),
             ),
+            ("CATALOG_ADMISSION".into(), ctx.admission.clone()),
             ("LOG_FORMAT".into(), "text".into()),
             ("RUST_LOG".into(), "warn".into()),
         ],
@@ -302,6 +310,12 @@ fn catalog_200_seconds(series: &[Series]) -> f64 {
     exposition::sum(series, &sum, &labels).unwrap_or(0.0)
 }
 
+/// Calls catalog-service answered, any status (the histogram's `_count`).
+fn catalog_calls(series: &[Series]) -> f64 {
+    let count = format!("{}_count", names::HTTP_SERVER_REQUESTS_SECONDS);
+    exposition::sum(series, &count, &[("uri", "/catalog/{sku}")]).unwrap_or(0.0)
+}
+
 /// Now, in ms since the Unix epoch (k6 logs arrivals on the same clock).
 pub fn unix_ms() -> u64 {
     SystemTime::now()
@@ -324,6 +338,8 @@ pub struct FigureInputs<'a> {
     pub samples: &'a [Sample],
     /// Seconds of catalog work that ended in a 200 answer, during the load.
     pub catalog_answer_seconds: f64,
+    /// Calls catalog-service answered (any status) for the load and its drain.
+    pub catalog_calls: f64,
     /// How long the drain took.
     pub drain: Duration,
     /// Memory after the drain, MiB.
@@ -357,6 +373,7 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
         p99_ms: stats::quantile(&latencies, 0.99).unwrap_or(0.0),
         max_ms: latencies.iter().copied().fold(0.0, f64::max),
         catalog_busy_slots: catalog_busy,
+        catalog_calls_per_s: input.catalog_calls / secs,
         catalog_wasted_slots: (catalog_busy - input.catalog_answer_seconds / secs).max(0.0),
         pending_peak: peak(|s| s.pending),
         active_peak: peak(|s| s.active),

@@ -139,6 +139,11 @@ const ROWS: &[(&str, &str, usize)] = &[
     ("p99_ms", "p99 latency, ms", 0),
     ("max_ms", "max latency, ms", 0),
     (
+        "catalog_calls_per_s",
+        "calls the catalog received, per s",
+        1,
+    ),
+    (
         "catalog_busy_slots",
         "catalog slots busy (mean requests in flight)",
         1,
