@@ -16,6 +16,10 @@ use tokio::time::Instant;
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
+/// Per `Idempotency-Key`: the id of its 201, if any, and whether an attempt got no
+/// answer at all (then the client cannot know the outcome).
+type Ledger = HashMap<String, (Option<i64>, bool)>;
+
 struct Replicas {
     orders: Vec<(ServiceProcess, String)>,
     catalogs: Vec<(ServiceProcess, String)>,
@@ -172,7 +176,7 @@ async fn sigterm_to_one_replica_mid_load_loses_no_confirmed_order() {
     let urls: Vec<String> = r.orders.iter().map(|(_, u)| u.clone()).collect();
     // key -> what the client was told: the id of its 201 (if any), and whether some
     // attempt got no answer at all (its outcome is unknown to the client).
-    let told: Arc<Mutex<HashMap<String, (Option<i64>, bool)>>> = Arc::default();
+    let told: Arc<Mutex<Ledger>> = Arc::default();
     let until = Instant::now() + MS(3000);
     let clients = (0..8).map(|c| {
         let (client, urls, told) = (r.client.clone(), urls.clone(), told.clone());
