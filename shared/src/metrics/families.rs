@@ -2,7 +2,6 @@
 //!
 //! prometheus-client appends `_total` to counters, so counters are registered without it.
 
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -16,11 +15,15 @@ use crate::stage::Stage;
 
 // The families added for issue 14 (configuration, process, tool-call initialisation,
 // exemplars), each in its own file under families/.
+mod client;
+mod db;
 mod exemplar;
 mod process;
 mod settings;
 mod tools;
 
+pub use client::{ClientMetrics, PoolGauges, RejectReason};
+pub use db::DbMetrics;
 use exemplar::{LatencyHistogram, latency_histogram_with_exemplars, observe_traced};
 pub(crate) use process::ProcessCollector;
 pub use settings::{PoolLimits, SettingsMetrics};
@@ -72,28 +75,6 @@ struct StageReason {
 struct ServiceMode {
     service: &'static str,
     mode: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ClientLabel {
-    client: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ClientStatus {
-    client: &'static str,
-    status: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ClientReason {
-    client: &'static str,
-    reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StateLabel {
-    state: &'static str,
 }
 
 /// `http_server_requests_seconds` and `http_server_requests_in_flight`.
@@ -247,237 +228,5 @@ impl DeadlineMetrics {
                 .get_or_create(&labels)
                 .set(i64::from(mode == current));
         }
-    }
-}
-
-/// Why the bulkhead refused a call (`http_client_pool_rejections_total{reason}`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RejectReason {
-    /// The pending queue was at its maximum.
-    QueueFull,
-    /// The wait for a slot passed the acquire timeout.
-    AcquireTimeout,
-    /// The request's own deadline ran out while waiting.
-    Deadline,
-}
-
-impl RejectReason {
-    fn as_str(self) -> &'static str {
-        match self {
-            RejectReason::QueueFull => "queue_full",
-            RejectReason::AcquireTimeout => "acquire_timeout",
-            RejectReason::Deadline => "deadline",
-        }
-    }
-}
-
-/// The pending and active gauges of one client; clones share the values. A bulkhead
-/// moves them one step per transition, never `set`s them from counts read a moment
-/// earlier: two releases at once would write the same stale count, stuck above 0.
-#[derive(Clone, Debug, Default)]
-pub struct PoolGauges {
-    /// Calls waiting for a slot.
-    pub pending: Gauge,
-    /// Calls holding a slot.
-    pub active: Gauge,
-}
-
-/// The outbound client families for one named client.
-#[derive(Clone, Debug)]
-pub struct ClientMetrics {
-    requests: Family<ClientStatus, LatencyHistogram, fn() -> LatencyHistogram>,
-    pending: Family<ClientLabel, Gauge>,
-    active: Family<ClientLabel, Gauge>,
-    acquire: Family<ClientLabel, Histogram, fn() -> Histogram>,
-    rejections: Family<ClientReason, Counter>,
-    retries: Family<ClientLabel, Counter>,
-    admission: Family<ClientReason, Counter>,
-    probes: Family<ClientLabel, Counter>,
-    estimate: Family<ClientLabel, Gauge<f64, AtomicU64>>,
-}
-
-impl ClientMetrics {
-    pub(crate) fn register(registry: &mut Registry) -> Self {
-        let this = Self {
-            requests: Family::new_with_constructor(latency_histogram_with_exemplars),
-            pending: Family::default(),
-            active: Family::default(),
-            acquire: Family::new_with_constructor(latency_histogram),
-            rejections: Family::default(),
-            retries: Family::default(),
-            admission: Family::default(),
-            probes: Family::default(),
-            estimate: Family::default(),
-        };
-        registry.register(
-            "http_client_requests_seconds",
-            "Outbound call time (pool wait excluded) by status, or timeout/error",
-            this.requests.clone(),
-        );
-        registry.register(
-            "http_client_pool_pending_acquires",
-            "Calls waiting for a connection slot",
-            this.pending.clone(),
-        );
-        registry.register(
-            "http_client_pool_active_connections",
-            "Calls holding a connection slot",
-            this.active.clone(),
-        );
-        registry.register(
-            "http_client_pool_acquire_seconds",
-            "Time spent waiting for a connection slot",
-            this.acquire.clone(),
-        );
-        registry.register(
-            "http_client_pool_rejections",
-            "Calls refused by the pool, by reason",
-            this.rejections.clone(),
-        );
-        registry.register(
-            "http_client_retries",
-            "Calls retried once after a refused connection (never after a 504)",
-            this.retries.clone(),
-        );
-        registry.register(
-            "http_client_admission_rejections",
-            "Calls refused before taking a slot because they were predicted to finish late",
-            this.admission.clone(),
-        );
-        registry.register(
-            "http_client_admission_probes",
-            "Calls predicted late but sent anyway, to learn whether the downstream recovered",
-            this.probes.clone(),
-        );
-        registry.register(
-            "http_client_latency_estimate_seconds",
-            "The call time admission decides on (pool wait not included)",
-            this.estimate.clone(),
-        );
-        this
-    }
-
-    /// Makes the series of `client` exist before its first call.
-    pub fn init(&self, client: &'static str) {
-        let label = ClientLabel { client };
-        let _ = self.pending.get_or_create(&label);
-        let _ = self.active.get_or_create(&label);
-        let _ = self.acquire.get_or_create(&label);
-        let _ = self.retries.get_or_create(&label);
-        let _ = self.probes.get_or_create(&label);
-        let _ = self.estimate.get_or_create(&label);
-        let reason = "predicted_late";
-        let _ = self
-            .admission
-            .get_or_create(&ClientReason { client, reason });
-        for reason in [
-            RejectReason::QueueFull,
-            RejectReason::AcquireTimeout,
-            RejectReason::Deadline,
-        ] {
-            let _ = self.rejections.get_or_create(&ClientReason {
-                client,
-                reason: reason.as_str(),
-            });
-        }
-    }
-
-    /// Records one call's time and its status (`"200"`, `"timeout"`, `"error"`).
-    pub fn observe_request(&self, client: &'static str, status: &str, took: Duration) {
-        let labels = ClientStatus {
-            client,
-            status: status.to_owned(),
-        };
-        observe_traced(&self.requests.get_or_create(&labels), took.as_secs_f64());
-    }
-
-    /// The pending and active gauges of `client`, for its bulkhead to move.
-    pub fn pool_gauges(&self, client: &'static str) -> PoolGauges {
-        let label = ClientLabel { client };
-        PoolGauges {
-            pending: self.pending.get_or_create(&label).clone(),
-            active: self.active.get_or_create(&label).clone(),
-        }
-    }
-
-    /// Records how long a call waited for its slot.
-    pub fn observe_acquire(&self, client: &'static str, waited: Duration) {
-        self.acquire
-            .get_or_create(&ClientLabel { client })
-            .observe(waited.as_secs_f64());
-    }
-
-    /// Counts a call refused as predicted late (`reason="predicted_late"`).
-    pub fn count_predicted_late(&self, client: &'static str) {
-        let reason = "predicted_late";
-        self.admission
-            .get_or_create(&ClientReason { client, reason })
-            .inc();
-    }
-
-    /// Counts a probe: a call predicted late and sent anyway.
-    pub fn count_probe(&self, client: &'static str) {
-        self.probes.get_or_create(&ClientLabel { client }).inc();
-    }
-
-    /// The estimate gauge of `client`, for its admission to set.
-    pub fn estimate_gauge(&self, client: &'static str) -> Gauge<f64, AtomicU64> {
-        self.estimate.get_or_create(&ClientLabel { client }).clone()
-    }
-
-    /// Counts a retry after a refused connection.
-    pub fn count_retry(&self, client: &'static str) {
-        self.retries.get_or_create(&ClientLabel { client }).inc();
-    }
-
-    /// Counts a refused call.
-    pub fn count_rejection(&self, client: &'static str, reason: RejectReason) {
-        self.rejections
-            .get_or_create(&ClientReason {
-                client,
-                reason: reason.as_str(),
-            })
-            .inc();
-    }
-}
-
-/// `db_pool_connections{state}` and `db_pool_pending_acquires`.
-#[derive(Clone, Debug)]
-pub struct DbMetrics {
-    connections: Family<StateLabel, Gauge>,
-    pending: Gauge,
-}
-
-impl DbMetrics {
-    pub(crate) fn register(registry: &mut Registry) -> Self {
-        let this = Self {
-            connections: Family::default(),
-            pending: Gauge::default(),
-        };
-        registry.register(
-            "db_pool_connections",
-            "Database pool connections by state",
-            this.connections.clone(),
-        );
-        registry.register(
-            "db_pool_pending_acquires",
-            "Requests waiting for a database connection",
-            this.pending.clone(),
-        );
-        this
-    }
-
-    /// Sets the idle and in-use counts.
-    pub fn set_connections(&self, idle: usize, in_use: usize) {
-        for (state, n) in [("idle", idle), ("in_use", in_use)] {
-            self.connections
-                .get_or_create(&StateLabel { state })
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
-    }
-
-    /// The pending-acquire gauge, moved by the acquire helper.
-    pub fn pending(&self) -> &Gauge {
-        &self.pending
     }
 }

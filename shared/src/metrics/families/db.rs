@@ -1,0 +1,52 @@
+//! The PostgreSQL pool's families.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+/// `db_pool_connections{state}` and `db_pool_pending_acquires`.
+#[derive(Clone, Debug)]
+pub struct DbMetrics {
+    connections: Family<StateLabel, Gauge>,
+    pending: Gauge,
+}
+
+impl DbMetrics {
+    pub(crate) fn register(registry: &mut Registry) -> Self {
+        let this = Self {
+            connections: Family::default(),
+            pending: Gauge::default(),
+        };
+        registry.register(
+            "db_pool_connections",
+            "Database pool connections by state",
+            this.connections.clone(),
+        );
+        registry.register(
+            "db_pool_pending_acquires",
+            "Requests waiting for a database connection",
+            this.pending.clone(),
+        );
+        this
+    }
+
+    /// Sets the idle and in-use counts.
+    pub fn set_connections(&self, idle: usize, in_use: usize) {
+        for (state, n) in [("idle", idle), ("in_use", in_use)] {
+            self.connections
+                .get_or_create(&StateLabel { state })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The pending-acquire gauge, moved by the acquire helper.
+    pub fn pending(&self) -> &Gauge {
+        &self.pending
+    }
+}
