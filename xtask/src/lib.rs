@@ -10,7 +10,8 @@
 //! runs every repeat; [`run`] runs one mode (database, services, warm-up, fault, k6 from
 //! [`k6`] with the [`sampler`] beside it, drain); [`stats`] turns k6's request log into
 //! figures; [`summary`] aggregates them; [`check`] applies the acceptance rules;
-//! [`chart`] draws; [`prometheus`] and [`dashboards`] check the dashboards' queries;
+//! [`chart`] draws; [`prometheus`] and [`dashboards`] (with [`promql`]) check the
+//! dashboards' queries and the rules;
 //! [`readme`] turns the committed summaries into the README's tables.
 
 pub mod chart;
@@ -19,6 +20,7 @@ pub mod dashboards;
 pub mod experiment;
 pub mod k6;
 pub mod prometheus;
+pub mod promql;
 pub mod readme;
 pub mod run;
 pub mod sampler;
