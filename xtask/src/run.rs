@@ -64,6 +64,9 @@ pub struct Figures {
     /// Calls catalog-service received, per second of load.
     #[serde(default)]
     pub catalog_calls_per_s: f64,
+    /// Of the 503s, calls admission refused because they were predicted to finish late.
+    #[serde(default)]
+    pub predicted_late_per_s: f64,
     /// catalog-service's busy slots on average (requests in flight, sampled).
     pub catalog_busy_slots: f64,
     /// Of them, slots busy with calls that produced no answer: the caller gave up or its
@@ -119,6 +122,7 @@ pub async fn run_mode(ctx: &Context, mode: &str, repeat: usize) -> anyhow::Resul
     warm_up(&ctx.ports.orders_url(), ctx.load.budget_ms, ctx.warm_up).await;
     let client = reqwest::Client::new();
     let catalog_before = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
+    let orders_before = sampler::scrape(&client, &metrics_url(&ctx.ports.orders_url())).await;
     set_fault(&ctx.ports.admin_url(), ctx.load.fault).await?;
     let measured = measure_load(ctx, mode, &services, &dir).await;
     set_fault(&ctx.ports.admin_url(), None).await?;
@@ -126,6 +130,7 @@ pub async fn run_mode(ctx: &Context, mode: &str, repeat: usize) -> anyhow::Resul
     let load_ended_at = unix_ms() as f64 / 1000.0;
     let drain = wait_drained(&client, &ctx.ports.orders_url()).await;
     let catalog_after = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
+    let orders_after = sampler::scrape(&client, &metrics_url(&ctx.ports.orders_url())).await;
     let rss_end = test_support::process::rss_kib(services.orders.pid()) as f64 / 1024.0;
     services.stop();
 
@@ -138,6 +143,7 @@ pub async fn run_mode(ctx: &Context, mode: &str, repeat: usize) -> anyhow::Resul
         samples: &samples,
         catalog_answer_seconds,
         catalog_calls,
+        predicted_late: predicted_late(&orders_after) - predicted_late(&orders_before),
         drain,
         rss_end,
         removed_ms,
@@ -316,6 +322,17 @@ fn catalog_calls(series: &[Series]) -> f64 {
     exposition::sum(series, &count, &[("uri", "/catalog/{sku}")]).unwrap_or(0.0)
 }
 
+/// orders-service's `predicted_late` refusals of catalog calls so far.
+fn predicted_late(series: &[Series]) -> f64 {
+    let labels = [("client", "catalog"), ("reason", "predicted_late")];
+    exposition::sum(
+        series,
+        names::HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL,
+        &labels,
+    )
+    .unwrap_or(0.0)
+}
+
 /// Now, in ms since the Unix epoch (k6 logs arrivals on the same clock).
 pub fn unix_ms() -> u64 {
     SystemTime::now()
@@ -340,6 +357,8 @@ pub struct FigureInputs<'a> {
     pub catalog_answer_seconds: f64,
     /// Calls catalog-service answered (any status) for the load and its drain.
     pub catalog_calls: f64,
+    /// Calls admission refused as predicted late (orders' own counter).
+    pub predicted_late: f64,
     /// How long the drain took.
     pub drain: Duration,
     /// Memory after the drain, MiB.
@@ -374,6 +393,7 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
         max_ms: latencies.iter().copied().fold(0.0, f64::max),
         catalog_busy_slots: catalog_busy,
         catalog_calls_per_s: input.catalog_calls / secs,
+        predicted_late_per_s: input.predicted_late / secs,
         catalog_wasted_slots: (catalog_busy - input.catalog_answer_seconds / secs).max(0.0),
         pending_peak: peak(|s| s.pending),
         active_peak: peak(|s| s.active),

@@ -132,6 +132,11 @@ const ROWS: &[(&str, &str, usize)] = &[
     ("sent_per_s", "orders sent, per s", 1),
     ("created_per_s", "201 created (any latency), per s", 1),
     ("refused_per_s", "503 refused early, per s", 1),
+    (
+        "predicted_late_per_s",
+        "of the 503s, refused by admission (predicted late), per s",
+        1,
+    ),
     ("expired_per_s", "504 deadline ran out, per s", 1),
     ("gave_up_per_s", "client gave up at its timeout, per s", 1),
     ("other", "other outcomes (total)", 0),
