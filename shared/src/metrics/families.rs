@@ -64,6 +64,20 @@ struct ServiceStage {
     stage: &'static str,
 }
 
+/// Everything observe mode can count as "propagate would have refused", by stage.
+const WOULD_REFUSE: [(Stage, &str); 10] = [
+    (Stage::Ingress, "deadline"),
+    (Stage::Ingress, "invalid_header"),
+    (Stage::Catalog, "predicted_late"),
+    (Stage::Catalog, "deadline"),
+    (Stage::CatalogPool, "queue_full"),
+    (Stage::CatalogPool, "acquire_timeout"),
+    (Stage::CatalogPool, "deadline"),
+    (Stage::DbPool, "acquire_timeout"),
+    (Stage::DbPool, "deadline"),
+    (Stage::Db, "deadline"),
+];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StageReason {
     service: &'static str,
@@ -166,6 +180,14 @@ impl DeadlineMetrics {
         );
         // Every stage shows up from the first scrape, so dashboards and rate() queries
         // never see a series appear out of nowhere.
+        for (stage, reason) in WOULD_REFUSE {
+            let labels = StageReason {
+                service,
+                stage: stage.as_str(),
+                reason,
+            };
+            let _ = this.would_refuse.get_or_create(&labels);
+        }
         for stage in Stage::ALL {
             let _ = this.exceeded.get_or_create(&this.stage_label(stage));
         }
