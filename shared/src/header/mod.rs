@@ -8,9 +8,9 @@
 //! [`read_budget`]. Each is parsed the way tonic parses `grpc-timeout`: absent, valid or
 //! invalid, and a malformed one is a 400 naming that header, never a panic.
 //!
-//! - [`request_timeout`]: `X-Request-Timeout-Ms`, and the one digit parser.
-//! - [`envoy`]: `x-envoy-expected-rq-timeout-ms`, through the same digit parser.
-//! - [`grpc_timeout`]: `grpc-timeout`.
+//! - `X-Request-Timeout-Ms`, and the one digit parser: [`request_timeout`].
+//! - `x-envoy-expected-rq-timeout-ms`, through the same digit parser: [`envoy`].
+//! - `grpc-timeout`, 1 to 8 digits and a unit: [`grpc_timeout`].
 
 use std::time::Duration;
 
@@ -110,10 +110,7 @@ pub fn read_budget(headers: &HeaderMap) -> Result<Option<Duration>, InvalidBudge
 
 /// `budget` rounded up to a whole number of milliseconds.
 fn ceil_millis(budget: Duration) -> Duration {
-    let whole = Duration::new(
-        budget.as_secs(),
-        budget.subsec_nanos() / 1_000_000 * 1_000_000,
-    );
+    let whole = Duration::new(budget.as_secs(), budget.subsec_millis() * 1_000_000);
     if whole == budget {
         whole
     } else {
