@@ -232,3 +232,37 @@ async fn a_budget_no_larger_than_the_reserve_is_spent_and_sends_nothing() {
     assert_eq!(response.status(), StatusCode::CREATED);
     assert_eq!(app.catalog_budgets.lock().unwrap().len(), 1);
 }
+
+#[tokio::test]
+async fn grpc_and_envoy_budgets_reach_the_catalog_below_the_smallest_and_above_zero() {
+    let app = spawn_app().await;
+    let cases: [&[(&str, &str)]; 3] = [
+        &[("grpc-timeout", "250m")],
+        &[("x-envoy-expected-rq-timeout-ms", "250")],
+        // Ours at 900 and Envoy's at 250: the proxy stops waiting first, so 250 wins.
+        &[
+            ("X-Request-Timeout-Ms", "900"),
+            ("x-envoy-expected-rq-timeout-ms", "250"),
+        ],
+    ];
+    for headers in cases {
+        let mut request = app
+            .client
+            .post(format!("{}/api/orders", app.base))
+            .json(&serde_json::json!({"sku": "SKU-00007", "quantity": 1}));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await.expect("request sent");
+        assert_eq!(response.status(), StatusCode::CREATED, "{headers:?}");
+    }
+    let seen = app.catalog_budgets.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3, "one catalog call per order: {seen:?}");
+    for (sent, headers) in seen.iter().zip(cases) {
+        let sent = sent.expect("every call carries the header");
+        assert!(
+            sent > 0 && sent < 250,
+            "{headers:?}: the catalog got {sent} ms"
+        );
+    }
+}

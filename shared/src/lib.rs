@@ -11,7 +11,8 @@
 //!
 //! - [`deadline`]: [`Deadline`], [`DeadlinePolicy`] (clamping) and [`Deadline::run`], the
 //!   one function that runs an I/O step under the remaining time.
-//! - [`header`]: parsing `X-Request-Timeout-Ms`: absent, valid or invalid, never a panic.
+//! - [`header`]: parsing the budget headers (`X-Request-Timeout-Ms`, `grpc-timeout`,
+//!   `x-envoy-expected-rq-timeout-ms`): absent, valid or invalid, never a panic.
 //! - [`stage`]: the named [`Stage`]s a budget is spent on (`ingress`, `catalog_pool`, ...).
 //! - [`ingress`]: the tower layer that builds the deadline, bounds the handler, answers
 //!   400/504 and writes `Server-Timing`.

@@ -110,6 +110,93 @@ async fn a_malformed_budget_gets_a_400_problem_naming_the_header() {
     }
 }
 
+/// Calls `uri` with the given headers, which may be any budget header.
+async fn call_with(
+    app: Router,
+    uri: &str,
+    headers: &[(&str, &str)],
+) -> (http::response::Parts, Vec<u8>) {
+    let mut request = Request::get(uri);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = app
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    (parts, body.collect().await.unwrap().to_bytes().to_vec())
+}
+
+#[tokio::test]
+async fn a_malformed_grpc_or_envoy_budget_gets_a_400_problem_naming_that_header() {
+    let cases = [
+        ("grpc-timeout", "1"),
+        ("grpc-timeout", "123456789m"),
+        ("grpc-timeout", "1s"),
+        ("grpc-timeout", "-1S"),
+        ("x-envoy-expected-rq-timeout-ms", "250ms"),
+        ("x-envoy-expected-rq-timeout-ms", "-5"),
+    ];
+    for (header, bad) in cases {
+        // Next to a valid budget of ours: one malformed header is enough to refuse.
+        let headers = [("X-Request-Timeout-Ms", "900"), (header, bad)];
+        let (parts, body) = call_with(
+            app(DeadlineLayer::new(policy(500, 300))),
+            "/budget",
+            &headers,
+        )
+        .await;
+        assert_eq!(parts.status, StatusCode::BAD_REQUEST, "{header}: {bad:?}");
+        let problem = json(&body);
+        assert_eq!(problem["type"], "urn:problem:invalid-header");
+        assert_eq!(problem["header"], header, "{bad:?}");
+        assert!(
+            problem["detail"].as_str().unwrap().starts_with(header),
+            "{problem}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_smallest_of_the_budget_headers_is_the_handlers_budget() {
+    let cases: [(&[(&str, &str)], &str); 4] = [
+        (&[("grpc-timeout", "250m")], "250"),
+        (&[("grpc-timeout", "1500u")], "2"),
+        (&[("x-envoy-expected-rq-timeout-ms", "250")], "250"),
+        (
+            &[
+                ("X-Request-Timeout-Ms", "400"),
+                ("grpc-timeout", "1S"),
+                ("x-envoy-expected-rq-timeout-ms", "250"),
+            ],
+            "250",
+        ),
+    ];
+    for (headers, expected) in cases {
+        let (parts, body) = call_with(
+            app(DeadlineLayer::new(policy(500, 300))),
+            "/budget",
+            headers,
+        )
+        .await;
+        assert_eq!(parts.status, StatusCode::OK, "{headers:?}");
+        let text = String::from_utf8(body).unwrap();
+        assert_eq!(text.split_once(' ').unwrap().0, expected, "{headers:?}");
+    }
+}
+
+#[tokio::test]
+async fn legacy_mode_ignores_every_budget_header_even_a_malformed_one() {
+    let headers = [
+        ("grpc-timeout", "1s"),
+        ("x-envoy-expected-rq-timeout-ms", "x"),
+    ];
+    let layer = DeadlineLayer::new(policy(500, 300)).mode(DeadlineMode::Legacy);
+    let (parts, _) = call_with(app(layer), "/budget", &headers).await;
+    assert_eq!(parts.status, StatusCode::OK, "legacy code never read them");
+}
+
 #[tokio::test]
 async fn a_handler_slower_than_its_budget_gets_a_504_ingress_at_the_budget() {
     let started = Instant::now();

@@ -34,7 +34,7 @@ impl DeadlineLayer {
         }
     }
 
-    /// Sets the mode; in [`DeadlineMode::Legacy`] the header is ignored and the handler
+    /// Sets the mode; in [`DeadlineMode::Legacy`] every budget header is ignored and the handler
     /// is not bounded, as in a service written without the technique.
     pub fn mode(self, mode: DeadlineMode) -> Self {
         self.live_mode(LiveMode::new(mode))

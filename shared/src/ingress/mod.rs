@@ -1,7 +1,9 @@
 //! The ingress layer: where a client's budget becomes a [`Deadline`](crate::Deadline).
 //!
 //! For every request it
-//! 1. parses `X-Request-Timeout-Ms` (400 problem naming the header when invalid),
+//! 1. reads the budget headers (`X-Request-Timeout-Ms`, `grpc-timeout`,
+//!    `x-envoy-expected-rq-timeout-ms`; the smallest wins) and answers a 400 problem
+//!    naming the header that is malformed,
 //! 2. clamps the budget to the service's maximum and counts the clamp,
 //! 3. puts the `Deadline` into the request extensions (handlers take it as an argument),
 //! 4. races the handler against the deadline and answers 504 `ingress` when it loses,

@@ -12,7 +12,7 @@ use super::DeadlineMode;
 use super::future::ResponseFuture;
 use super::layer::IngressConfig;
 use crate::deadline::Deadline;
-use crate::header::{REQUEST_TIMEOUT_HEADER_DISPLAY, parse_request_timeout};
+use crate::header::read_budget;
 use crate::problem::Problem;
 use crate::stage::Stage;
 use crate::timing::StageLog;
@@ -64,14 +64,14 @@ where
             return ResponseFuture::unbounded(self.inner.call(request), deadline);
         }
 
-        let (requested, invalid) = match parse_request_timeout(request.headers()) {
+        // Every budget header counts (ours, grpc-timeout, Envoy's): the smallest wins.
+        let (requested, invalid) = match read_budget(request.headers()) {
             Ok(requested) => (requested, false),
             // Observe refuses nothing: the default budget stands in, and the 400 that
             // propagate would answer is counted below.
             Err(_) if mode == DeadlineMode::Observe => (None, true),
             Err(invalid) => {
-                let problem =
-                    Problem::invalid_header(REQUEST_TIMEOUT_HEADER_DISPLAY, invalid.to_string());
+                let problem = Problem::invalid_header(invalid.header(), invalid.to_string());
                 return ResponseFuture::reject(problem.into_response());
             }
         };

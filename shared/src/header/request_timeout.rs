@@ -1,4 +1,5 @@
-//! Parsing the `X-Request-Timeout-Ms` header (docs/design.md §3).
+//! Parsing the `X-Request-Timeout-Ms` header (docs/design.md §3.1), and the digit parser
+//! `x-envoy-expected-rq-timeout-ms` shares with it.
 //!
 //! The value is the caller's *remaining* budget in milliseconds, relative, so the clocks
 //! of two hosts never need to agree. Parsing tells three cases apart, like tonic's
@@ -13,6 +14,8 @@
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName};
+
+use super::{InvalidValue, read_values};
 
 /// The budget header, lower-case as HTTP/2 and `http` spell it.
 pub const REQUEST_TIMEOUT_HEADER: HeaderName = HeaderName::from_static("x-request-timeout-ms");
@@ -49,48 +52,71 @@ pub enum InvalidTimeout {
     Conflicting,
 }
 
+impl From<InvalidValue> for InvalidTimeout {
+    /// The digit parser's reasons, told in this header's own words. `NotAGrpcTimeout`
+    /// cannot come from the digit parser; it is mapped for completeness.
+    fn from(reason: InvalidValue) -> Self {
+        match reason {
+            InvalidValue::Empty => InvalidTimeout::Empty,
+            InvalidValue::NotAnInteger(got) | InvalidValue::NotAGrpcTimeout(got) => {
+                InvalidTimeout::NotAnInteger(got)
+            }
+            InvalidValue::TooLarge => InvalidTimeout::TooLarge,
+            InvalidValue::TooLong => InvalidTimeout::TooLong,
+            InvalidValue::Conflicting => InvalidTimeout::Conflicting,
+        }
+    }
+}
+
 /// Reads the caller's budget from `headers`.
 ///
 /// `Ok(None)` when the header is absent, `Ok(Some(budget))` for one valid value (or the
 /// same value repeated), `Err` otherwise. Zero is valid here; the clamp raises it to 1 ms.
 pub fn parse_request_timeout(headers: &HeaderMap) -> Result<Option<Duration>, InvalidTimeout> {
-    let mut parsed: Option<u64> = None;
-    for value in headers.get_all(&REQUEST_TIMEOUT_HEADER) {
-        let ms = parse_millis(value.as_bytes())?;
-        match parsed {
-            Some(previous) if previous != ms => return Err(InvalidTimeout::Conflicting),
-            _ => parsed = Some(ms),
-        }
-    }
-    Ok(parsed.map(Duration::from_millis))
+    let ms = read_values(headers, &REQUEST_TIMEOUT_HEADER, parse_digits)?;
+    Ok(ms.map(Duration::from_millis))
 }
 
 /// Parses one header value: optional surrounding spaces or tabs around ASCII digits.
 pub fn parse_millis(raw: &[u8]) -> Result<u64, InvalidTimeout> {
+    Ok(parse_digits(raw)?)
+}
+
+/// The one digit parser, shared by `X-Request-Timeout-Ms` and
+/// `x-envoy-expected-rq-timeout-ms` (the same grammar): the header's name is added by
+/// the caller, so both headers refuse exactly the same values.
+pub(super) fn parse_digits(raw: &[u8]) -> Result<u64, InvalidValue> {
     if raw.len() > MAX_VALUE_BYTES {
-        return Err(InvalidTimeout::TooLong);
+        return Err(InvalidValue::TooLong);
     }
     let digits = raw.trim_ascii();
     if digits.is_empty() {
-        return Err(InvalidTimeout::Empty);
+        return Err(InvalidValue::Empty);
     }
     if !digits.iter().all(u8::is_ascii_digit) {
-        return Err(InvalidTimeout::NotAnInteger(
-            String::from_utf8_lossy(digits).chars().take(32).collect(),
-        ));
+        return Err(InvalidValue::NotAnInteger(echo(digits)));
     }
     // "0000250" is 250: only the significant digits count towards the cap.
     let first_significant = digits.iter().position(|&d| d != b'0');
     let significant = first_significant.map_or(&[][..], |i| &digits[i..]);
     if significant.len() > MAX_SIGNIFICANT_DIGITS {
-        return Err(InvalidTimeout::TooLarge);
+        return Err(InvalidValue::TooLarge);
     }
-    // Only ASCII digits remain, so the only possible failure is overflow.
-    significant.iter().try_fold(0u64, |acc, d| {
-        acc.checked_mul(10)
-            .and_then(|acc| acc.checked_add(u64::from(d - b'0')))
-            .ok_or(InvalidTimeout::TooLarge)
+    fold_digits(significant).ok_or(InvalidValue::TooLarge)
+}
+
+/// The value of a run of ASCII digits, `None` on overflow. The caller has checked that
+/// only digits are there (and how many), so the only possible failure is overflow.
+pub(super) fn fold_digits(digits: &[u8]) -> Option<u64> {
+    digits.iter().try_fold(0u64, |acc, d| {
+        acc.checked_mul(10)?.checked_add(u64::from(d - b'0'))
     })
+}
+
+/// At most 32 characters of a refused value, to quote it back without echoing a
+/// hostile header whole.
+pub(super) fn echo(value: &[u8]) -> String {
+    String::from_utf8_lossy(value).chars().take(32).collect()
 }
 
 #[cfg(test)]

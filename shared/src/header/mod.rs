@@ -1,0 +1,308 @@
+//! Parsing the budget headers a request may carry (docs/design.md §3.1).
+//!
+//! Our own `X-Request-Timeout-Ms` is the one the services send, but a service behind a
+//! proxy or called by a gRPC client receives its budget under another name: Envoy's
+//! `x-envoy-expected-rq-timeout-ms` (whole milliseconds, the same grammar as ours) and
+//! gRPC's `grpc-timeout` (1 to 8 digits and a unit). Ignoring them would let such a
+//! caller's budget run out while this service keeps working, so all three are read by
+//! [`read_budget`]. Each is parsed the way tonic parses `grpc-timeout`: absent, valid or
+//! invalid, and a malformed one is a 400 naming that header, never a panic.
+//!
+//! - `X-Request-Timeout-Ms`, and the one digit parser: [`request_timeout`].
+//! - `x-envoy-expected-rq-timeout-ms`, through the same digit parser: [`envoy`].
+//! - `grpc-timeout`, 1 to 8 digits and a unit: [`grpc_timeout`].
+
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName};
+
+pub mod envoy;
+pub mod grpc_timeout;
+pub mod request_timeout;
+
+pub use envoy::{ENVOY_TIMEOUT_HEADER, ENVOY_TIMEOUT_HEADER_DISPLAY, parse_envoy_timeout};
+pub use grpc_timeout::{
+    GRPC_TIMEOUT_HEADER, GRPC_TIMEOUT_HEADER_DISPLAY, MAX_GRPC_DIGITS, parse_grpc_timeout,
+    parse_grpc_value,
+};
+pub use request_timeout::{
+    InvalidTimeout, MAX_VALUE_BYTES, REQUEST_TIMEOUT_HEADER, REQUEST_TIMEOUT_HEADER_DISPLAY,
+    parse_millis, parse_request_timeout,
+};
+
+/// Why one value of a budget header was refused, without the header's name: the three
+/// parsers share it, and [`InvalidBudget`] puts the name in front.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidValue {
+    /// Nothing but whitespace.
+    #[error("is empty")]
+    Empty,
+    /// Something other than ASCII digits where a whole number of milliseconds belongs.
+    #[error("must be a whole number of milliseconds, got {0:?}")]
+    NotAnInteger(String),
+    /// A value larger than a `u64` can hold.
+    #[error("is too large to be a number of milliseconds")]
+    TooLarge,
+    /// Longer than [`MAX_VALUE_BYTES`], whatever it holds.
+    #[error("is longer than {MAX_VALUE_BYTES} bytes")]
+    TooLong,
+    /// The header appears more than once with values that disagree.
+    #[error("is repeated with different values")]
+    Conflicting,
+    /// A `grpc-timeout` that is not 1 to 8 ASCII digits followed by one of the units.
+    #[error(
+        "must be 1 to {MAX_GRPC_DIGITS} ASCII digits and a unit (H, M, S, m, u or n), got {0:?}"
+    )]
+    NotAGrpcTimeout(String),
+}
+
+/// Which budget header was refused, and why. The message starts with the header's name,
+/// so the client learns which of its inputs was wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidBudget {
+    /// `X-Request-Timeout-Ms`, with its own messages (unchanged by the other headers).
+    #[error(transparent)]
+    RequestTimeout(#[from] InvalidTimeout),
+    /// `grpc-timeout`.
+    #[error("{GRPC_TIMEOUT_HEADER_DISPLAY} {0}")]
+    GrpcTimeout(InvalidValue),
+    /// `x-envoy-expected-rq-timeout-ms`.
+    #[error("{ENVOY_TIMEOUT_HEADER_DISPLAY} {0}")]
+    EnvoyTimeout(InvalidValue),
+}
+
+impl InvalidBudget {
+    /// The header that was refused, as the 400 problem's `header` member names it.
+    pub fn header(&self) -> &'static str {
+        match self {
+            InvalidBudget::RequestTimeout(_) => REQUEST_TIMEOUT_HEADER_DISPLAY,
+            InvalidBudget::GrpcTimeout(_) => GRPC_TIMEOUT_HEADER_DISPLAY,
+            InvalidBudget::EnvoyTimeout(_) => ENVOY_TIMEOUT_HEADER_DISPLAY,
+        }
+    }
+}
+
+/// The caller's budget from every budget header in `headers`: the smallest of those
+/// present, `Ok(None)` when none is, or the first error in the order
+/// `X-Request-Timeout-Ms`, `grpc-timeout`, `x-envoy-expected-rq-timeout-ms`.
+///
+/// The smallest wins because each header is a promise from someone on the path (the
+/// client, a gRPC stub, a proxy) that it stops waiting after that long: work past the
+/// earliest of them is work nobody waits for. One malformed header fails the request even
+/// when another is valid, so a broken client or proxy is noticed instead of silently
+/// running on a different budget.
+///
+/// The result is in whole milliseconds, rounded **up**: a `grpc-timeout` of `1500u` is
+/// 2 ms, `1n` is 1 ms. Every budget in this project (the outbound header, `budget_ms`,
+/// the metrics) is whole milliseconds; rounding up never cuts a caller short of what it
+/// asked for, by less than a millisecond at most, and the clamp raises anything to at
+/// least 1 ms anyway.
+pub fn read_budget(headers: &HeaderMap) -> Result<Option<Duration>, InvalidBudget> {
+    let ours = parse_request_timeout(headers)?;
+    let grpc = parse_grpc_timeout(headers).map_err(InvalidBudget::GrpcTimeout)?;
+    let envoy = parse_envoy_timeout(headers).map_err(InvalidBudget::EnvoyTimeout)?;
+    Ok([ours, grpc, envoy]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(ceil_millis))
+}
+
+/// `budget` rounded up to a whole number of milliseconds.
+fn ceil_millis(budget: Duration) -> Duration {
+    let whole = Duration::new(budget.as_secs(), budget.subsec_millis() * 1_000_000);
+    if whole == budget {
+        whole
+    } else {
+        whole.saturating_add(Duration::from_millis(1))
+    }
+}
+
+/// Every value of the header `name`, parsed by `parse`: `Ok(None)` when absent, the value
+/// when all agree, [`InvalidValue::Conflicting`] when they do not, or the first error.
+/// Agreement is by value, so `1000m` and `1S` agree.
+fn read_values<T: PartialEq>(
+    headers: &HeaderMap,
+    name: &HeaderName,
+    parse: impl Fn(&[u8]) -> Result<T, InvalidValue>,
+) -> Result<Option<T>, InvalidValue> {
+    let mut parsed: Option<T> = None;
+    for value in headers.get_all(name) {
+        let next = parse(value.as_bytes())?;
+        match &parsed {
+            Some(previous) if *previous != next => return Err(InvalidValue::Conflicting),
+            _ => parsed = Some(next),
+        }
+    }
+    Ok(parsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use proptest::prelude::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    fn headers(pairs: &[(&HeaderName, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append((*name).clone(), HeaderValue::from_str(value).unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn no_budget_header_is_none() {
+        assert_eq!(read_budget(&HeaderMap::new()), Ok(None));
+    }
+
+    #[test]
+    fn each_header_alone_is_honoured() {
+        for (name, value, expected) in [
+            (&REQUEST_TIMEOUT_HEADER, "250", MS(250)),
+            (&GRPC_TIMEOUT_HEADER, "250m", MS(250)),
+            (&GRPC_TIMEOUT_HEADER, "2S", MS(2000)),
+            (&ENVOY_TIMEOUT_HEADER, "250", MS(250)),
+        ] {
+            assert_eq!(
+                read_budget(&headers(&[(name, value)])),
+                Ok(Some(expected)),
+                "{name}: {value}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_smallest_budget_wins_whichever_header_carries_it() {
+        let cases = [
+            ("900", "1S", "250", MS(250)),
+            ("900", "100m", "250", MS(100)),
+            ("50", "100m", "250", MS(50)),
+            ("900", "1M", "60000", MS(900)),
+        ];
+        for (ours, grpc, envoy, expected) in cases {
+            let map = headers(&[
+                (&REQUEST_TIMEOUT_HEADER, ours),
+                (&GRPC_TIMEOUT_HEADER, grpc),
+                (&ENVOY_TIMEOUT_HEADER, envoy),
+            ]);
+            assert_eq!(
+                read_budget(&map),
+                Ok(Some(expected)),
+                "{ours} {grpc} {envoy}"
+            );
+        }
+        let two = headers(&[
+            (&REQUEST_TIMEOUT_HEADER, "900"),
+            (&ENVOY_TIMEOUT_HEADER, "250"),
+        ]);
+        assert_eq!(read_budget(&two), Ok(Some(MS(250))));
+    }
+
+    #[test]
+    fn sub_millisecond_grpc_budgets_round_up_to_whole_milliseconds() {
+        for (grpc, expected) in [
+            ("1n", MS(1)),
+            ("1u", MS(1)),
+            ("1500u", MS(2)),
+            ("1000000n", MS(1)),
+            ("1000001n", MS(2)),
+            ("0n", MS(0)),
+        ] {
+            let map = headers(&[(&GRPC_TIMEOUT_HEADER, grpc)]);
+            assert_eq!(read_budget(&map), Ok(Some(expected)), "{grpc}");
+        }
+    }
+
+    #[test]
+    fn a_malformed_header_fails_the_request_even_next_to_a_valid_one_and_is_named() {
+        let cases = [
+            (&GRPC_TIMEOUT_HEADER, "1.5S", "grpc-timeout"),
+            (
+                &ENVOY_TIMEOUT_HEADER,
+                "-1",
+                "x-envoy-expected-rq-timeout-ms",
+            ),
+            (&REQUEST_TIMEOUT_HEADER, "abc", "X-Request-Timeout-Ms"),
+        ];
+        for (name, bad, display) in cases {
+            let mut map = headers(&[
+                (&REQUEST_TIMEOUT_HEADER, "900"),
+                (&GRPC_TIMEOUT_HEADER, "1S"),
+            ]);
+            map.insert(name.clone(), HeaderValue::from_str(bad).unwrap());
+            let err = read_budget(&map).expect_err(bad);
+            assert_eq!(err.header(), display, "{err}");
+            assert!(err.to_string().starts_with(display), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_first_error_is_ours_then_grpc_then_envoy() {
+        let map = headers(&[
+            (&ENVOY_TIMEOUT_HEADER, "x"),
+            (&GRPC_TIMEOUT_HEADER, "x"),
+            (&REQUEST_TIMEOUT_HEADER, "x"),
+        ]);
+        assert_eq!(
+            read_budget(&map).unwrap_err().header(),
+            "X-Request-Timeout-Ms"
+        );
+        let map = headers(&[(&ENVOY_TIMEOUT_HEADER, "x"), (&GRPC_TIMEOUT_HEADER, "x")]);
+        assert_eq!(read_budget(&map).unwrap_err().header(), "grpc-timeout");
+    }
+
+    #[test]
+    fn ceil_millis_keeps_whole_milliseconds_and_raises_the_rest() {
+        assert_eq!(ceil_millis(MS(u64::MAX)), MS(u64::MAX));
+        assert_eq!(ceil_millis(Duration::ZERO), Duration::ZERO);
+        assert_eq!(ceil_millis(Duration::from_nanos(999_999_999)), MS(1000));
+        assert_eq!(ceil_millis(Duration::MAX), Duration::MAX);
+    }
+
+    proptest! {
+        #[test]
+        fn three_valid_budgets_give_the_smallest_rounded_up(
+            ours in any::<u32>(),
+            grpc in 0u32..100_000_000,
+            unit in prop::sample::select(vec![('S', 1_000_000_000u64), ('m', 1_000_000), ('u', 1_000), ('n', 1)]),
+            envoy in any::<u32>(),
+        ) {
+            let grpc_text = format!("{grpc}{}", unit.0);
+            let map = headers(&[
+                (&REQUEST_TIMEOUT_HEADER, &ours.to_string()),
+                (&GRPC_TIMEOUT_HEADER, &grpc_text),
+                (&ENVOY_TIMEOUT_HEADER, &envoy.to_string()),
+            ]);
+            let grpc_ms = (u64::from(grpc) * unit.1).div_ceil(1_000_000);
+            let expected = u64::from(ours).min(grpc_ms).min(u64::from(envoy));
+            prop_assert_eq!(read_budget(&map), Ok(Some(MS(expected))));
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_three_values_never_panic_and_an_ok_is_the_smallest(
+            ours in "[ 0-9a-zA-Z.+-]{0,24}",
+            grpc in "[ 0-9a-zA-Z.+-]{0,12}",
+            envoy in "[ 0-9a-zA-Z.+-]{0,24}",
+        ) {
+            let map = headers(&[
+                (&REQUEST_TIMEOUT_HEADER, &ours),
+                (&GRPC_TIMEOUT_HEADER, &grpc),
+                (&ENVOY_TIMEOUT_HEADER, &envoy),
+            ]);
+            if let Ok(Some(budget)) = read_budget(&map) {
+                let each = [
+                    parse_millis(ours.as_bytes()).map(MS).ok(),
+                    parse_grpc_value(grpc.as_bytes()).ok().map(ceil_millis),
+                    parse_millis(envoy.as_bytes()).map(MS).ok(),
+                ];
+                prop_assert!(each.iter().all(|b| b.is_some_and(|b| budget <= b)));
+                prop_assert!(each.contains(&Some(budget)));
+            }
+        }
+    }
+}
