@@ -8,12 +8,8 @@
 //! 400, unknown fields or out-of-range values are 422, each with a problem that names
 //! the field.
 
-use std::net::SocketAddr;
-
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::State;
 use axum::http::StatusCode;
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use shared::{JsonBody, Problem};
@@ -28,28 +24,7 @@ pub fn router(faults: Faults, allow_remote: bool) -> Router {
             get(get_faults).put(put_faults).delete(delete_faults),
         )
         .with_state(faults);
-    // A fault configuration is a few dozen bytes.
-    let router = shared::json::limit_bodies(router, 4 * 1024);
-    if allow_remote {
-        router
-    } else {
-        router.layer(middleware::from_fn(loopback_only))
-    }
-}
-
-/// 403 for any client that is not on this machine.
-async fn loopback_only(request: Request, next: Next) -> Response {
-    let peer = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|ConnectInfo(addr)| addr.ip());
-    match peer {
-        Some(ip) if ip.is_loopback() => next.run(request).await,
-        _ => Problem::forbidden(
-            "the admin API only answers loopback clients (see CATALOG_ADMIN_ALLOW_REMOTE)",
-        )
-        .into_response(),
-    }
+    shared::admin::guard(router, allow_remote, "CATALOG_ADMIN_ALLOW_REMOTE")
 }
 
 async fn get_faults(State(faults): State<Faults>) -> Json<FaultConfig> {
@@ -75,7 +50,10 @@ async fn delete_faults(State(faults): State<Faults>) -> StatusCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::SocketAddr;
+
     use axum::body::Body;
+    use axum::extract::{ConnectInfo, Request};
     use tower::ServiceExt;
 
     async fn get_from(peer: &str, allow_remote: bool) -> StatusCode {

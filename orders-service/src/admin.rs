@@ -11,16 +11,12 @@
 //! is not left as the only line of defence. Malformed JSON is 400; a missing field, an
 //! unknown field or an unknown mode is 422; each is a problem that says what was wrong.
 
-use std::net::SocketAddr;
-
-use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use shared::ingress::LiveMode;
-use shared::{DeadlineMode, JsonBody, Problem};
+use shared::{DeadlineMode, JsonBody};
 
 /// The body of `GET` and `PUT /admin/mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,29 +30,8 @@ pub struct ModeBody {
 pub fn router(mode: LiveMode, allow_remote: bool) -> Router {
     let router = Router::new()
         .route("/admin/mode", get(get_mode).put(put_mode))
-        .with_state(mode)
-        // A mode is a few dozen bytes.
-        .layer(DefaultBodyLimit::max(4 * 1024));
-    if allow_remote {
-        router
-    } else {
-        router.layer(middleware::from_fn(loopback_only))
-    }
-}
-
-/// 403 for any client that is not on this machine.
-async fn loopback_only(request: Request, next: Next) -> Response {
-    let peer = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|ConnectInfo(addr)| addr.ip());
-    match peer {
-        Some(ip) if ip.is_loopback() => next.run(request).await,
-        _ => Problem::forbidden(
-            "the admin API only answers loopback clients (see ORDERS_ADMIN_ALLOW_REMOTE)",
-        )
-        .into_response(),
-    }
+        .with_state(mode);
+    shared::admin::guard(router, allow_remote, "ORDERS_ADMIN_ALLOW_REMOTE")
 }
 
 async fn get_mode(State(mode): State<LiveMode>) -> Json<ModeBody> {
@@ -79,7 +54,10 @@ async fn put_mode(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::SocketAddr;
+
     use axum::body::Body;
+    use axum::extract::{ConnectInfo, Request};
     use axum::http::StatusCode;
     use tower::ServiceExt;
 

@@ -46,6 +46,7 @@
 //!     .route_layer(DeadlineLayer::new(policy));
 //! ```
 
+pub mod admin;
 pub mod client;
 pub mod db;
 pub mod deadline;
