@@ -54,39 +54,29 @@ impl<F> ResponseFuture<F> {
     }
 
     pub(crate) fn bounded(handler: F, deadline: Deadline) -> Self {
-        Self {
-            kind: Kind::Run {
-                handler,
-                timer: Some(tokio::time::sleep_until(deadline.instant())),
-                deadline,
-                extended: false,
-                observe: false,
-            },
-        }
+        let timer = tokio::time::sleep_until(deadline.instant());
+        Self::run(handler, deadline, Some(timer), false)
     }
 
     pub(crate) fn unbounded(handler: F, deadline: Deadline) -> Self {
-        Self {
-            kind: Kind::Run {
-                handler,
-                timer: None,
-                deadline,
-                extended: false,
-                observe: false,
-            },
-        }
+        Self::run(handler, deadline, None, false)
     }
 
     /// Observe mode: the handler runs to its end, and the deadline passing is counted
     /// as the 504 `ingress` propagate would have answered.
     pub(crate) fn observed(handler: F, deadline: Deadline) -> Self {
+        let timer = tokio::time::sleep_until(deadline.instant());
+        Self::run(handler, deadline, Some(timer), true)
+    }
+
+    fn run(handler: F, deadline: Deadline, timer: Option<Sleep>, observe: bool) -> Self {
         Self {
             kind: Kind::Run {
                 handler,
-                timer: Some(tokio::time::sleep_until(deadline.instant())),
+                timer,
                 deadline,
                 extended: false,
-                observe: true,
+                observe,
             },
         }
     }
