@@ -11,6 +11,11 @@
 // at its budget; THINK_MS is the same after every answer, whatever its status, so both
 // modes see the same client behaviour.
 //
+// Run by hand or by `docker compose --profile load run --rm k6`, with DELAY_MS set
+// (and CATALOG_ADMIN_URL), setup() makes the catalog slow through its admin API
+// (`PUT /admin/faults`, DELAY_MS ± JITTER_MS) and teardown() removes the fault; both
+// fail the run if the admin API is unreachable. xtask leaves DELAY_MS unset.
+//
 // Each answer is one console line `arrival_ms,status,elapsed_ms` (status 0: the client
 // gave up; 1: a transport error), written with `--log-format raw --console-output FILE`.
 // Thresholds carry the acceptance criteria, so k6 exits non-zero (99) when they fail:
@@ -33,6 +38,9 @@ const MARGIN_MS = envInt('MARGIN_MS', 50);
 const THINK_MS = envInt('THINK_MS', 0);
 const ORDERS_URL = envString('ORDERS_URL', 'http://127.0.0.1:8080').replace(/\/+$/, '');
 const SUMMARY_PATH = envString('SUMMARY_PATH', 'k6-summary.json');
+const DELAY_MS = envInt('DELAY_MS', 0);
+const JITTER_MS = envInt('JITTER_MS', 0);
+const CATALOG_ADMIN_URL = envString('CATALOG_ADMIN_URL', 'http://127.0.0.1:9081').replace(/\/+$/, '');
 const SKU_COUNT = 1000; // SKU-00001 .. SKU-01000 exist in catalog and inventory
 
 const unexpectedStatus = new Rate('unexpected_status');
@@ -73,6 +81,29 @@ export const options = {
   tags: { mode: MODE },
   discardResponseBodies: true,
 };
+
+function setFault(method, body) {
+  const url = `${CATALOG_ADMIN_URL}/admin/faults`;
+  const res = http.request(method, url, body && JSON.stringify(body), {
+    headers: { 'Content-Type': 'application/json' },
+    responseType: 'text',
+  });
+  if (res.status < 200 || res.status > 299) {
+    throw new Error(`${method} ${url} answered ${res.status} ${res.error || res.body}`);
+  }
+}
+
+export function setup() {
+  if (DELAY_MS > 0) {
+    setFault('PUT', { delay_ms: DELAY_MS, jitter_ms: JITTER_MS, error_rate: 0.0 });
+  }
+}
+
+export function teardown() {
+  if (DELAY_MS > 0) {
+    setFault('DELETE', null);
+  }
+}
 
 function randomSku() {
   const n = 1 + Math.floor(Math.random() * SKU_COUNT);

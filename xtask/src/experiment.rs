@@ -103,6 +103,9 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
         .out
         .clone()
         .unwrap_or_else(|| workspace().join("results").join(args.scenario.name()));
+    // Stamped before anything is written: the figures speak for the code as it was
+    // when the run started.
+    let commit = commit();
     let ctx = prepare(&args, &out).await?;
     let prometheus = match args.prometheus {
         true => Some(Prometheus::start(&ctx.ports, &out.join("runs/prometheus")).await?),
@@ -119,7 +122,7 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
     };
     let summary = Summary::new(
         args.scenario.name(),
-        commit(),
+        commit,
         &args.profile,
         serde_json::to_value(&ctx.load)?,
         &runs,
@@ -187,18 +190,34 @@ async fn run_all(ctx: &Context, repeats: usize) -> anyhow::Result<Vec<ModeRun>> 
     Ok(runs)
 }
 
-/// `git describe --always --dirty`: the commit the figures speak for.
+/// The commit the figures speak for: `HEAD`, with `-dirty` when code differs from it.
+/// Results folders do not count: a run that publishes into `docs/results/` while an
+/// earlier scenario's results wait to be committed still ran the committed code.
 fn commit() -> String {
-    std::process::Command::new("git")
-        .args(["describe", "--always", "--dirty", "--abbrev=12"])
-        .current_dir(workspace())
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map_or_else(
-            || "unknown".to_owned(),
-            |o| String::from_utf8_lossy(&o.stdout).trim().to_owned(),
-        )
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(workspace())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let Some(head) = git(&["rev-parse", "--short=12", "HEAD"]) else {
+        return "unknown".to_owned();
+    };
+    let changes = git(&[
+        "status",
+        "--porcelain",
+        "--",
+        ".",
+        ":(exclude)docs/results",
+        ":(exclude)results",
+    ]);
+    match changes {
+        Some(changes) if changes.is_empty() => head,
+        _ => format!("{head}-dirty"),
+    }
 }
 
 /// `summary.json`, `summary.md`, `timeseries.json` and the k6 summaries: small files
