@@ -216,12 +216,16 @@ fn export_settings(config: &Config, metrics: &Metrics) {
         .init(assistant::Tool::ALL.map(assistant::Tool::name));
 }
 
+/// The schema, embedded at compile time; public so that harnesses (`cargo xtask cost`)
+/// build the very tables the service uses.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
 /// Applies the migrations, retrying briefly: under compose the database may still be
 /// starting when this service does.
 async fn migrate(db: &Db) -> anyhow::Result<()> {
     let mut attempt = 1;
     loop {
-        match db.migrate(&sqlx::migrate!("./migrations")).await {
+        match db.migrate(&MIGRATOR).await {
             Ok(()) => return Ok(()),
             Err(err) if attempt < 20 => {
                 tracing::warn!(error = %err, attempt, "migrations failed; retrying");

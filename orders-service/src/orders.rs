@@ -131,8 +131,9 @@ const ORDER_COLUMNS: &str = "id, sku, quantity, unit_price_cents, total_cents, c
 /// `ON CONFLICT (idempotency_key) DO NOTHING`: a retry waits on the unique index until
 /// the first attempt commits or aborts. The stock is taken only if the row went in, and
 /// only if enough is left; `stock_taken` tells the two apart, and the caller rolls back
-/// when it is false. No row at all means the key is taken.
-const PLACE_ORDER: &str = "\
+/// when it is false. No row at all means the key is taken. Public so that `cargo xtask
+/// cost` measures this very statement.
+pub const PLACE_ORDER: &str = "\
     WITH placed AS ( \
         INSERT INTO orders (sku, quantity, unit_price_cents, total_cents, idempotency_key) \
         VALUES ($1, $2, $3, $4, $5) \

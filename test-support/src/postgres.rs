@@ -81,6 +81,11 @@ impl PgCluster {
         self.port
     }
 
+    /// A program of this server's installation (`pgbench`, `psql`, ...).
+    pub fn bin(&self, program: &str) -> PathBuf {
+        self.bindir.join(program)
+    }
+
     /// A URL for `database` as the superuser.
     pub fn url(&self, database: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)

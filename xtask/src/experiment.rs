@@ -193,7 +193,7 @@ async fn run_all(ctx: &Context, repeats: usize) -> anyhow::Result<Vec<ModeRun>> 
 /// The commit the figures speak for: `HEAD`, with `-dirty` when code differs from it.
 /// Results folders do not count: a run that publishes into `docs/results/` while an
 /// earlier scenario's results wait to be committed still ran the committed code.
-fn commit() -> String {
+pub fn commit() -> String {
     let git = |args: &[&str]| {
         std::process::Command::new("git")
             .args(args)

@@ -12,10 +12,12 @@
 //! figures; [`summary`] aggregates them; [`check`] applies the acceptance rules;
 //! [`chart`] draws; [`prometheus`] and [`dashboards`] (with [`promql`]) check the
 //! dashboards' queries and the rules;
-//! [`readme`] turns the committed summaries into the README's tables.
+//! [`readme`] turns the committed summaries into the README's tables. [`cost`] measures
+//! the technique's cost to PostgreSQL alone, with pgbench.
 
 pub mod chart;
 pub mod check;
+pub mod cost;
 pub mod dashboards;
 pub mod experiment;
 pub mod k6;

@@ -4,6 +4,7 @@
 //! - `experiment`: legacy against propagate under identical load (docs/design.md §9);
 //! - `stack -- <command>`: a running stack for an outside check (the MCP SDK check);
 //! - `dashboards`: the Grafana dashboards' static checks;
+//! - `cost`: the order transaction alone under pgbench, legacy against propagate;
 //! - `readme-tables`: the README's result tables, from the committed `docs/results/`.
 
 use std::path::PathBuf;
@@ -30,6 +31,8 @@ enum Command {
     /// Check the Grafana dashboards' structure and metric names (no Prometheus needed;
     /// `experiment --prometheus` also runs their queries).
     Dashboards,
+    /// The order transaction alone under pgbench, as legacy and as propagate send it.
+    Cost(xtask::cost::CostArgs),
     /// Print the README's result tables, generated from docs/results/*/summary.json.
     ReadmeTables,
 }
@@ -66,6 +69,7 @@ async fn main() -> ExitCode {
         Command::Experiment(args) => xtask::experiment::experiment(args)
             .await
             .map(|ok| u8::from(!ok)),
+        Command::Cost(args) => xtask::cost::cost(args).await.map(|()| 0),
         Command::Dashboards => dashboards_command(),
         Command::ReadmeTables => xtask::readme::tables(&stack::workspace().join("docs/results"))
             .map(|t| {

@@ -43,10 +43,12 @@ pub const COMMIT_GRACE: Duration = Duration::from_millis(250);
 /// connection is given up and closed instead of returned.
 const CLEANUP_GRACE: Duration = Duration::from_secs(2);
 
-/// Read-write or read-only.
+/// Read-write or read-only: whether the transaction is opened `READ ONLY`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Access {
+pub enum Access {
+    /// `BEGIN`: the default of [`Db::transaction`](super::Db::transaction).
     ReadWrite,
+    /// `BEGIN READ ONLY`, as [`Db::read`](super::Db::read) opens it.
     ReadOnly,
 }
 
@@ -179,17 +181,7 @@ impl Job {
     /// `BEGIN` with this transaction's limits, in one round trip; returns the backend's
     /// PID, which is what a cancel names.
     async fn begin(&self, conn: &mut Conn) -> Result<i32, DbError> {
-        let limit = server_limit(self.deadline.remaining());
-        let mode = match self.access {
-            Access::ReadWrite => "",
-            Access::ReadOnly => " READ ONLY",
-        };
-        // A simple query takes no bind parameters; the values are integers we format.
-        let sql = format!(
-            "BEGIN{mode}; SELECT pg_backend_pid(), \
-             set_config('statement_timeout', '{limit}', true), \
-             set_config('lock_timeout', '{limit}', true)"
-        );
+        let sql = begin_sql(self.access, server_limit(self.deadline.remaining()));
         let begun = {
             let statement = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(&mut **conn);
             self.guarded(None, statement).await
@@ -284,11 +276,7 @@ impl Job {
             self.rollback(conn).await;
             return Err(self.deadline.exceeded(Stage::Db).into());
         }
-        let limit = server_limit(left);
-        let sql = format!(
-            "SELECT set_config('statement_timeout', '{limit}', true), \
-             set_config('lock_timeout', '{limit}', true); COMMIT"
-        );
+        let sql = commit_sql(server_limit(left));
         let _no_return = self.deadline.point_of_no_return();
         let outcome = timeout_at(
             self.deadline.instant() + COMMIT_GRACE,
@@ -346,6 +334,40 @@ impl Job {
             _ => conn.close_on_drop(),
         }
     }
+}
+
+/// The batch that opens a transaction: `BEGIN`, the backend's PID (what a cancel names)
+/// and both limits, in one round trip. Public so that `cargo xtask cost` measures the
+/// very SQL the service sends.
+///
+/// ```
+/// use shared::db::{Access, begin_sql};
+/// assert!(begin_sql(Access::ReadOnly, 640).starts_with("BEGIN READ ONLY; SELECT pg_backend_pid()"));
+/// ```
+pub fn begin_sql(access: Access, limit_ms: u128) -> String {
+    let mode = match access {
+        Access::ReadWrite => "",
+        Access::ReadOnly => " READ ONLY",
+    };
+    // A simple query takes no bind parameters; the values are integers we format.
+    format!(
+        "BEGIN{mode}; SELECT pg_backend_pid(), \
+         set_config('statement_timeout', '{limit_ms}', true), \
+         set_config('lock_timeout', '{limit_ms}', true)"
+    )
+}
+
+/// The batch that commits with the limits re-set to what is left (deferred work stops
+/// at the deadline). Public for the same reason as [`begin_sql`].
+///
+/// ```
+/// assert!(shared::db::commit_sql(90).ends_with("; COMMIT"));
+/// ```
+pub fn commit_sql(limit_ms: u128) -> String {
+    format!(
+        "SELECT set_config('statement_timeout', '{limit_ms}', true), \
+         set_config('lock_timeout', '{limit_ms}', true); COMMIT"
+    )
 }
 
 /// The server-side limit for a step with `left` of the budget: a little less, so the

@@ -65,8 +65,8 @@ use crate::metrics::DbMetrics;
 use crate::problem::Problem;
 use crate::stage::Stage;
 
-pub use job::COMMIT_GRACE;
-use job::{Access, Job};
+use job::Job;
+pub use job::{Access, COMMIT_GRACE, begin_sql, commit_sql};
 
 /// What a transaction's body decides: commit or roll back, with the value to return.
 #[derive(Debug)]

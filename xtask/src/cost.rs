@@ -1,0 +1,246 @@
+//! `cargo xtask cost`: what the server-side limits cost PostgreSQL, measured alone.
+//!
+//! The `happy` experiment measures the whole machine (k6, both services and PostgreSQL
+//! on two cores). This isolates the database's share: pgbench runs the order
+//! transaction as each mode sends it, with the service's own SQL ([`PLACE_ORDER`],
+//! [`begin_sql`], [`commit_sql`]), three round trips each:
+//!
+//! - legacy: `BEGIN`; the statement; `COMMIT`;
+//! - propagate: `BEGIN` with `pg_backend_pid()` and both limits; the statement; both
+//!   limits re-set and `COMMIT`.
+//!
+//! pgbench sends everything as simple queries (it cannot send two commands in one
+//! prepared query, as the service's batches do); the service prepares the statement.
+//! Both modes pay for parsing and planning it here, which the service does not, so
+//! the measured cost is, if anything, smaller than the real one.
+//!
+//! Each run gets a fresh database (a database bloated by the previous run would bias
+//! the second mode), the order alternates between repeats, and the figure is the ratio
+//! of the medians with the per-repeat ratios beside it. Results: `summary.json`,
+//! `summary.md`, both pgbench scripts and every pgbench output.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::Context as _;
+use orders_service::orders::PLACE_ORDER;
+use serde::Serialize;
+use shared::db::{Access, begin_sql, commit_sql};
+use sqlx::Connection as _;
+use test_support::PgCluster;
+
+use crate::stack::{fresh_database, workspace};
+use crate::stats::{Spread, spread};
+
+/// `cargo xtask cost`'s command line.
+#[derive(Debug, clap::Args)]
+pub struct CostArgs {
+    /// Runs per mode; the order alternates.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub repeat: u32,
+    /// Seconds per pgbench run.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=600))]
+    pub seconds: u32,
+    /// pgbench clients (sessions), as orders-service's pool would hold.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub clients: u32,
+    /// Where to write (default `results/cost`; `docs/results/cost` publishes).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// The limit both batches carry: what a 700 ms budget gives the first statement.
+const LIMIT_MS: u128 = 690;
+
+const MODES: [&str; 2] = ["legacy", "propagate"];
+
+/// One pgbench run.
+#[derive(Debug, Serialize)]
+struct Run {
+    repeat: u32,
+    mode: &'static str,
+    tps: f64,
+}
+
+/// What `summary.json` holds.
+#[derive(Debug, Serialize)]
+struct Summary {
+    commit: String,
+    clients: u32,
+    seconds: u32,
+    runs: Vec<Run>,
+    legacy_tps: Option<Spread>,
+    propagate_tps: Option<Spread>,
+    /// Median propagate over median legacy.
+    ratio: f64,
+    /// propagate / legacy within each repeat.
+    ratio_per_repeat: Option<Spread>,
+}
+
+/// The pgbench script for `mode`: the service's SQL with pgbench variables for the
+/// statement's parameters, and `\;` where the service sends two commands in one query.
+pub fn script(mode: &str) -> String {
+    let statement = PLACE_ORDER
+        .replace("$1", "('SKU-' || lpad(CAST(:sku AS text), 5, '0'))")
+        .replace("$2", "1")
+        .replace("$3", "100")
+        .replace("$4", "100")
+        .replace("$5", "NULL");
+    let (begin, commit) = match mode {
+        "legacy" => ("BEGIN".to_owned(), "COMMIT".to_owned()),
+        _ => (begin_sql(Access::ReadWrite, LIMIT_MS), commit_sql(LIMIT_MS)),
+    };
+    let compound = |sql: String| sql.replace("; ", " \\; ");
+    format!(
+        "\\set sku random(1, 1000)\n{};\n{};\n{};\n",
+        compound(begin),
+        statement.trim(),
+        compound(commit)
+    )
+}
+
+/// Runs the measurement and writes its results.
+pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
+    let out = args.out.unwrap_or_else(|| workspace().join("results/cost"));
+    std::fs::create_dir_all(out.join("pgbench"))?;
+    let commit = crate::experiment::commit();
+    let cluster = tokio::task::spawn_blocking(PgCluster::start).await??;
+    for mode in MODES {
+        std::fs::write(out.join(format!("{mode}.sql")), script(mode))?;
+    }
+    let mut runs = Vec::new();
+    for repeat in 0..args.repeat {
+        let order = match repeat % 2 {
+            0 => MODES,
+            _ => [MODES[1], MODES[0]],
+        };
+        for mode in order {
+            let database = format!("cost_{repeat}_{mode}");
+            let url = fresh_database(&cluster, &database).await?;
+            let mut conn = sqlx::PgConnection::connect(&url).await?;
+            orders_service::MIGRATOR.run(&mut conn).await?;
+            conn.close().await?;
+            let output = Command::new(cluster.bin("pgbench"))
+                .args([
+                    "-n",
+                    "-M",
+                    "simple",
+                    "-j",
+                    "2",
+                    "-h",
+                    "127.0.0.1",
+                    "-U",
+                    "postgres",
+                ])
+                .args([
+                    "-c",
+                    &args.clients.to_string(),
+                    "-T",
+                    &args.seconds.to_string(),
+                ])
+                .args(["-p", &cluster.port().to_string(), "-f"])
+                .arg(out.join(format!("{mode}.sql")))
+                .arg(&database)
+                .output()
+                .context("cannot run pgbench")?;
+            let text = String::from_utf8_lossy(&output.stdout).into_owned()
+                + &String::from_utf8_lossy(&output.stderr);
+            std::fs::write(out.join(format!("pgbench/run-{repeat}-{mode}.txt")), &text)?;
+            anyhow::ensure!(output.status.success(), "pgbench failed:\n{text}");
+            let tps = parse_tps(&text).with_context(|| format!("no tps in:\n{text}"))?;
+            eprintln!(
+                "cost run {}/{}: {mode} {tps:.0} transactions/s",
+                repeat + 1,
+                args.repeat
+            );
+            runs.push(Run { repeat, mode, tps });
+        }
+    }
+    let tps = |mode: &str| -> Vec<f64> {
+        runs.iter()
+            .filter(|r| r.mode == mode)
+            .map(|r| r.tps)
+            .collect()
+    };
+    let (legacy, propagate) = (tps("legacy"), tps("propagate"));
+    let per_repeat: Vec<f64> = legacy.iter().zip(&propagate).map(|(l, p)| p / l).collect();
+    let (legacy_tps, propagate_tps) = (spread(&legacy), spread(&propagate));
+    let ratio = match (&legacy_tps, &propagate_tps) {
+        (Some(l), Some(p)) => p.median / l.median,
+        _ => f64::NAN,
+    };
+    let summary = Summary {
+        commit,
+        clients: args.clients,
+        seconds: args.seconds,
+        runs,
+        legacy_tps,
+        propagate_tps,
+        ratio,
+        ratio_per_repeat: spread(&per_repeat),
+    };
+    std::fs::write(
+        out.join("summary.json"),
+        serde_json::to_string_pretty(&summary)? + "\n",
+    )?;
+    let markdown = markdown(&summary);
+    std::fs::write(out.join("summary.md"), &markdown)?;
+    println!("{markdown}\nresults in {}", out.display());
+    Ok(())
+}
+
+fn parse_tps(text: &str) -> Option<f64> {
+    let line = text.lines().find(|l| l.starts_with("tps = "))?;
+    line["tps = ".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn markdown(s: &Summary) -> String {
+    let cell = |v: &Option<Spread>, digits: usize| match v {
+        Some(v) => format!(
+            "{:.digits$} ({:.digits$}–{:.digits$})",
+            v.median, v.min, v.max
+        ),
+        None => "–".to_owned(),
+    };
+    format!(
+        "# The order transaction alone, pgbench\n\nCommit `{}`, {} clients, {} s per run, \
+         {} run(s) per mode (median, min–max).\n\n| | legacy | propagate | propagate / legacy |\n\
+         | --- | --- | --- | --- |\n| transactions/s | {} | {} | {:.3} (per repeat: {}) |\n",
+        s.commit,
+        s.clients,
+        s.seconds,
+        s.runs.len() / 2,
+        cell(&s.legacy_tps, 0),
+        cell(&s.propagate_tps, 0),
+        s.ratio,
+        cell(&s.ratio_per_repeat, 3),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scripts_differ_only_in_the_batches() {
+        let (legacy, propagate) = (script("legacy"), script("propagate"));
+        assert!(legacy.contains("\nBEGIN;\n") && legacy.ends_with("\nCOMMIT;\n"));
+        assert!(propagate.contains("BEGIN \\; SELECT pg_backend_pid()"));
+        assert!(propagate.ends_with("true) \\; COMMIT;\n"));
+        for text in [&legacy, &propagate] {
+            assert!(!text.contains('$'), "a parameter was left: {text}");
+            assert!(text.contains("INSERT INTO orders"));
+        }
+    }
+
+    #[test]
+    fn reads_pgbench_tps() {
+        let out = "latency average = 1.2 ms\ntps = 6543.210987 (without initial connection time)\n";
+        assert_eq!(parse_tps(out), Some(6543.210987));
+        assert_eq!(parse_tps("nothing"), None);
+    }
+}
