@@ -16,8 +16,10 @@ use orders_service::orders::{
     MAX_KEY_LEN, MAX_QUANTITY, NewOrder, NewOrderRequest, validate_key, validate_sku,
 };
 
+mod grpc_timeout;
 mod timeout_header;
 
+pub use grpc_timeout::{expected_grpc, grpc_timeout};
 pub use timeout_header::{Millis, expected_millis, timeout_header};
 
 /// A fuzz target: its name (the folder under `corpus/` and `fuzz_targets/<name>.rs`) and
@@ -28,6 +30,7 @@ pub type Target = (&'static str, fn(&[u8]));
 pub const TARGETS: &[Target] = &[
     ("timeout_header", timeout_header),
     ("order_body", order_body),
+    ("grpc_timeout", grpc_timeout),
 ];
 
 // ---------------------------------------------------------------- POST /api/orders

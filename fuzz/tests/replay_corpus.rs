@@ -84,6 +84,15 @@ fn order_body_corpus() {
     );
 }
 
+#[test]
+fn grpc_timeout_corpus() {
+    let replayed = replay("grpc_timeout", target("grpc_timeout"));
+    assert!(
+        replayed >= 20,
+        "the seed corpus is missing ({replayed} files)"
+    );
+}
+
 /// Every folder under corpus/ belongs to a target, and every target has a fuzz_targets/
 /// file: a renamed target cannot silently stop being replayed.
 #[test]

@@ -1,0 +1,112 @@
+//! The `grpc_timeout` target: `grpc-timeout` values, and the budget chosen from all the
+//! budget headers, against an oracle of its own.
+
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue};
+use shared::header::{
+    GRPC_TIMEOUT_HEADER, InvalidBudget, InvalidValue, MAX_GRPC_DIGITS, MAX_VALUE_BYTES,
+    parse_grpc_timeout, parse_grpc_value, read_budget,
+};
+
+/// Nanoseconds per unit, from the gRPC spec's table (PROTOCOL-HTTP2.md).
+fn unit_nanos(unit: u8) -> Option<u128> {
+    Some(match unit {
+        b'H' => 3_600_000_000_000,
+        b'M' => 60_000_000_000,
+        b'S' => 1_000_000_000,
+        b'm' => 1_000_000,
+        b'u' => 1_000,
+        b'n' => 1,
+        _ => return None,
+    })
+}
+
+/// What `parse_grpc_value(raw)` must answer, in nanoseconds, or the error class: the
+/// value read by std's `str::parse` into a `u128` and multiplied there, where 8 digits
+/// times an hour cannot overflow (the parser folds digits itself, in a `u64`).
+pub fn expected_grpc(raw: &[u8]) -> Result<u128, &'static str> {
+    if raw.len() > MAX_VALUE_BYTES {
+        return Err("too long");
+    }
+    let value = raw.trim_ascii();
+    let Some((&unit, digits)) = value.split_last() else {
+        return Err("empty");
+    };
+    let nanos = unit_nanos(unit).ok_or("malformed")?;
+    if digits.is_empty() || digits.len() > MAX_GRPC_DIGITS || !digits.is_ascii() {
+        return Err("malformed");
+    }
+    let text = std::str::from_utf8(digits).map_err(|_| "malformed")?;
+    if !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("malformed");
+    }
+    let n: u128 = text.parse().map_err(|_| "malformed")?;
+    Ok(n * nanos)
+}
+
+/// The fuzz target's body: one value through the parser, then the bytes split at `\n`
+/// into header values for `parse_grpc_timeout` and `read_budget`.
+pub fn grpc_timeout(data: &[u8]) {
+    let got = parse_grpc_value(data);
+    match (&got, expected_grpc(data)) {
+        (Ok(d), Ok(nanos)) => assert_eq!(d.as_nanos(), nanos, "{data:?}"),
+        (Err(InvalidValue::TooLong), Err("too long"))
+        | (Err(InvalidValue::Empty), Err("empty")) => {}
+        (Err(InvalidValue::NotAGrpcTimeout(echo)), Err("malformed")) => {
+            assert!(echo.chars().count() <= 32, "echo too long: {echo:?}");
+        }
+        (got, expected) => panic!("{data:?}: got {got:?}, expected {expected:?}"),
+    }
+
+    let mut headers = HeaderMap::new();
+    for part in data.split(|&b| b == b'\n') {
+        if let Ok(value) = HeaderValue::from_bytes(part) {
+            headers.append(GRPC_TIMEOUT_HEADER, value);
+        }
+    }
+    let values: Vec<Result<Duration, InvalidValue>> = headers
+        .get_all(GRPC_TIMEOUT_HEADER)
+        .iter()
+        .map(|v| parse_grpc_value(v.as_bytes()))
+        .collect();
+    let whole = parse_grpc_timeout(&headers);
+    let budget = read_budget(&headers);
+    match values.iter().find_map(|v| v.as_ref().err()) {
+        Some(first) => {
+            assert_eq!(whole.as_ref().err(), Some(first), "{data:?}");
+            assert!(
+                matches!(&budget, Err(InvalidBudget::GrpcTimeout(e)) if e == first),
+                "{data:?}: {budget:?}"
+            );
+            assert!(budget.unwrap_err().to_string().starts_with("grpc-timeout "));
+        }
+        None => {
+            let agreed = values
+                .iter()
+                .flatten()
+                .all(|v| Some(v) == values[0].as_ref().ok());
+            match (agreed, values.first()) {
+                (_, None) => assert_eq!((whole, budget), (Ok(None), Ok(None))),
+                (false, _) => {
+                    assert_eq!(whole, Err(InvalidValue::Conflicting));
+                    assert_eq!(
+                        budget,
+                        Err(InvalidBudget::GrpcTimeout(InvalidValue::Conflicting))
+                    );
+                }
+                (true, Some(Ok(d))) => {
+                    assert_eq!(whole, Ok(Some(*d)));
+                    // Whole milliseconds, rounded up: never less than the caller asked.
+                    let ms = budget.expect("valid").expect("present");
+                    assert!(
+                        ms >= *d && ms - *d < Duration::from_millis(1),
+                        "{d:?} -> {ms:?}"
+                    );
+                    assert_eq!(ms.subsec_nanos() % 1_000_000, 0);
+                }
+                (true, Some(Err(_))) => unreachable!("errors were handled above"),
+            }
+        }
+    }
+}
