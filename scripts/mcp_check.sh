@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CI step: the MCP acceptance check with the official Python SDK (scripts/mcp_check.py).
+# CI step: the MCP interop check with the official Python SDK (scripts/mcp_check.py);
+# the rest of the MCP checks are Rust tests (orders-service/tests/mcp.rs).
 #
 #   scripts/mcp_check.sh [cargo xtask stack options, e.g. --log-dir DIR]
 #
@@ -7,7 +8,7 @@
 # globally) with `mcp` 2.x. `cargo xtask stack` builds nothing: it runs the debug
 # binaries `cargo test` has built (built here when missing), starts PostgreSQL and both
 # services on free ports, runs the check with their URLs in the environment and stops
-# everything. Needs psql and the PostgreSQL server binaries (Debian's postgresql-15).
+# everything. Needs the PostgreSQL server binaries (Debian's postgresql-15).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

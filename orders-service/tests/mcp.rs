@@ -1,14 +1,23 @@
 //! The MCP server (`/mcp`) driven by rmcp's own client over real HTTP: tools listed and
-//! called, a tool out of budget, and a cancellation that stops the tool's catalog call
-//! and its SQL statement on the server without costing the pooled connection.
+//! called, a tool out of budget, the request's `X-Request-Timeout-Ms` capping the tool,
+//! and a cancellation that stops the tool's catalog call and its SQL statement on the
+//! server without costing the pooled connection. A client that just goes away (no
+//! `notifications/cancelled`) is played by a bare streamable-HTTP client ([`raw`]).
 
 mod common;
+#[path = "mcp/raw.rs"]
+mod raw;
+
+use std::collections::HashMap;
 
 use common::{MS, TestApp, spawn_app};
+use http::{HeaderName, HeaderValue};
+use raw::RawSession;
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest};
 use rmcp::service::{PeerRequestOptions, RoleClient, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{Value, json};
 use sqlx::Connection;
 use test_support::{metric_value, wait_until};
@@ -17,7 +26,14 @@ use tokio::time::Instant;
 type Client = RunningService<RoleClient, ()>;
 
 async fn connect(app: &TestApp) -> Client {
-    let transport = StreamableHttpClientTransport::from_uri(format!("{}/mcp", app.base));
+    connect_with(app, HashMap::new()).await
+}
+
+/// A client that sends `headers` on every HTTP request of the session.
+async fn connect_with(app: &TestApp, headers: HashMap<HeaderName, HeaderValue>) -> Client {
+    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", app.base))
+        .custom_headers(headers);
+    let transport = StreamableHttpClientTransport::from_config(config);
     ().serve(transport).await.expect("an MCP session")
 }
 
@@ -89,6 +105,36 @@ async fn a_tool_out_of_budget_is_an_error_result_at_its_cap() {
     let took = started.elapsed();
     assert_eq!(result.is_error, Some(true), "{result:?}");
     assert!(took < MS(800 + 150), "the 800 ms tool cap held: {took:?}");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_request_header_budget_caps_the_tool_budget() {
+    let app = spawn_app().await;
+    app.slow_catalog(2000);
+    let budget = (
+        HeaderName::from_static("x-request-timeout-ms"),
+        HeaderValue::from_static("300"),
+    );
+    let client = connect_with(&app, HashMap::from([budget])).await;
+    let started = Instant::now();
+    let result = client
+        .call_tool(call("catalog_lookup", "SKU-00001"))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(result.is_error, Some(true), "{result:?}");
+    // Well under the 800 ms tool cap: the 300 ms of the header bound it.
+    assert!(
+        took < MS(300 + 150),
+        "the 300 ms header budget held: {took:?}"
+    );
+    let budgets = app.catalog_budgets.lock().unwrap().clone();
+    assert!(
+        matches!(budgets[..], [Some(ms)] if ms <= 300),
+        "the catalog was given what was left of 300 ms: {budgets:?}"
+    );
+    println!("header budget 300 ms: error result after {took:?}, catalog budgets {budgets:?}");
     client.cancel().await.unwrap();
 }
 
@@ -166,4 +212,42 @@ async fn a_cancelled_stock_check_stops_its_statement_and_keeps_its_connection() 
         "the cancel cost no pooled session"
     );
     client.cancel().await.unwrap();
+}
+
+/// A client goes away mid-call without `notifications/cancelled`: its connection closes
+/// under the unfinished answer (and the session is deleted after, when `delete`). The
+/// server's `ClientGone` token ends the tool, well before its 800 ms budget would.
+async fn leave_mid_call(delete: bool) {
+    let app = spawn_app().await;
+    app.slow_catalog(2000);
+    let session = RawSession::open(&app.base).await;
+    let call = session.call("catalog_lookup", "SKU-00042");
+    wait_until("the catalog serves the tool's call", MS(2000), || async {
+        catalog_in_flight(&app).await == 1.0
+    })
+    .await;
+    assert!(!call.is_finished(), "no answer yet: the catalog is slow");
+    let left = Instant::now();
+    call.abort();
+    if delete {
+        assert!(session.delete().await.status().is_success());
+    }
+    wait_until("the catalog call is gone", MS(200), || async {
+        catalog_in_flight(&app).await == 0.0
+    })
+    .await;
+    println!(
+        "left mid-call (DELETE sent: {delete}): catalog call released {:?} after",
+        left.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_drops_its_connection_mid_call_releases_the_catalog_call() {
+    leave_mid_call(false).await;
+}
+
+#[tokio::test]
+async fn a_client_that_closes_its_session_mid_call_releases_the_catalog_call() {
+    leave_mid_call(true).await;
 }
