@@ -3,7 +3,8 @@
 use serde::Deserialize;
 use shared::client::{BudgetedClient, ClientConfig};
 use shared::metrics::{Metrics, PoolLimits};
-use shared::{Deadline, Problem, Stage};
+use shared::stage::Downstream;
+use shared::{Deadline, Problem};
 
 use crate::config::Config;
 
@@ -29,7 +30,7 @@ impl CatalogClient {
     pub fn new(config: &Config, metrics: &Metrics) -> Result<Self, shared::client::BuildError> {
         let http = BudgetedClient::new(
             ClientConfig {
-                name: "catalog",
+                name: Downstream::CATALOG,
                 base_url: config.catalog_url.trim_end_matches('/').to_owned(),
                 max_connections: usize::try_from(config.catalog_pool_max_connections)
                     .unwrap_or(usize::MAX),
@@ -44,7 +45,7 @@ impl CatalogClient {
         // The limits as configured, for panels and alerts to compare the pool against.
         let limits = http.config();
         metrics.settings().set_pool_limits(
-            limits.name,
+            limits.name.name(),
             PoolLimits {
                 max_connections: limits.max_connections,
                 pending_max: limits.pending_max,
@@ -63,7 +64,7 @@ impl CatalogClient {
                 shared::client::CallError::NotFound => {
                     Problem::not_found(format!("unknown sku {sku:?}"))
                 }
-                other => other.into_problem(Stage::Catalog),
+                other => other.into_problem(Downstream::CATALOG),
             })
     }
 
@@ -73,7 +74,7 @@ impl CatalogClient {
             .get_health(deadline, "/healthz")
             .await
             .map(drop)
-            .map_err(|err| err.into_problem(Stage::Catalog))
+            .map_err(|err| err.into_problem(Downstream::CATALOG))
     }
 
     /// The underlying budgeted client (bulkhead gauges, tests).

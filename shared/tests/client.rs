@@ -7,10 +7,11 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::routing::get;
+use shared::Deadline;
 use shared::client::{AdmissionMode, BudgetedClient, CallError, ClientConfig};
 use shared::metrics::Metrics;
 use shared::server::{ServerOptions, serve};
-use shared::{Deadline, Stage};
+use shared::stage::Downstream;
 use test_support::{Running, metric_value};
 use tokio::net::TcpListener;
 
@@ -27,7 +28,7 @@ async fn serve_on_port_0(router: Router) -> (String, Running) {
 
 fn client(base_url: &str, max_connections: usize, metrics: &Metrics) -> BudgetedClient {
     let config = ClientConfig {
-        name: "catalog",
+        name: Downstream::CATALOG,
         base_url: base_url.to_owned(),
         max_connections,
         pending_max: 100_000,
@@ -69,7 +70,7 @@ async fn a_downstream_503_is_passed_on_with_its_own_retry_after() {
             "{path}: {err:?}"
         );
         let response =
-            axum::response::IntoResponse::into_response(err.into_problem(Stage::Catalog));
+            axum::response::IntoResponse::into_response(err.into_problem(Downstream::CATALOG));
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[header::RETRY_AFTER], expected, "{path}");
     }
