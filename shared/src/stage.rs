@@ -62,6 +62,10 @@ impl Stage {
     /// The contract's stages, in the order a request meets them. Their metric series
     /// exist from start-up in every service; a configured downstream adds its own two
     /// when its client is built.
+    ///
+    /// ```
+    /// assert!(shared::Stage::ALL.contains(&shared::Stage::CatalogPool));
+    /// ```
     pub const ALL: [Stage; 6] = [
         Stage::Ingress,
         Stage::CatalogPool,
@@ -72,6 +76,14 @@ impl Stage {
     ];
 
     /// The stages that belong to no downstream; a downstream may not take their names.
+    ///
+    /// ```
+    /// use shared::{Stage, stage::Downstream};
+    ///
+    /// for fixed in Stage::FIXED {
+    ///     assert!(Downstream::new(fixed.as_str()).is_err(), "{fixed}");
+    /// }
+    /// ```
     pub const FIXED: [Stage; 4] = [Stage::Ingress, Stage::DbPool, Stage::Db, Stage::Tool];
 
     /// The wire name used in problem bodies, metric labels and `Server-Timing`.
@@ -203,21 +215,41 @@ impl Downstream {
     }
 
     /// The name: the `client` label of its metrics and the name of its call stage.
+    ///
+    /// ```
+    /// assert_eq!(shared::stage::Downstream::CATALOG.name(), "catalog");
+    /// ```
     pub const fn name(self) -> &'static str {
         self.call.0
     }
 
     /// The call stage (`{name}`): connect, send, headers and body.
+    ///
+    /// ```
+    /// use shared::{Stage, stage::Downstream};
+    /// assert_eq!(Downstream::CATALOG.call(), Stage::Catalog);
+    /// ```
     pub const fn call(self) -> Stage {
         self.call
     }
 
     /// The pool stage (`{name}_pool`): waiting for a slot in the client's bulkhead.
+    ///
+    /// ```
+    /// use shared::{Stage, stage::Downstream};
+    /// assert_eq!(Downstream::CATALOG.pool(), Stage::CatalogPool);
+    /// ```
     pub const fn pool(self) -> Stage {
         self.pool
     }
 
-    /// Both stages, pool first (the order a call meets them).
+    /// Both stages, pool first (the order a call meets them): what a metrics family
+    /// pre-registers for this downstream.
+    ///
+    /// ```
+    /// use shared::{Stage, stage::Downstream};
+    /// assert_eq!(Downstream::CATALOG.stages(), [Stage::CatalogPool, Stage::Catalog]);
+    /// ```
     pub const fn stages(self) -> [Stage; 2] {
         [self.pool, self.call]
     }

@@ -131,6 +131,7 @@ impl BudgetedClient {
     /// Builds the client; `metrics` receives the pool gauges and call times, and gets
     /// the series of this downstream's name and stages at once (at 0), so they are
     /// there from the first scrape. Build clients at start-up: see [`Downstream`].
+    /// (An example is on [`ClientConfig`].)
     pub fn new(config: ClientConfig, metrics: Option<ClientMetrics>) -> Result<Self, BuildError> {
         let name = config.name.name();
         // Legacy and observe ignore the queue limit per call (the mode can switch).
@@ -174,6 +175,16 @@ impl BudgetedClient {
 
     /// The downstream this client calls: its name and its two stages, for turning a
     /// [`CallError`] into the answer ([`CallError::into_problem`]).
+    ///
+    /// ```no_run
+    /// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
+    /// # -> Result<bytes::Bytes, shared::Problem> {
+    /// client
+    ///     .get_bytes(&deadline, "/stock")
+    ///     .await
+    ///     .map_err(|err| err.into_problem(client.downstream()))
+    /// # }
+    /// ```
     pub fn downstream(&self) -> Downstream {
         self.config.name
     }
@@ -256,8 +267,16 @@ impl BudgetedClient {
         Ok(request.send(deadline).await?.body)
     }
 
-    /// Admission: refuses (503 in propagate; counted only in observe) a call that the
-    /// recent latency says cannot finish in what it has left, before it takes a slot.
+    /// Admission: refuses (503 `{name}` in propagate; counted only in observe) a call
+    /// that the recent latency says cannot finish in what it has left, before it takes
+    /// a slot. [`CallRequest::send`] calls it first.
+    ///
+    /// ```no_run
+    /// # fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
+    /// # -> Result<(), shared::client::CallError> {
+    /// client.admit(&deadline)?; // with no history yet, every call is admitted
+    /// # Ok(()) }
+    /// ```
     pub fn admit(&self, deadline: &Deadline) -> Result<(), CallError> {
         let mode = deadline.mode();
         let Some(admission) = self
@@ -297,7 +316,18 @@ impl BudgetedClient {
         }
     }
 
-    /// Stage `{name}_pool`: a slot, or a refusal before any I/O.
+    /// Stage `{name}_pool`: a slot, or a refusal before any I/O (503 `{name}_pool`,
+    /// or 504 when the deadline passes while waiting). [`CallRequest::send`] calls it;
+    /// call it yourself only to hold a slot across something that is not a request.
+    ///
+    /// ```no_run
+    /// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
+    /// # -> Result<(), shared::client::CallError> {
+    /// let slot = client.acquire_slot(&deadline).await?;
+    /// assert_eq!(client.bulkhead().active(), 1);
+    /// drop(slot); // frees it
+    /// # Ok(()) }
+    /// ```
     pub async fn acquire_slot(&self, deadline: &Deadline) -> Result<Slot, CallError> {
         let (name, pool) = (self.config.name.name(), self.config.name.pool());
         let started = Instant::now();

@@ -187,7 +187,16 @@ impl<'c> CallRequest<'c> {
     }
 }
 
-/// A downstream's successful (2xx) answer, body read in full.
+/// A downstream's successful (2xx) answer, body read in full: any other status is a
+/// [`CallError`], so holding a `Reply` means the downstream said yes.
+///
+/// ```no_run
+/// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
+/// # -> Result<(), shared::client::CallError> {
+/// let reply = client.request(http::Method::GET, "/stock/SKU-1").send(&deadline).await?;
+/// let etag = reply.headers.get("etag");
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Reply {
     /// The status, 200 to 299.

@@ -8,9 +8,23 @@ use super::Stage;
 
 /// The longest downstream name accepted: enough for a service name, short enough for a
 /// dashboard legend.
+///
+/// ```
+/// use shared::stage::{Downstream, MAX_NAME_LEN};
+/// assert!(Downstream::new(&"a".repeat(MAX_NAME_LEN + 1)).is_err());
+/// ```
 pub const MAX_NAME_LEN: usize = 32;
 
-/// Why a downstream name was refused; the message names the value and the rule.
+/// Why a downstream name was refused; the message names the value and the rule, so it
+/// can be shown as it is when start-up fails.
+///
+/// ```
+/// use shared::stage::{Downstream, DownstreamNameError};
+///
+/// let err = Downstream::new("payment_pool").unwrap_err();
+/// assert!(matches!(err, DownstreamNameError::Reserved(_)));
+/// assert!(err.to_string().contains("payment_pool"));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DownstreamNameError {
     /// Empty, too long, or characters outside `[a-z][a-z0-9_]*`.
