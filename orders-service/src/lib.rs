@@ -6,6 +6,9 @@
 //! ingress ─▶ catalog_pool ─▶ catalog ─▶ db_pool ─▶ db (set timeouts, insert, decrement, commit)
 //! ```
 //!
+//! With `ORDERS_PRECHECKS` set, each configured check (`{name}_pool ─▶ {name}`) runs
+//! between the catalog and the database.
+//!
 //! # Module map
 //!
 //! - [`config`]: settings from the environment and `--flags`.
