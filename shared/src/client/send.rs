@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use http::HeaderMap;
+use http::header::HeaderName;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -17,8 +18,13 @@ use crate::ingress::DeadlineMode;
 /// The least budget worth a retry of a refused connection.
 const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);
 
-/// The headers the client sets itself; a caller's values for them are dropped.
-const OWNED_HEADERS: [&str; 3] = ["x-request-timeout-ms", "traceparent", "tracestate"];
+/// The headers the client sets itself; a caller's values for them are dropped, so no
+/// caller can send more budget than is left or a trace context that is not this call's.
+const OWNED_HEADERS: [HeaderName; 3] = [
+    REQUEST_TIMEOUT_HEADER,
+    HeaderName::from_static("traceparent"),
+    HeaderName::from_static("tracestate"),
+];
 
 impl BudgetedClient {
     /// The request in a client span named after the method and the downstream
@@ -58,7 +64,7 @@ impl BudgetedClient {
             return Err(CallError::Deadline(deadline.exceeded(stage)));
         }
         let mut headers = request.headers.clone();
-        for owned in OWNED_HEADERS {
+        for owned in &OWNED_HEADERS {
             headers.remove(owned);
         }
         crate::telemetry::propagation::inject(span, &mut headers);
