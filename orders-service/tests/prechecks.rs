@@ -20,7 +20,8 @@ use tokio::time::Instant;
 type Seen = Arc<Mutex<Vec<(Value, Option<u64>)>>>;
 
 /// A check server: `/slow` answers after 30 s (far past any budget here); `/check`
-/// decides by quantity: 13 is refused (409), 14 is invalid (422), the rest pass.
+/// decides by quantity: 13 is refused (409), 14 is invalid (422), 15 is overloaded (503,
+/// `Retry-After: 7`), the rest pass.
 async fn spawn_check_server() -> (String, Seen, Running) {
     let seen: Seen = Arc::default();
     let record = {
@@ -42,11 +43,13 @@ async fn spawn_check_server() -> (String, Seen, Running) {
     };
     let check = move |headers: HeaderMap, Json(body): Json<Value>| async move {
         record(&headers, &body);
-        match body["quantity"].as_i64() {
+        let status = match body["quantity"].as_i64() {
             Some(13) => AxumStatus::CONFLICT,
             Some(14) => AxumStatus::UNPROCESSABLE_ENTITY,
+            Some(15) => AxumStatus::SERVICE_UNAVAILABLE,
             _ => AxumStatus::NO_CONTENT,
-        }
+        };
+        (status, [("retry-after", "7")])
     };
     let router = Router::new()
         .route("/slow", post(slow))
@@ -165,7 +168,14 @@ async fn a_passing_precheck_lets_the_order_through_and_a_refusing_one_writes_not
         assert_eq!(app.order_rows_for(sku).await, 0, "{sku}");
         assert_eq!(app.stock(sku).await, stock_before, "{sku}");
     }
-    assert_eq!(seen.lock().unwrap().len(), 3, "one check per order");
+    // An overloaded check is passed on as the catalog's 503 would be.
+    let response = app.order("SKU-00007", 15, Some(800)).await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "7");
+    let problem = json_of(response).await;
+    assert_eq!(problem["stage"], "fraud", "{problem}");
+    assert_eq!(app.order_rows_for("SKU-00007").await, 0);
+    assert_eq!(seen.lock().unwrap().len(), 4, "one check per order");
 }
 
 #[tokio::test]
