@@ -3,7 +3,8 @@
 use serde::Deserialize;
 use shared::client::{BudgetedClient, ClientConfig};
 use shared::metrics::{Metrics, PoolLimits};
-use shared::{Deadline, Problem, Stage};
+use shared::stage::Downstream;
+use shared::{Deadline, Problem};
 
 use crate::config::Config;
 
@@ -27,30 +28,8 @@ pub struct CatalogClient {
 impl CatalogClient {
     /// Builds the client from the service settings.
     pub fn new(config: &Config, metrics: &Metrics) -> Result<Self, shared::client::BuildError> {
-        let http = BudgetedClient::new(
-            ClientConfig {
-                name: "catalog",
-                base_url: config.catalog_url.trim_end_matches('/').to_owned(),
-                max_connections: usize::try_from(config.catalog_pool_max_connections)
-                    .unwrap_or(usize::MAX),
-                pending_max: usize::try_from(config.catalog_pool_pending_max).unwrap_or(usize::MAX),
-                acquire_timeout: Config::ms(config.catalog_pool_acquire_timeout_ms),
-                reserve: Config::ms(config.deadline_reserve_ms),
-                admission: config.catalog_admission,
-                idle_timeout: Config::ms(config.catalog_pool_idle_timeout_ms),
-            },
-            Some(metrics.client().clone()),
-        )?;
-        // The limits as configured, for panels and alerts to compare the pool against.
-        let limits = http.config();
-        metrics.settings().set_pool_limits(
-            limits.name,
-            PoolLimits {
-                max_connections: limits.max_connections,
-                pending_max: limits.pending_max,
-                acquire_timeout: limits.acquire_timeout,
-            },
-        );
+        let base_url = config.catalog_url.trim_end_matches('/').to_owned();
+        let http = pooled_client(config, Downstream::CATALOG, base_url, metrics)?;
         Ok(Self { http })
     }
 
@@ -63,7 +42,7 @@ impl CatalogClient {
                 shared::client::CallError::NotFound => {
                     Problem::not_found(format!("unknown sku {sku:?}"))
                 }
-                other => other.into_problem(Stage::Catalog),
+                other => other.into_problem(Downstream::CATALOG),
             })
     }
 
@@ -73,11 +52,47 @@ impl CatalogClient {
             .get_health(deadline, "/healthz")
             .await
             .map(drop)
-            .map_err(|err| err.into_problem(Stage::Catalog))
+            .map_err(|err| err.into_problem(Downstream::CATALOG))
     }
 
     /// The underlying budgeted client (bulkhead gauges, tests).
     pub fn http(&self) -> &BudgetedClient {
         &self.http
     }
+}
+
+/// A budgeted client for `downstream` at `base_url` with the catalog's pool settings
+/// (`CATALOG_POOL_*`, `CATALOG_ADMISSION`): the catalog's own client and each
+/// precheck's (`ORDERS_PRECHECKS`) are built here, each with a bulkhead of its own.
+/// Its limits are exported as configured, for panels and alerts to compare against.
+pub(crate) fn pooled_client(
+    config: &Config,
+    downstream: Downstream,
+    base_url: String,
+    metrics: &Metrics,
+) -> Result<BudgetedClient, shared::client::BuildError> {
+    let http = BudgetedClient::new(
+        ClientConfig {
+            name: downstream,
+            base_url,
+            max_connections: usize::try_from(config.catalog_pool_max_connections)
+                .unwrap_or(usize::MAX),
+            pending_max: usize::try_from(config.catalog_pool_pending_max).unwrap_or(usize::MAX),
+            acquire_timeout: Config::ms(config.catalog_pool_acquire_timeout_ms),
+            reserve: Config::ms(config.deadline_reserve_ms),
+            admission: config.catalog_admission,
+            idle_timeout: Config::ms(config.catalog_pool_idle_timeout_ms),
+        },
+        Some(metrics.client().clone()),
+    )?;
+    let limits = http.config();
+    metrics.settings().set_pool_limits(
+        downstream.name(),
+        PoolLimits {
+            max_connections: limits.max_connections,
+            pending_max: limits.pending_max,
+            acquire_timeout: limits.acquire_timeout,
+        },
+    );
+    Ok(http)
 }

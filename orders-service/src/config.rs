@@ -8,6 +8,8 @@ use shared::DeadlineMode;
 use shared::client::AdmissionMode;
 use shared::telemetry::LogFormat;
 
+use crate::prechecks::{self, PrecheckSpec};
+
 /// orders-service settings. `--help` lists each with its variable and default.
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -89,6 +91,16 @@ pub struct Config {
     #[arg(long, env = "CATALOG_POOL_IDLE_TIMEOUT_MS", default_value_t = 2000,
           value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub catalog_pool_idle_timeout_ms: u64,
+
+    /// Extra downstreams each order must pass before it is written, as `name=url`
+    /// (repeat the flag, or separate with commas in the variable): orders POSTs
+    /// `{"sku","quantity"}` to each URL under the remaining budget; 2xx passes, 409 and
+    /// 422 are passed to the client, a 504 is 504 stage `name`. Each gets a client of its
+    /// own with the catalog's pool settings. Names: `[a-z][a-z0-9_]*`, not `catalog`, a
+    /// fixed stage or ending in `_pool`. Default: none.
+    #[arg(long = "precheck", env = "ORDERS_PRECHECKS", value_delimiter = ',', value_name = "NAME=URL",
+          value_parser = prechecks::parse_spec)]
+    pub prechecks: Vec<PrecheckSpec>,
 
     /// PostgreSQL pool size.
     #[arg(long, env = "DB_POOL_MAX_CONNECTIONS", default_value_t = 16,

@@ -6,6 +6,9 @@
 //! ingress ─▶ catalog_pool ─▶ catalog ─▶ db_pool ─▶ db (set timeouts, insert, decrement, commit)
 //! ```
 //!
+//! With `ORDERS_PRECHECKS` set, each configured check (`{name}_pool ─▶ {name}`) runs
+//! between the catalog and the database.
+//!
 //! # Module map
 //!
 //! - [`config`]: settings from the environment and `--flags`.
@@ -13,6 +16,8 @@
 //!   that looks up prices under the request's deadline.
 //! - [`orders`]: validation and the order transaction (stock decrement and insert commit
 //!   together; `Idempotency-Key` makes retries safe).
+//! - [`prechecks`]: extra downstreams named by configuration (`ORDERS_PRECHECKS`) that
+//!   each order must pass before it is written.
 //! - [`assistant`]: tool calls for AI assistants under numeric budgets: the chat
 //!   endpoint and the MCP server.
 //! - [`routes`]: the HTTP API, health and readiness.
@@ -27,6 +32,7 @@ pub mod assistant;
 pub mod catalog;
 pub mod config;
 pub mod orders;
+pub mod prechecks;
 pub mod routes;
 
 use std::future::Future;
@@ -50,6 +56,8 @@ pub use config::Config;
 pub struct AppState {
     /// The budgeted catalog client.
     pub catalog: CatalogClient,
+    /// The configured prechecks (none by default).
+    pub prechecks: prechecks::Prechecks,
     /// The database pool and its mode.
     pub db: Db,
     /// This service's metrics.
@@ -109,6 +117,8 @@ impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         let metrics = Metrics::new("orders-service");
         export_settings(&config, &metrics);
+        // Before the database: a bad precheck setting fails start-up at once.
+        let prechecks = prechecks::Prechecks::new(&config, &metrics)?;
         let db = Db::connect_lazy(
             &config.database_url,
             DbConfig {
@@ -148,6 +158,7 @@ impl Application {
             admin,
             state: AppState {
                 catalog,
+                prechecks,
                 db,
                 metrics,
                 assistant: Assistant::from_config(&config)?,
@@ -204,7 +215,7 @@ impl Application {
 
 /// Exports the budget policy as metrics, and makes every tool's series exist at 0, so
 /// dashboards and alerts read the limits in force (docs/design.md §7). The catalog
-/// pool's limits are exported by [`CatalogClient::new`], which applies them.
+/// pool's limits (and each precheck's) are exported where the clients are built.
 fn export_settings(config: &Config, metrics: &Metrics) {
     metrics.settings().set_deadline_policy(
         Config::ms(config.deadline_max_ms),

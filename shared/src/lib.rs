@@ -13,14 +13,16 @@
 //!   one function that runs an I/O step under the remaining time.
 //! - [`header`]: parsing the budget headers (`X-Request-Timeout-Ms`, `grpc-timeout`,
 //!   `x-envoy-expected-rq-timeout-ms`): absent, valid or invalid, never a panic.
-//! - [`stage`]: the named [`Stage`]s a budget is spent on (`ingress`, `catalog_pool`, ...).
+//! - [`stage`]: the named [`Stage`]s a budget is spent on (`ingress`, `catalog_pool`, ...),
+//!   and [`Downstream`](stage::Downstream), the two stages of a client named by configuration.
 //! - [`ingress`]: the tower layer that builds the deadline, bounds the handler, answers
 //!   400/504 and writes `Server-Timing`.
 //! - [`timing`]: the per-request [`StageLog`](timing::StageLog) behind `Server-Timing`.
 //! - [`problem`]: [`Problem`], the RFC 9457 error answer of both services.
 //! - [`json`]: [`JsonBody`], a JSON extractor whose rejections are problems.
 //! - [`client`]: [`BudgetedClient`](client::BudgetedClient), the bulkhead-guarded reqwest client
-//!   that spends only the remaining budget on pool wait + request + body.
+//!   that spends only the remaining budget on pool wait + request + body, for any
+//!   request ([`CallRequest`](client::CallRequest)).
 //! - [`db`]: PostgreSQL helpers: pool acquire bounded by the budget, transactions whose
 //!   `statement_timeout` and `lock_timeout` come from the remaining time.
 //! - [`tools`]: [`ToolBudget`](tools::ToolBudget), quotas for the tool calls of an AI assistant turn.

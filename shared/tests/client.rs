@@ -1,16 +1,18 @@
-//! The budgeted client against real sockets: what a downstream's 503 becomes, and the
-//! pool gauges as a scrape of `/metrics` sees them.
+//! The budgeted client against real sockets: what a downstream's 503 becomes, the
+//! pool gauges as a scrape of `/metrics` sees them, and a client named by configuration
+//! (`inventory`) sending any request and answering in its own stages.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::routing::get;
+use shared::Deadline;
 use shared::client::{AdmissionMode, BudgetedClient, CallError, ClientConfig};
 use shared::metrics::Metrics;
 use shared::server::{ServerOptions, serve};
-use shared::{Deadline, Stage};
+use shared::stage::Downstream;
 use test_support::{Running, metric_value};
 use tokio::net::TcpListener;
 
@@ -26,8 +28,17 @@ async fn serve_on_port_0(router: Router) -> (String, Running) {
 }
 
 fn client(base_url: &str, max_connections: usize, metrics: &Metrics) -> BudgetedClient {
+    named_client(Downstream::CATALOG, base_url, max_connections, metrics)
+}
+
+fn named_client(
+    name: Downstream,
+    base_url: &str,
+    max_connections: usize,
+    metrics: &Metrics,
+) -> BudgetedClient {
     let config = ClientConfig {
-        name: "catalog",
+        name,
         base_url: base_url.to_owned(),
         max_connections,
         pending_max: 100_000,
@@ -69,7 +80,7 @@ async fn a_downstream_503_is_passed_on_with_its_own_retry_after() {
             "{path}: {err:?}"
         );
         let response =
-            axum::response::IntoResponse::into_response(err.into_problem(Stage::Catalog));
+            axum::response::IntoResponse::into_response(err.into_problem(Downstream::CATALOG));
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[header::RETRY_AFTER], expected, "{path}");
     }
@@ -134,4 +145,226 @@ async fn pool_gauges_return_to_exactly_zero_after_a_storm_of_completions_and_can
             "round {round}: (pending, active) as scraped from /metrics"
         );
     }
+}
+
+/// A deadline whose stages report to `metrics`, as the ingress layer builds them.
+fn deadline_reporting_to(metrics: &Metrics, budget: Duration) -> Deadline {
+    let log = shared::timing::StageLog::with_metrics(metrics.deadline().clone());
+    Deadline::with_log(budget, Arc::new(log))
+}
+
+fn inventory() -> Downstream {
+    Downstream::new("inventory").expect("a valid name")
+}
+
+/// A downstream that takes far longer than any budget here to answer.
+fn slow_downstream(started: Arc<tokio::sync::Notify>) -> Router {
+    let handler = move || {
+        let started = Arc::clone(&started);
+        async move {
+            started.notify_one();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            "too late"
+        }
+    };
+    Router::new().route("/check", axum::routing::post(handler))
+}
+
+#[tokio::test]
+async fn a_client_named_inventory_answers_its_504_and_its_metrics_in_its_own_name() {
+    let metrics = Metrics::new("test");
+    let (metrics_url, _scrape) = serve_on_port_0(metrics.router()).await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let (url, _downstream) = serve_on_port_0(slow_downstream(Arc::clone(&started))).await;
+    let client = named_client(inventory(), &url, 4, &metrics);
+
+    let deadline = deadline_reporting_to(&metrics, MS(300));
+    let begun = tokio::time::Instant::now();
+    let err = client
+        .request(Method::POST, "/check")
+        .json(&serde_json::json!({"sku": "SKU-00001"}))
+        .send(&deadline)
+        .await
+        .expect_err("the downstream is slower than the budget");
+    let took = begun.elapsed();
+    // The request did reach the downstream: this is a timeout of the call, not of a
+    // refusal before it.
+    tokio::time::timeout(MS(1), started.notified())
+        .await
+        .expect("the downstream got the request");
+    assert!(took >= MS(300) && took < MS(1500), "cut after {took:?}");
+
+    let response = axum::response::IntoResponse::into_response(err.into_problem(inventory()));
+    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    let body = axum::body::to_bytes(response.into_body(), 64 * 1024)
+        .await
+        .unwrap();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["stage"], "inventory", "{problem}");
+    assert_eq!(problem["budget_ms"], 300);
+
+    let text = reqwest::get(format!("{metrics_url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let samples = test_support::exposition::parse(&text);
+    let value = |name: &str, labels: &[(&str, &str)]| {
+        test_support::exposition::sum(&samples, name, labels).unwrap_or(0.0)
+    };
+    let inventory_label = [("client", "inventory")];
+    assert_eq!(
+        value(
+            "http_client_requests_seconds_count",
+            &[("client", "inventory"), ("status", "timeout")]
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        value("http_client_pool_acquire_seconds_count", &inventory_label),
+        1.0
+    );
+    for stage in ["inventory", "inventory_pool"] {
+        assert!(
+            samples
+                .iter()
+                .any(|s| s.name == "deadline_exceeded_total" && s.has_labels(&[("stage", stage)])),
+            "the {stage} series exists from start-up"
+        );
+    }
+    assert_eq!(
+        value("deadline_exceeded_total", &[("stage", "inventory")]),
+        1.0
+    );
+    assert_eq!(
+        value(
+            "deadline_remaining_seconds_count",
+            &[("stage", "inventory")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value("deadline_exceeded_total", &[("stage", "catalog")]),
+        0.0
+    );
+    // Nothing of this client is reported as the catalog's.
+    let catalog_series: Vec<_> = samples
+        .iter()
+        .filter(|s| s.label("client") == Some("catalog"))
+        .collect();
+    assert!(catalog_series.is_empty(), "{catalog_series:?}");
+}
+
+/// What a downstream received: method, budget header, content type and body.
+type Received = (Method, Option<u64>, Option<String>, bytes::Bytes);
+
+#[tokio::test]
+async fn a_post_arrives_with_its_method_body_headers_and_a_smaller_budget() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Received>();
+    let recorder = axum::routing::any(
+        move |method: Method, headers: HeaderMap, body: bytes::Bytes| {
+            let tx = tx.clone();
+            async move {
+                let budget = headers
+                    .get("x-request-timeout-ms")
+                    .and_then(|v| v.to_str().ok()?.parse().ok());
+                let content_type = headers
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| Some(v.to_str().ok()?.to_owned()));
+                let _ = tx.send((method, budget, content_type, body));
+                (
+                    StatusCode::ACCEPTED,
+                    axum::Json(serde_json::json!({"ok": true})),
+                )
+            }
+        },
+    );
+    let (url, _downstream) = serve_on_port_0(Router::new().route("/check", recorder)).await;
+    let client = named_client(inventory(), &url, 4, &Metrics::new("test"));
+
+    let reply = client
+        .request(Method::POST, "/check")
+        .header("x-request-timeout-ms", "60000") // owned by the client: replaced
+        .json(&serde_json::json!({"sku": "SKU-00001", "quantity": 2}))
+        .send(&Deadline::after(MS(800)))
+        .await
+        .expect("a 202 is a success");
+    assert_eq!(reply.status, StatusCode::ACCEPTED);
+    assert_eq!(reply.json::<serde_json::Value>().unwrap()["ok"], true);
+
+    let (method, budget, content_type, body) = rx.recv().await.expect("one request arrived");
+    assert_eq!(method, Method::POST);
+    let budget = budget.expect("the budget header is sent");
+    assert!(
+        budget > 0 && budget < 800,
+        "sent {budget} ms of an 800 ms budget"
+    );
+    assert_eq!(content_type.as_deref(), Some("application/json"));
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body, serde_json::json!({"sku": "SKU-00001", "quantity": 2}));
+    assert!(rx.try_recv().is_err(), "exactly one request");
+
+    // A header that is not valid HTTP fails before any I/O, as our own mistake.
+    let err = client
+        .request(Method::PUT, "/check")
+        .header("x-bad", "line\nbreak")
+        .send(&Deadline::after(MS(800)))
+        .await
+        .expect_err("an invalid header value");
+    assert!(matches!(err, CallError::Request(_)), "{err:?}");
+    assert_eq!(
+        err.into_problem(inventory()).status(),
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    assert!(rx.try_recv().is_err(), "nothing was sent");
+}
+
+#[tokio::test]
+async fn a_full_inventory_bulkhead_refuses_with_503_in_the_inventory_pool_stage() {
+    let metrics = Metrics::new("test");
+    let started = Arc::new(tokio::sync::Notify::new());
+    let (url, _downstream) = serve_on_port_0(slow_downstream(Arc::clone(&started))).await;
+    let config = ClientConfig {
+        pending_max: 0,
+        ..named_client(inventory(), &url, 1, &metrics)
+            .config()
+            .clone()
+    };
+    let client = BudgetedClient::new(config, Some(metrics.client().clone())).unwrap();
+
+    // One call holds the only slot; the downstream has it, so the slot is taken.
+    let holder = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .request(Method::POST, "/check")
+                .send(&Deadline::after(Duration::from_secs(5)))
+                .await
+        })
+    };
+    started.notified().await;
+    assert_eq!(client.bulkhead().active(), 1);
+
+    let err = client
+        .request(Method::POST, "/check")
+        .send(&Deadline::after(Duration::from_secs(5)))
+        .await
+        .expect_err("no slot and no room in the queue");
+    let response = axum::response::IntoResponse::into_response(err.into_problem(inventory()));
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(response.headers().contains_key(header::RETRY_AFTER));
+    let body = axum::body::to_bytes(response.into_body(), 64 * 1024)
+        .await
+        .unwrap();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["stage"], "inventory_pool", "{problem}");
+    let rejected = metric_value(
+        &metrics.render(),
+        "http_client_pool_rejections_total",
+        r#"client="inventory",reason="queue_full""#,
+    );
+    assert_eq!(rejected, Some(1.0));
+    holder.abort();
 }

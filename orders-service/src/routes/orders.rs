@@ -11,8 +11,8 @@ use crate::orders::{self, NewOrderRequest, Order, Placed};
 
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
-/// Validates, prices the order through the catalog, and places it: each step under
-/// what is left of the request's budget.
+/// Validates, prices the order through the catalog, asks the configured prechecks, and
+/// places it: each step under what is left of the request's budget.
 pub(super) async fn create_order(
     State(state): State<AppState>,
     deadline: Deadline,
@@ -25,6 +25,7 @@ pub(super) async fn create_order(
         .map(|value| orders::validate_key(value.as_bytes()))
         .transpose()?;
     let item = state.catalog.item(&deadline, &order.sku).await?;
+    state.prechecks.pass(&deadline, &order).await?;
     let placed = orders::place_order(
         &state.db,
         &deadline,

@@ -1,4 +1,7 @@
 //! [`CallError`]: how a budgeted call failed, and the answer each failure becomes.
+//!
+//! The answer names the downstream's own stages ([`Downstream`]): a full `inventory`
+//! pool is 503 `inventory_pool`, never `catalog_pool`.
 
 use std::time::Duration;
 
@@ -6,14 +9,15 @@ use http::{HeaderMap, header};
 
 use crate::deadline::{Deadline, DeadlineExceeded};
 use crate::problem::Problem;
-use crate::stage::Stage;
+use crate::stage::{Downstream, Stage};
 
+use super::Reply;
 use super::bulkhead::AcquireError;
 
 /// A failed outbound call.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
-    /// Refused by the bulkhead before any I/O: 503 `catalog_pool` with `Retry-After`.
+    /// Refused by the bulkhead before any I/O: 503 `{name}_pool` with `Retry-After`.
     #[error("refused by the pool: {reason}")]
     Rejected {
         /// Queue full or acquire timeout.
@@ -54,6 +58,10 @@ pub enum CallError {
     /// A success status with a body we cannot read: 502.
     #[error("the downstream sent an invalid body: {0}")]
     Invalid(String),
+    /// The request could not be built (a header that is not valid HTTP, a body that
+    /// does not serialize): our own mistake, found before any I/O. 500.
+    #[error("the request could not be built: {0}")]
+    Request(String),
 }
 
 /// The wait passed on with a downstream 503 whose `Retry-After` is missing or unreadable.
@@ -71,36 +79,52 @@ fn retry_after(headers: &HeaderMap) -> Duration {
 }
 
 impl CallError {
-    /// Maps a downstream status to success or the matching error; `headers` are the
-    /// downstream's, for a 503's `Retry-After`.
+    /// Maps a downstream's answer to success or the matching error; a 504 names
+    /// `stage`, the call's own.
     pub(crate) fn check(
-        status: http::StatusCode,
-        headers: &HeaderMap,
-        body: bytes::Bytes,
+        answer: Reply,
         deadline: &Deadline,
-    ) -> Result<bytes::Bytes, CallError> {
-        match status.as_u16() {
-            200..=299 => Ok(body),
+        stage: Stage,
+    ) -> Result<Reply, CallError> {
+        match answer.status.as_u16() {
+            200..=299 => Ok(answer),
             404 => Err(CallError::NotFound),
-            504 => Err(CallError::DownstreamDeadline(
-                deadline.exceeded(Stage::Catalog),
-            )),
+            504 => Err(CallError::DownstreamDeadline(deadline.exceeded(stage))),
             // Passed on as the downstream said: it knows best when it will have room.
             503 => Err(CallError::DownstreamOverloaded {
-                retry_after: retry_after(headers),
+                retry_after: retry_after(&answer.headers),
             }),
-            _ => Err(CallError::Status(status)),
+            _ => Err(CallError::Status(answer.status)),
         }
     }
 
-    /// The answer for this failure; `stage` names the call for 502s and 503s.
-    pub fn into_problem(self, stage: Stage) -> Problem {
+    /// The answer for this failure, naming `downstream`'s stages: `{name}_pool` for a
+    /// refusal by its bulkhead, `{name}` for the rest (a deadline answer carries the
+    /// stage it ran out in). A bad request of our own is a 500, never blamed on the
+    /// downstream.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use shared::client::{AcquireError, CallError};
+    /// use shared::stage::Downstream;
+    ///
+    /// let inventory = Downstream::new("inventory").unwrap();
+    /// let refused = CallError::Rejected {
+    ///     reason: AcquireError::QueueFull,
+    ///     retry_after: Duration::from_secs(1),
+    /// };
+    /// let problem = refused.into_problem(inventory);
+    /// assert_eq!(problem.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+    /// assert_eq!(problem.stage(), Some(inventory.pool()));
+    /// ```
+    pub fn into_problem(self, downstream: Downstream) -> Problem {
+        let stage = downstream.call();
         match self {
             CallError::Rejected {
                 reason,
                 retry_after,
             } => Problem::overloaded(
-                Stage::CatalogPool,
+                downstream.pool(),
                 retry_after,
                 format!("no connection to the {stage} service: {reason}; retry later"),
             ),
@@ -123,6 +147,7 @@ impl CallError {
                 format!("the {stage} service is overloaded; retry later"),
             ),
             CallError::NotFound => Problem::not_found(format!("not found in the {stage} service")),
+            CallError::Request(why) => Problem::internal(why),
             other => Problem::bad_gateway(stage, other),
         }
     }

@@ -1,22 +1,32 @@
 //! [`BudgetedClient`]: an HTTP client whose every call spends only the remaining budget.
 //!
+//! A client is named by its configuration ([`ClientConfig::name`], a [`Downstream`]):
+//! `catalog`, `inventory`, `payment`. The name labels its metrics (`client="inventory"`)
+//! and gives its two stages, so a second downstream needs no code change here and its
+//! 504s, 503s and `Server-Timing` name the service that was slow.
+//!
 //! One call is two stages under one deadline:
-//! 1. [`acquire_slot`](BudgetedClient::acquire_slot) (`catalog_pool`): wait for a slot in
+//! 1. [`acquire_slot`](BudgetedClient::acquire_slot) (`{name}_pool`): wait for a slot in
 //!    the [`Bulkhead`] for at most `min(acquire_timeout, remaining)`. A full queue or a
 //!    passed acquire timeout is a 503 with `Retry-After` (refused before any work); the
 //!    deadline passing while waiting is a 504.
-//! 2. [`send`](BudgetedClient::send) (`catalog`): connect, send, headers *and body* under
-//!    what is left, with the budget propagated as `X-Request-Timeout-Ms` minus the
-//!    per-hop reserve. A budget no larger than the reserve is spent: nothing is sent and
-//!    the call fails with 504 `catalog` at once. When the deadline fires the future is
-//!    dropped, which closes the connection, and the downstream (if it watches its own
-//!    deadline) stops too.
+//! 2. the request (`{name}`): connect, send, headers *and body* under what is left, with
+//!    the budget propagated as `X-Request-Timeout-Ms` minus the per-hop reserve. A budget
+//!    no larger than the reserve is spent: nothing is sent and the call fails with 504
+//!    `{name}` at once. When the deadline fires the future is dropped, which closes the
+//!    connection, and the downstream (if it watches its own deadline) stops too.
 //!
 //! Both stages end at the same instant, so together they are the one timeout over pool
 //! wait + request + body that a per-request "response timeout" cannot give.
 //!
 //! Before either, [`Admission`] refuses a call that recent calls say cannot finish in
-//! its remaining budget (503 `catalog`), so a doomed call never takes a slot.
+//! its remaining budget (503 `{name}`), so a doomed call never takes a slot.
+//!
+//! Any method, headers and body go through [`BudgetedClient::request`] (a
+//! [`CallRequest`] builder, `request.rs`); [`get_json`](BudgetedClient::get_json),
+//! [`get_bytes`](BudgetedClient::get_bytes) and [`get_health`](BudgetedClient::get_health)
+//! are shorthands for it. The sending itself (budget header, trace context, the one
+//! retry, metrics) is `send.rs`.
 //!
 //! Each call runs in the mode its [`Deadline`] carries. In [`DeadlineMode::Legacy`] the
 //! client behaves like code written without the technique: an unbounded queue, no
@@ -27,37 +37,56 @@
 pub mod admission;
 mod bulkhead;
 mod error;
+mod request;
+mod send;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::HeaderMap;
+use http::Method;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 pub use admission::{Admission, AdmissionMode, Verdict, expected_wait};
 pub use bulkhead::{AcquireError, Bulkhead, Slot};
 pub use error::{CallError, DEFAULT_RETRY_AFTER};
+pub use request::{CallRequest, Reply};
 
 use crate::deadline::Deadline;
-use crate::header::REQUEST_TIMEOUT_HEADER;
 use crate::ingress::DeadlineMode;
 use crate::metrics::{ClientMetrics, RejectReason};
-use crate::stage::Stage;
-
-/// The least budget worth a retry of a refused connection.
-const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);
+use crate::stage::Downstream;
 
 /// Why the client could not be built (reqwest's error, named so callers need not
 /// depend on reqwest).
 pub type BuildError = reqwest::Error;
 
 /// How a [`BudgetedClient`] is set up.
+///
+/// ```
+/// use std::time::Duration;
+/// use shared::client::{AdmissionMode, BudgetedClient, ClientConfig};
+/// use shared::stage::Downstream;
+///
+/// let config = ClientConfig {
+///     // From configuration; a bad name fails here, at start-up.
+///     name: Downstream::new("inventory").expect("a valid downstream name"),
+///     base_url: "http://127.0.0.1:8082".into(),
+///     max_connections: 20,
+///     pending_max: 20,
+///     acquire_timeout: Duration::from_millis(40),
+///     reserve: Duration::from_millis(5),
+///     admission: AdmissionMode::Predict,
+///     idle_timeout: Duration::from_secs(2),
+/// };
+/// let client = BudgetedClient::new(config, None).expect("the client builds");
+/// assert_eq!(client.downstream().pool().as_str(), "inventory_pool");
+/// ```
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
-    /// Label for metrics (`client="catalog"`).
-    pub name: &'static str,
+    /// Which downstream this is: its name labels the metrics (`client="inventory"`)
+    /// and its stages (`inventory_pool`, `inventory`) name where a call's budget went.
+    pub name: Downstream,
     /// Base URL, e.g. `http://127.0.0.1:8081`.
     pub base_url: String,
     /// Calls in flight at most (`CATALOG_POOL_MAX_CONNECTIONS`).
@@ -99,16 +128,20 @@ impl std::fmt::Debug for BudgetedClient {
 }
 
 impl BudgetedClient {
-    /// Builds the client; `metrics` receives the pool gauges and call times.
+    /// Builds the client; `metrics` receives the pool gauges and call times, and gets
+    /// the series of this downstream's name and stages at once (at 0), so they are
+    /// there from the first scrape. Build clients at start-up: see [`Downstream`].
+    /// (An example is on [`ClientConfig`].)
     pub fn new(config: ClientConfig, metrics: Option<ClientMetrics>) -> Result<Self, BuildError> {
+        let name = config.name.name();
         // Legacy and observe ignore the queue limit per call (the mode can switch).
         let mut bulkhead = Bulkhead::new(config.max_connections, Some(config.pending_max));
         if let Some(metrics) = &metrics {
             metrics.init(config.name);
-            bulkhead = bulkhead.with_gauges(metrics.pool_gauges(config.name));
+            bulkhead = bulkhead.with_gauges(metrics.pool_gauges(name));
         }
         let admission = (config.admission == AdmissionMode::Predict).then(|| {
-            let gauge = metrics.as_ref().map(|m| m.estimate_gauge(config.name));
+            let gauge = metrics.as_ref().map(|m| m.estimate_gauge(name));
             Arc::new(Admission::new(gauge.unwrap_or_default()))
         });
         let http = reqwest::Client::builder()
@@ -140,48 +173,110 @@ impl BudgetedClient {
         &self.config
     }
 
-    /// `GET base_url + path` and parse the JSON body, all under `deadline`.
+    /// The downstream this client calls: its name and its two stages, for turning a
+    /// [`CallError`] into the answer ([`CallError::into_problem`]).
+    ///
+    /// ```no_run
+    /// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
+    /// # -> Result<bytes::Bytes, shared::Problem> {
+    /// client
+    ///     .get_bytes(&deadline, "/stock")
+    ///     .await
+    ///     .map_err(|err| err.into_problem(client.downstream()))
+    /// # }
+    /// ```
+    pub fn downstream(&self) -> Downstream {
+        self.config.name
+    }
+
+    /// A request of any `method` to `base_url + path`, sent by [`CallRequest::send`]
+    /// under one deadline with the same admission, bulkhead, budget header, trace
+    /// context, retry rule and metrics as every other call of this client.
     ///
     /// `path` must already be percent-encoded where it carries user input.
+    ///
+    /// ```no_run
+    /// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
+    /// # -> Result<(), shared::client::CallError> {
+    /// use http::Method;
+    ///
+    /// let reply = client
+    ///     .request(Method::POST, "/reservations")
+    ///     .header("idempotency-key", "order-17")
+    ///     .json(&serde_json::json!({"sku": "SKU-00001", "quantity": 2}))
+    ///     .send(&deadline)
+    ///     .await?;
+    /// assert!(reply.status.is_success());
+    /// # Ok(()) }
+    /// ```
+    pub fn request(&self, method: Method, path: &str) -> CallRequest<'_> {
+        CallRequest::new(self, method, path)
+    }
+
+    /// `GET base_url + path` and parse the JSON body, all under `deadline`: a
+    /// shorthand for [`request`](Self::request) with `GET` and [`Reply::json`].
+    ///
+    /// `path` must already be percent-encoded where it carries user input.
+    ///
+    /// ```no_run
+    /// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
+    /// # -> Result<(), shared::client::CallError> {
+    /// let item: serde_json::Value = client.get_json(&deadline, "/catalog/SKU-00001").await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn get_json<T: DeserializeOwned>(
         &self,
         deadline: &Deadline,
         path: &str,
     ) -> Result<T, CallError> {
-        let body = self.get_bytes(deadline, path).await?;
-        serde_json::from_slice(&body).map_err(|err| CallError::Invalid(err.to_string()))
+        self.request(Method::GET, path).send(deadline).await?.json()
     }
 
     /// `GET base_url + path`, the whole body, under `deadline`.
+    ///
+    /// ```no_run
+    /// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
+    /// # -> Result<(), shared::client::CallError> {
+    /// let body = client.get_bytes(&deadline, "/catalog/SKU-00001").await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn get_bytes(
         &self,
         deadline: &Deadline,
         path: &str,
     ) -> Result<bytes::Bytes, CallError> {
-        self.admit(deadline)?;
-        let slot = self.acquire_slot(deadline).await?;
-        let body = self.send_sampled(deadline, path, true).await;
-        // The slot is held until the whole body has been read.
-        drop(slot);
-        body
+        let reply = self.request(Method::GET, path).send(deadline).await?;
+        Ok(reply.body)
     }
 
     /// Like [`get_bytes`](Self::get_bytes), for a health check: never refused by
-    /// admission and not part of the estimate. A health endpoint answers at once however
-    /// slow the real calls are; its times would tell admission the downstream is quick.
+    /// admission and not part of the estimate (see [`CallRequest::health_check`]).
+    ///
+    /// ```no_run
+    /// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
+    /// # -> Result<(), shared::client::CallError> {
+    /// client.get_health(&deadline, "/healthz").await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn get_health(
         &self,
         deadline: &Deadline,
         path: &str,
     ) -> Result<bytes::Bytes, CallError> {
-        let slot = self.acquire_slot(deadline).await?;
-        let body = self.send_sampled(deadline, path, false).await;
-        drop(slot);
-        body
+        let request = self.request(Method::GET, path).health_check();
+        Ok(request.send(deadline).await?.body)
     }
 
-    /// Admission: refuses (503 in propagate; counted only in observe) a call that the
-    /// recent latency says cannot finish in what it has left, before it takes a slot.
+    /// Admission: refuses (503 `{name}` in propagate; counted only in observe) a call
+    /// that the recent latency says cannot finish in what it has left, before it takes
+    /// a slot. [`CallRequest::send`] calls it first.
+    ///
+    /// ```no_run
+    /// # fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
+    /// # -> Result<(), shared::client::CallError> {
+    /// client.admit(&deadline)?; // with no history yet, every call is admitted
+    /// # Ok(()) }
+    /// ```
     pub fn admit(&self, deadline: &Deadline) -> Result<(), CallError> {
         let mode = deadline.mode();
         let Some(admission) = self
@@ -204,25 +299,37 @@ impl BudgetedClient {
             Verdict::Admit => Ok(()),
             Verdict::Probe => {
                 if let Some(metrics) = &self.metrics {
-                    metrics.count_probe(self.config.name);
+                    metrics.count_probe(self.config.name.name());
                 }
                 Ok(())
             }
             Verdict::Refuse { .. } if mode == DeadlineMode::Observe => {
-                deadline.would_refuse(Stage::Catalog, "predicted_late");
+                deadline.would_refuse(self.config.name.call(), "predicted_late");
                 Ok(())
             }
             Verdict::Refuse { needed } => {
                 if let Some(metrics) = &self.metrics {
-                    metrics.count_predicted_late(self.config.name);
+                    metrics.count_predicted_late(self.config.name.name());
                 }
                 Err(CallError::PredictedLate { needed, available })
             }
         }
     }
 
-    /// Stage `catalog_pool`: a slot, or a refusal before any I/O.
+    /// Stage `{name}_pool`: a slot, or a refusal before any I/O (503 `{name}_pool`,
+    /// or 504 when the deadline passes while waiting). [`CallRequest::send`] calls it;
+    /// call it yourself only to hold a slot across something that is not a request.
+    ///
+    /// ```no_run
+    /// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
+    /// # -> Result<(), shared::client::CallError> {
+    /// let slot = client.acquire_slot(&deadline).await?;
+    /// assert_eq!(client.bulkhead().active(), 1);
+    /// drop(slot); // frees it
+    /// # Ok(()) }
+    /// ```
     pub async fn acquire_slot(&self, deadline: &Deadline) -> Result<Slot, CallError> {
+        let (name, pool) = (self.config.name.name(), self.config.name.pool());
         let started = Instant::now();
         let result = match deadline.mode() {
             DeadlineMode::Legacy => Ok(Ok(self.bulkhead.acquire_unbounded().await.0)),
@@ -236,24 +343,22 @@ impl BudgetedClient {
                     deadline.is_expired().then_some("deadline")
                 };
                 if let Some(reason) = reason {
-                    deadline.would_refuse(Stage::CatalogPool, reason);
+                    deadline.would_refuse(pool, reason);
                 }
                 Ok(Ok(slot))
             }
             DeadlineMode::Propagate => {
                 let wait = Some(self.config.acquire_timeout);
-                deadline
-                    .run(Stage::CatalogPool, self.bulkhead.acquire(wait))
-                    .await
+                deadline.run(pool, self.bulkhead.acquire(wait)).await
             }
         };
         // Every wait is recorded, the refused ones too: they are the ones that matter.
         if let Some(metrics) = &self.metrics {
-            metrics.observe_acquire(self.config.name, started.elapsed());
+            metrics.observe_acquire(name, started.elapsed());
         }
         let refused = |reason: RejectReason| {
             if let Some(metrics) = &self.metrics {
-                metrics.count_rejection(self.config.name, reason);
+                metrics.count_rejection(name, reason);
             }
         };
         match result {
@@ -265,7 +370,7 @@ impl BudgetedClient {
                 });
                 Err(CallError::Rejected {
                     reason: err,
-                    retry_after: Duration::from_secs(1),
+                    retry_after: DEFAULT_RETRY_AFTER,
                 })
             }
             Err(exceeded) => {
@@ -274,151 +379,4 @@ impl BudgetedClient {
             }
         }
     }
-
-    /// Stage `catalog`: the request and its body, with the budget propagated and the
-    /// trace context (`traceparent`) of a client span injected. Its time informs the
-    /// admission estimate.
-    pub async fn send(&self, deadline: &Deadline, path: &str) -> Result<bytes::Bytes, CallError> {
-        self.send_sampled(deadline, path, true).await
-    }
-
-    async fn send_sampled(
-        &self,
-        deadline: &Deadline,
-        path: &str,
-        sampled: bool,
-    ) -> Result<bytes::Bytes, CallError> {
-        let span = tracing::info_span!(
-            "http.client",
-            otel.name = %format_args!("GET {}", self.config.name),
-            otel.kind = "client",
-            http.request.method = "GET",
-            url.full = %format_args!("{}{path}", self.config.base_url),
-            deadline.budget_ms = deadline.budget().as_millis() as u64,
-            deadline.remaining_ms = deadline.remaining().as_millis() as u64,
-            http.response.status_code = tracing::field::Empty,
-        );
-        self.send_in(deadline, path, &span, sampled)
-            .instrument(span.clone())
-            .await
-    }
-
-    async fn send_in(
-        &self,
-        deadline: &Deadline,
-        path: &str,
-        span: &tracing::Span,
-        sampled: bool,
-    ) -> Result<bytes::Bytes, CallError> {
-        let mode = deadline.mode();
-        let spent = deadline.outbound_millis(self.config.reserve).is_none();
-        if spent && mode == DeadlineMode::Propagate {
-            // Nothing is sent, so there is nothing to learn from either.
-            return Err(CallError::Deadline(deadline.exceeded(Stage::Catalog)));
-        }
-        let mut headers = HeaderMap::new();
-        crate::telemetry::propagation::inject(span, &mut headers);
-        let started = Instant::now();
-        let mut outcome = self.attempt(deadline, path, headers.clone()).await;
-        // A refused connection sent nothing, so one retry is safe, and worth it only
-        // if the budget still allows a real call. A 504 from the downstream is never
-        // retried: the shared deadline has run out there, and a retry would only
-        // spend what is left for nothing.
-        let refused = matches!(&outcome, Ok(Err(err)) if err.is_connect());
-        if refused && mode == DeadlineMode::Propagate && deadline.remaining() > MIN_RETRY_BUDGET {
-            if let Some(metrics) = &self.metrics {
-                metrics.count_retry(self.config.name);
-            }
-            outcome = self.attempt(deadline, path, headers).await;
-        }
-        let took = started.elapsed();
-        if let Ok(Ok(answer)) = &outcome {
-            span.record("http.response.status_code", answer.status.as_u16());
-        }
-        // Cut at our deadline, or the downstream ran out of the budget we gave it: the
-        // call would have taken at least this long (a censored observation).
-        let censored = match &outcome {
-            Err(_) => true,
-            Ok(Ok(answer)) => answer.status == http::StatusCode::GATEWAY_TIMEOUT,
-            Ok(Err(err)) => err.is_timeout(),
-        };
-        if let Some(admission) = self.admission.as_ref().filter(|_| sampled) {
-            admission.record(started, took, censored);
-        }
-        if mode == DeadlineMode::Observe && (spent || deadline.is_expired()) {
-            deadline.would_refuse(Stage::Catalog, "deadline");
-        }
-        let (label, result) = match outcome {
-            Err(exceeded) => ("timeout".to_owned(), Err(CallError::Deadline(exceeded))),
-            Ok(Ok(answer)) => (
-                answer.status.as_str().to_owned(),
-                CallError::check(answer.status, &answer.headers, answer.body, deadline),
-            ),
-            Ok(Err(err)) if err.is_timeout() => (
-                "timeout".to_owned(),
-                Err(CallError::Unreachable(err.to_string())),
-            ),
-            Ok(Err(err)) => (
-                "error".to_owned(),
-                Err(CallError::Unreachable(err.to_string())),
-            ),
-        };
-        if let Some(metrics) = &self.metrics {
-            metrics.observe_request(self.config.name, &label, took);
-        }
-        result
-    }
-
-    /// One request, bounded as the mode says.
-    async fn attempt(
-        &self,
-        deadline: &Deadline,
-        path: &str,
-        headers: HeaderMap,
-    ) -> Result<Result<Answer, reqwest::Error>, crate::DeadlineExceeded> {
-        let request = self
-            .http
-            .get(format!("{}{path}", self.config.base_url))
-            .headers(headers);
-        match deadline.mode() {
-            DeadlineMode::Legacy => Ok(fetch(request.timeout(DeadlineMode::LEGACY_TIMEOUT)).await),
-            // The budget goes downstream (unless spent), but nothing here enforces it.
-            DeadlineMode::Observe => {
-                let request = match deadline.outbound_millis(self.config.reserve) {
-                    Some(budget) => request.header(REQUEST_TIMEOUT_HEADER, budget),
-                    None => request,
-                };
-                Ok(fetch(request.timeout(DeadlineMode::LEGACY_TIMEOUT)).await)
-            }
-            DeadlineMode::Propagate => {
-                // No more than the reserve left: the budget is spent, and no I/O starts.
-                let Some(budget) = deadline.outbound_millis(self.config.reserve) else {
-                    return Err(deadline.exceeded(Stage::Catalog));
-                };
-                let request = request.header(REQUEST_TIMEOUT_HEADER, budget);
-                deadline.run(Stage::Catalog, fetch(request)).await
-            }
-        }
-    }
-}
-
-/// A downstream's whole answer.
-struct Answer {
-    status: http::StatusCode,
-    /// Kept for what is passed on (a 503's `Retry-After`).
-    headers: HeaderMap,
-    body: bytes::Bytes,
-}
-
-/// Sends and reads the whole body: both belong inside the same timeout.
-async fn fetch(request: reqwest::RequestBuilder) -> Result<Answer, reqwest::Error> {
-    let response = request.send().await?;
-    let status = response.status();
-    let headers = response.headers().clone();
-    let body = response.bytes().await?;
-    Ok(Answer {
-        status,
-        headers,
-        body,
-    })
 }

@@ -11,7 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::stage::Stage;
+use crate::stage::{Downstream, Stage};
 
 // The families added for issue 14 (configuration, process, tool-call initialisation,
 // exemplars), each in its own file under families/.
@@ -64,19 +64,26 @@ struct ServiceStage {
     stage: &'static str,
 }
 
-/// Everything observe mode can count as "propagate would have refused", by stage.
-const WOULD_REFUSE: [(Stage, &str); 10] = [
+/// What observe mode can count as "propagate would have refused" outside a downstream.
+const WOULD_REFUSE: [(Stage, &str); 5] = [
     (Stage::Ingress, "deadline"),
     (Stage::Ingress, "invalid_header"),
-    (Stage::Catalog, "predicted_late"),
-    (Stage::Catalog, "deadline"),
-    (Stage::CatalogPool, "queue_full"),
-    (Stage::CatalogPool, "acquire_timeout"),
-    (Stage::CatalogPool, "deadline"),
     (Stage::DbPool, "acquire_timeout"),
     (Stage::DbPool, "deadline"),
     (Stage::Db, "deadline"),
 ];
+
+/// What observe mode can count for one downstream's stages (its client's refusals).
+fn would_refuse_in(downstream: Downstream) -> [(Stage, &'static str); 5] {
+    let (call, pool) = (downstream.call(), downstream.pool());
+    [
+        (call, "predicted_late"),
+        (call, "deadline"),
+        (pool, "queue_full"),
+        (pool, "acquire_timeout"),
+        (pool, "deadline"),
+    ]
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StageReason {
@@ -179,20 +186,36 @@ impl DeadlineMetrics {
             this.mode.clone(),
         );
         // Every stage shows up from the first scrape, so dashboards and rate() queries
-        // never see a series appear out of nowhere.
-        for (stage, reason) in WOULD_REFUSE {
-            let labels = StageReason {
-                service,
-                stage: stage.as_str(),
-                reason,
-            };
-            let _ = this.would_refuse.get_or_create(&labels);
-        }
+        // never see a series appear out of nowhere. The catalog's stages are part of
+        // the contract's list, so they are there in every service; any other
+        // downstream's appear when its client is built (`init_downstream`).
+        this.init_would_refuse(WOULD_REFUSE);
+        this.init_downstream(Downstream::CATALOG);
         for stage in Stage::ALL {
             let _ = this.exceeded.get_or_create(&this.stage_label(stage));
         }
         let _ = this.clamped.get_or_create(&ServiceLabel { service });
         this
+    }
+
+    /// Makes the series of `downstream`'s two stages exist at 0: called when its client
+    /// is built, at start-up, so the label set is bounded by the configuration.
+    pub fn init_downstream(&self, downstream: Downstream) {
+        self.init_would_refuse(would_refuse_in(downstream));
+        for stage in downstream.stages() {
+            let _ = self.exceeded.get_or_create(&self.stage_label(stage));
+        }
+    }
+
+    fn init_would_refuse(&self, pairs: impl IntoIterator<Item = (Stage, &'static str)>) {
+        for (stage, reason) in pairs {
+            let labels = StageReason {
+                service: self.service,
+                stage: stage.as_str(),
+                reason,
+            };
+            let _ = self.would_refuse.get_or_create(&labels);
+        }
     }
 
     fn stage_label(&self, stage: Stage) -> ServiceStage {

@@ -62,7 +62,7 @@ impl Metrics {
         let mut registry = Registry::default();
         let http = HttpServerMetrics::register(&mut registry);
         let deadline = DeadlineMetrics::register(&mut registry, service);
-        let client = ClientMetrics::register(&mut registry);
+        let client = ClientMetrics::register(&mut registry, deadline.clone());
         let db = DbMetrics::register(&mut registry);
         let tools = ToolMetrics::register(&mut registry);
         let settings = SettingsMetrics::register(&mut registry, service);

@@ -11,7 +11,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use super::exemplar::{LatencyHistogram, latency_histogram_with_exemplars, observe_traced};
-use super::latency_histogram;
+use super::{DeadlineMetrics, latency_histogram};
+use crate::stage::Downstream;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClientLabel {
@@ -74,10 +75,12 @@ pub struct ClientMetrics {
     admission: Family<ClientReason, Counter>,
     probes: Family<ClientLabel, Counter>,
     estimate: Family<ClientLabel, Gauge<f64, AtomicU64>>,
+    /// The service's deadline families, for the stage series of each client.
+    deadline: DeadlineMetrics,
 }
 
 impl ClientMetrics {
-    pub(crate) fn register(registry: &mut Registry) -> Self {
+    pub(crate) fn register(registry: &mut Registry, deadline: DeadlineMetrics) -> Self {
         let this = Self {
             requests: Family::new_with_constructor(latency_histogram_with_exemplars),
             pending: Family::default(),
@@ -88,6 +91,7 @@ impl ClientMetrics {
             admission: Family::default(),
             probes: Family::default(),
             estimate: Family::default(),
+            deadline,
         };
         registry.register(
             "http_client_requests_seconds",
@@ -137,8 +141,23 @@ impl ClientMetrics {
         this
     }
 
-    /// Makes the series of `client` exist before its first call.
-    pub fn init(&self, client: &'static str) {
+    /// Makes the series of `downstream` exist before its first call: its `client`
+    /// series here and its two `stage` series in the deadline families. A client calls
+    /// this once when it is built, so every label value comes from configuration.
+    ///
+    /// ```
+    /// use shared::metrics::Metrics;
+    /// use shared::stage::Downstream;
+    ///
+    /// let metrics = Metrics::new("orders-service");
+    /// metrics.client().init(Downstream::new("inventory").unwrap());
+    /// let text = metrics.render();
+    /// assert!(text.contains(r#"http_client_pool_pending_acquires{client="inventory"} 0"#));
+    /// assert!(text.contains(r#"stage="inventory_pool""#));
+    /// ```
+    pub fn init(&self, downstream: Downstream) {
+        self.deadline.init_downstream(downstream);
+        let client = downstream.name();
         let label = ClientLabel { client };
         let _ = self.pending.get_or_create(&label);
         let _ = self.active.get_or_create(&label);
