@@ -11,9 +11,7 @@
 
 use std::time::Duration;
 
-use axum::Json;
-use axum::response::{IntoResponse, Response};
-use http::{HeaderValue, StatusCode, header};
+use http::StatusCode;
 use serde::Serialize;
 
 use crate::deadline::DeadlineExceeded;
@@ -51,7 +49,7 @@ struct Body {
 }
 
 /// What the HTTP middleware needs to log a failed request; put into the response's
-/// extensions by [`Problem::into_response`].
+/// extensions by `Problem::into_response` (feature `axum`).
 #[derive(Debug, Clone)]
 pub struct ProblemReport {
     /// The HTTP status sent.
@@ -239,8 +237,13 @@ impl From<DeadlineExceeded> for Problem {
     }
 }
 
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
+/// The answer itself; with the `axum` feature (the rest of this module is the core).
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl axum::response::IntoResponse for Problem {
+    fn into_response(self) -> axum::response::Response {
+        use http::{HeaderValue, header};
+
         let status = self.status();
         let body = *self.0;
         let report = ProblemReport {
@@ -249,7 +252,7 @@ impl IntoResponse for Problem {
             cause: body.cause.clone(),
         };
         let retry_after = body.retry_after_secs;
-        let mut response = (status, Json(body)).into_response();
+        let mut response = (status, axum::Json(body)).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(secs) = retry_after {
@@ -270,9 +273,11 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "axum"))]
 mod tests {
     use super::*;
+    use axum::response::{IntoResponse, Response};
+    use http::header;
     use http_body_util::BodyExt;
 
     async fn body_of(problem: Problem) -> (Response, serde_json::Value) {

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+#[cfg(feature = "metrics")]
 use crate::metrics::DeadlineMetrics;
 use crate::stage::Stage;
 
@@ -16,6 +17,8 @@ use crate::stage::Stage;
 #[derive(Debug, Default)]
 pub struct StageLog {
     entries: Mutex<Vec<(Stage, Duration)>>,
+    /// Without the `metrics` feature a log only feeds `Server-Timing`.
+    #[cfg(feature = "metrics")]
     metrics: Option<DeadlineMetrics>,
     /// How many steps of the request are past their point of no return (a COMMIT on the
     /// wire). See [`Deadline::point_of_no_return`](crate::Deadline::point_of_no_return).
@@ -24,6 +27,8 @@ pub struct StageLog {
 
 impl StageLog {
     /// A log that also reports to a service's deadline metrics.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn with_metrics(metrics: DeadlineMetrics) -> Self {
         Self {
             entries: Mutex::default(),
@@ -42,22 +47,45 @@ impl StageLog {
         self.lock().clone()
     }
 
+    // The reports below go to the metrics when there are any; without the `metrics`
+    // feature there are none and they do nothing.
+
+    /// The ingress layer's report of the budget it accepted.
+    #[cfg(feature = "axum")]
+    pub(crate) fn observe_inbound(&self, budget: Duration, clamped: bool) {
+        #[cfg(feature = "metrics")]
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_inbound(budget, clamped);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (budget, clamped);
+    }
+
     pub(crate) fn observe_start(&self, stage: Stage, remaining: Duration) {
+        #[cfg(feature = "metrics")]
         if let Some(metrics) = &self.metrics {
             metrics.observe_remaining(stage, remaining);
         }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (stage, remaining);
     }
 
     pub(crate) fn count_would_refuse(&self, stage: Stage, reason: &'static str) {
+        #[cfg(feature = "metrics")]
         if let Some(metrics) = &self.metrics {
             metrics.count_would_refuse(stage, reason);
         }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (stage, reason);
     }
 
     pub(crate) fn count_exceeded(&self, stage: Stage) {
+        #[cfg(feature = "metrics")]
         if let Some(metrics) = &self.metrics {
             metrics.count_exceeded(stage);
         }
+        #[cfg(not(feature = "metrics"))]
+        let _ = stage;
     }
 
     /// Renders the entries as a `Server-Timing` value, followed by `total`.

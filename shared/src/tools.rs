@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::deadline::Deadline;
+#[cfg(feature = "metrics")]
 use crate::metrics::ToolMetrics;
 use crate::problem::Problem;
 use crate::stage::Stage;
@@ -108,18 +109,28 @@ pub struct ToolBudget {
     turn: Deadline,
     policy: ToolPolicy,
     calls: AtomicU32,
+    #[cfg(feature = "metrics")]
     metrics: Option<ToolMetrics>,
 }
 
 impl ToolBudget {
     /// A turn inside `request`'s deadline: it ends at the earlier of the two.
-    pub fn for_turn(request: &Deadline, policy: ToolPolicy, metrics: Option<ToolMetrics>) -> Self {
+    pub fn for_turn(request: &Deadline, policy: ToolPolicy) -> Self {
         Self {
             turn: request.child(policy.turn),
             policy,
             calls: AtomicU32::new(0),
-            metrics,
+            #[cfg(feature = "metrics")]
+            metrics: None,
         }
+    }
+
+    /// Counts every call in `tool_calls_total{tool_name,outcome}`.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn with_metrics(mut self, metrics: ToolMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The turn's deadline.
@@ -172,6 +183,7 @@ impl ToolBudget {
                 },
             }
         };
+        #[cfg(feature = "metrics")]
         if let Some(metrics) = &self.metrics {
             metrics.count(name, outcome.as_str());
         }
@@ -205,7 +217,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn each_tool_is_cut_at_its_cap_and_the_turn_at_its_budget() {
         let request = Deadline::after(MS(5000));
-        let budget = ToolBudget::for_turn(&request, ToolPolicy::default(), None);
+        let budget = ToolBudget::for_turn(&request, ToolPolicy::default());
         let never = CancellationToken::new();
         let started = Instant::now();
         let mut ends = Vec::new();
@@ -223,13 +235,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_turn_never_outlives_the_request() {
         let request = Deadline::after(MS(500));
-        let budget = ToolBudget::for_turn(&request, ToolPolicy::default(), None);
+        let budget = ToolBudget::for_turn(&request, ToolPolicy::default());
         assert_eq!(budget.turn().instant(), request.instant());
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_fast_tool_succeeds_and_a_cancelled_one_stops_at_once() {
-        let budget = ToolBudget::for_turn(&Deadline::after(MS(5000)), ToolPolicy::default(), None);
+        let budget = ToolBudget::for_turn(&Deadline::after(MS(5000)), ToolPolicy::default());
         let cancel = CancellationToken::new();
         let ok = budget.call("fast", &cancel, |d| slow(d, 10)).await;
         assert_eq!((ok.outcome, ok.result), (Outcome::Ok, Some(10)));

@@ -7,7 +7,9 @@ use tower::Layer;
 use super::service::DeadlineService;
 use super::{DeadlineMode, LiveMode};
 use crate::deadline::DeadlinePolicy;
+#[cfg(feature = "metrics")]
 use crate::metrics::DeadlineMetrics;
+use crate::timing::StageLog;
 
 /// Wraps a service so that every request runs under a [`Deadline`](crate::Deadline).
 #[derive(Clone, Debug)]
@@ -19,7 +21,22 @@ pub struct DeadlineLayer {
 pub(crate) struct IngressConfig {
     pub(crate) policy: DeadlinePolicy,
     pub(crate) mode: LiveMode,
+    #[cfg(feature = "metrics")]
     pub(crate) metrics: Option<DeadlineMetrics>,
+}
+
+impl IngressConfig {
+    /// A new request's log, reporting to the metrics unless the request is a probe:
+    /// a probe's budget and stages are nobody's budget.
+    pub(crate) fn stage_log(&self, probe: bool) -> StageLog {
+        #[cfg(feature = "metrics")]
+        if let Some(metrics) = self.metrics.as_ref().filter(|_| !probe) {
+            return StageLog::with_metrics(metrics.clone());
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = probe;
+        StageLog::default()
+    }
 }
 
 impl DeadlineLayer {
@@ -29,6 +46,7 @@ impl DeadlineLayer {
             config: Arc::new(IngressConfig {
                 policy,
                 mode: LiveMode::new(DeadlineMode::Propagate),
+                #[cfg(feature = "metrics")]
                 metrics: None,
             }),
         }
@@ -46,6 +64,8 @@ impl DeadlineLayer {
     }
 
     /// Reports budgets, clamps, stage starts and expiries to `metrics`.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn metrics(self, metrics: DeadlineMetrics) -> Self {
         self.map(|c| c.metrics = Some(metrics))
     }

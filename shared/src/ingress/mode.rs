@@ -17,20 +17,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
+#[cfg(feature = "metrics")]
 use crate::metrics::DeadlineMetrics;
 
 /// How an ingress treats budgets.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Default,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum DeadlineMode {
     /// Accept the client's budget (clamped), propagate it, answer 504 when it runs out.
@@ -90,6 +82,7 @@ impl DeadlineMode {
 #[derive(Clone, Debug)]
 pub struct LiveMode {
     current: Arc<AtomicU8>,
+    #[cfg(feature = "metrics")]
     metrics: Option<DeadlineMetrics>,
 }
 
@@ -98,11 +91,14 @@ impl LiveMode {
     pub fn new(mode: DeadlineMode) -> Self {
         Self {
             current: Arc::new(AtomicU8::new(mode.to_u8())),
+            #[cfg(feature = "metrics")]
             metrics: None,
         }
     }
 
     /// Shows the mode as `deadline_mode{mode}` in `metrics`, from now on.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn with_metrics(mut self, metrics: DeadlineMetrics) -> Self {
         self.metrics = Some(metrics);
         self.show(self.get());
@@ -123,9 +119,12 @@ impl LiveMode {
     }
 
     fn show(&self, mode: DeadlineMode) {
+        #[cfg(feature = "metrics")]
         if let Some(metrics) = &self.metrics {
             metrics.set_mode(mode.as_str(), &DeadlineMode::ALL.map(DeadlineMode::as_str));
         }
+        #[cfg(not(feature = "metrics"))]
+        let _ = mode;
     }
 }
 

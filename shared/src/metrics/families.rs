@@ -24,7 +24,9 @@ mod tools;
 
 pub use client::{ClientMetrics, PoolGauges, RejectReason};
 pub use db::DbMetrics;
-use exemplar::{LatencyHistogram, latency_histogram_with_exemplars, observe_traced};
+#[cfg(feature = "axum")]
+use exemplar::observe_traced;
+use exemplar::{LatencyHistogram, latency_histogram_with_exemplars};
 pub(crate) use process::ProcessCollector;
 pub use settings::{PoolLimits, SettingsMetrics};
 pub use tools::ToolMetrics;
@@ -120,6 +122,7 @@ impl HttpServerMetrics {
     }
 
     /// Records one request's time, with the current trace as exemplar when sampled.
+    #[cfg(feature = "axum")]
     pub(crate) fn observe_request(&self, labels: &RequestLabels, seconds: f64) {
         observe_traced(&self.requests.get_or_create(labels), seconds);
     }

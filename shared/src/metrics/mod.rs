@@ -13,15 +13,12 @@
 //!   than numbers typed into a dashboard.
 
 mod families;
+#[cfg(feature = "axum")]
 mod http;
 pub mod names;
 
 use std::sync::{Arc, Mutex};
 
-use axum::Router;
-use axum::extract::State;
-use axum::response::IntoResponse;
-use axum::routing::get;
 use prometheus_client::registry::Registry;
 
 pub use families::{
@@ -29,6 +26,8 @@ pub use families::{
     ToolMetrics,
 };
 pub use families::{PoolLimits, SettingsMetrics};
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use http::track_http;
 
 type ScrapeHook = Box<dyn Fn() + Send + Sync>;
@@ -129,9 +128,11 @@ impl Metrics {
     }
 
     /// `GET /metrics`, to merge into a service's router.
-    pub fn router(&self) -> Router {
-        Router::new()
-            .route("/metrics", get(serve_metrics))
+    #[cfg(feature = "axum")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+    pub fn router(&self) -> axum::Router {
+        axum::Router::new()
+            .route("/metrics", axum::routing::get(serve_metrics))
             .with_state(self.clone())
     }
 
@@ -143,7 +144,10 @@ impl Metrics {
     }
 }
 
-async fn serve_metrics(State(metrics): State<Metrics>) -> impl IntoResponse {
+#[cfg(feature = "axum")]
+async fn serve_metrics(
+    axum::extract::State(metrics): axum::extract::State<Metrics>,
+) -> impl axum::response::IntoResponse {
     (
         [(
             ::http::header::CONTENT_TYPE,
