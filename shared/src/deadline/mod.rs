@@ -19,6 +19,16 @@ use crate::stage::Stage;
 use crate::timing::StageLog;
 
 /// How an ingress turns a client's requested budget into an accepted one.
+///
+/// ```
+/// use std::time::Duration;
+/// use shared::DeadlinePolicy;
+///
+/// // DEADLINE_MAX_MS=2000, DEADLINE_DEFAULT_MS=1000
+/// let policy = DeadlinePolicy::from_millis(2000, 1000);
+/// assert_eq!(policy.accept(Some(Duration::from_secs(60))), (Duration::from_millis(2000), true));
+/// assert_eq!(policy.accept(None), (Duration::from_millis(1000), false));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeadlinePolicy {
     /// The most this service ever grants, whatever the client asks for. Without it a
@@ -34,6 +44,14 @@ impl DeadlinePolicy {
     pub const MIN: Duration = Duration::from_millis(1);
 
     /// A policy; `default` is itself clamped to `max`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use shared::DeadlinePolicy;
+    /// // A default above the maximum is brought down to it.
+    /// let policy = DeadlinePolicy::new(Duration::from_millis(500), Duration::from_secs(5));
+    /// assert_eq!(policy.default, Duration::from_millis(500));
+    /// ```
     pub fn new(max: Duration, default: Duration) -> Self {
         let max = max.max(Self::MIN);
         Self {
@@ -43,6 +61,12 @@ impl DeadlinePolicy {
     }
 
     /// A policy from whole milliseconds, as configuration gives them.
+    ///
+    /// ```
+    /// # use shared::DeadlinePolicy;
+    /// let policy = DeadlinePolicy::from_millis(2000, 1000);
+    /// assert_eq!(policy.max.as_millis(), 2000);
+    /// ```
     pub fn from_millis(max_ms: u64, default_ms: u64) -> Self {
         Self::new(
             Duration::from_millis(max_ms),
@@ -52,6 +76,14 @@ impl DeadlinePolicy {
 
     /// The budget to accept: `clamp(requested, 1 ms, max)`, or the default when absent.
     /// The flag says whether the request was clamped, which is counted.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use shared::DeadlinePolicy;
+    /// let policy = DeadlinePolicy::from_millis(2000, 1000);
+    /// // A zero budget still gets the minimum, and is counted as clamped.
+    /// assert_eq!(policy.accept(Some(Duration::ZERO)), (DeadlinePolicy::MIN, true));
+    /// ```
     pub fn accept(&self, requested: Option<Duration>) -> (Duration, bool) {
         match requested {
             None => (self.default, false),
@@ -64,6 +96,19 @@ impl DeadlinePolicy {
 }
 
 /// The budget ran out before or during `stage`.
+///
+/// ```
+/// use std::time::Duration;
+/// use shared::{Deadline, DeadlineExceeded, Problem, Stage};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let deadline = Deadline::after(Duration::ZERO);
+/// let exceeded: DeadlineExceeded = deadline.run(Stage::Db, async {}).await.unwrap_err();
+/// assert_eq!(exceeded.stage, Stage::Db);
+/// // A handler's `?` turns it into the 504 problem of the contract.
+/// assert_eq!(Problem::from(exceeded).status().as_u16(), 504);
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("deadline exceeded in stage {stage} after {elapsed:?} of a {budget:?} budget")]
 pub struct DeadlineExceeded {
@@ -78,9 +123,23 @@ pub struct DeadlineExceeded {
 /// How long past its deadline a request that is past its point of no return may still
 /// answer. The database step bounds its own wait for a COMMIT's outcome by less than this
 /// (`db::COMMIT_GRACE`), so this is only the ingress layer's backstop.
+///
+/// ```
+/// assert!(shared::deadline::NO_RETURN_GRACE.as_millis() >= 100);
+/// ```
 pub const NO_RETURN_GRACE: Duration = Duration::from_millis(500);
 
 /// See [`Deadline::point_of_no_return`]; the request is past it until this is dropped.
+///
+/// ```
+/// # use std::time::Duration;
+/// let deadline = shared::Deadline::after(Duration::from_millis(300));
+/// {
+///     let _commit_sent = deadline.point_of_no_return();
+///     assert!(deadline.log().past_no_return());
+/// }
+/// assert!(!deadline.log().past_no_return());
+/// ```
 #[derive(Debug)]
 #[must_use = "the point of no return ends when this guard is dropped"]
 pub struct NoReturn {
@@ -97,6 +156,19 @@ impl Drop for NoReturn {
 ///
 /// Cheap to clone; clones (and [children](Deadline::child)) share one [`StageLog`], so the
 /// time every stage took ends up in the response's `Server-Timing` header.
+///
+/// ```
+/// use std::time::Duration;
+/// use shared::{Deadline, Stage};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let deadline = Deadline::after(Duration::from_millis(300));
+/// // Every I/O step runs under what is left, and is timed for `Server-Timing`.
+/// let answer = deadline.run(Stage::Catalog, async { 42 }).await;
+/// assert_eq!(answer, Ok(42));
+/// assert!(deadline.remaining() <= Duration::from_millis(300));
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Deadline {
     started: Instant,
@@ -108,11 +180,26 @@ pub struct Deadline {
 
 impl Deadline {
     /// A deadline `budget` from now, with a log of its own.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
+    /// assert_eq!(deadline.budget(), Duration::from_millis(300));
+    /// ```
     pub fn after(budget: Duration) -> Self {
         Self::with_log(budget, Arc::new(StageLog::default()))
     }
 
     /// A deadline `budget` from now that records its stages into `log`.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// use shared::{Deadline, timing::StageLog};
+    ///
+    /// let log = Arc::new(StageLog::default());
+    /// let deadline = Deadline::with_log(Duration::from_millis(300), Arc::clone(&log));
+    /// assert!(Arc::ptr_eq(deadline.log(), &log));
+    /// ```
     pub fn with_log(budget: Duration, log: Arc<StageLog>) -> Self {
         let started = Instant::now();
         Self {
@@ -126,6 +213,14 @@ impl Deadline {
 
     /// The same deadline, run in `mode` (the ingress stamps the mode in force when the
     /// request arrived; see [`LiveMode`](crate::ingress::LiveMode)).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::{Deadline, DeadlineMode};
+    ///
+    /// let deadline = Deadline::after(Duration::from_millis(300)).with_mode(DeadlineMode::Observe);
+    /// assert_eq!(deadline.mode(), DeadlineMode::Observe);
+    /// ```
     pub fn with_mode(mut self, mode: DeadlineMode) -> Self {
         self.mode = mode;
         self
@@ -133,11 +228,30 @@ impl Deadline {
 
     /// The mode this request runs in: every step reads it here, so a mode switch never
     /// changes a request half-way.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::{Deadline, DeadlineMode};
+    ///
+    /// // Propagate unless the ingress stamped another mode.
+    /// assert_eq!(Deadline::after(Duration::from_millis(300)).mode(), DeadlineMode::Propagate);
+    /// ```
     pub fn mode(&self) -> DeadlineMode {
         self.mode
     }
 
     /// Counts, in observe mode, a refusal propagate would have made in `stage`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::{Deadline, DeadlineMode, Stage};
+    ///
+    /// let deadline = Deadline::after(Duration::ZERO).with_mode(DeadlineMode::Observe);
+    /// if deadline.is_expired() && !deadline.mode().enforces() {
+    ///     // Observe mode goes on, but counts the 504 propagate would have answered.
+    ///     deadline.would_refuse(Stage::Db, "deadline");
+    /// }
+    /// ```
     pub fn would_refuse(&self, stage: Stage, reason: &'static str) {
         tracing::debug!(stage = stage.as_str(), reason, "propagate would refuse");
         self.log.count_would_refuse(stage, reason);
@@ -145,32 +259,72 @@ impl Deadline {
 
     /// The ingress constructor: applies `policy` to the requested budget. Returns the
     /// deadline and whether the request was clamped.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::{Deadline, DeadlinePolicy};
+    ///
+    /// let policy = DeadlinePolicy::from_millis(2000, 1000);
+    /// let (deadline, clamped) = Deadline::inbound(Some(Duration::from_secs(60)), &policy);
+    /// assert!(clamped);
+    /// assert_eq!(deadline.budget(), Duration::from_millis(2000));
+    /// ```
     pub fn inbound(requested: Option<Duration>, policy: &DeadlinePolicy) -> (Self, bool) {
         let (budget, clamped) = policy.accept(requested);
         (Self::after(budget), clamped)
     }
 
     /// The instant by which the work must be done.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
+    /// // For APIs that take an instant, e.g. `tokio::time::timeout_at`.
+    /// assert!(deadline.instant() > tokio::time::Instant::now());
+    /// ```
     pub fn instant(&self) -> Instant {
         self.at
     }
 
     /// The budget accepted at the ingress (for a child: its own, smaller budget).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let deadline = shared::Deadline::after(Duration::from_millis(700));
+    /// assert_eq!(deadline.child(Duration::from_millis(100)).budget(), Duration::from_millis(100));
+    /// ```
     pub fn budget(&self) -> Duration {
         self.budget
     }
 
     /// Time spent since the deadline was created.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
+    /// assert!(deadline.elapsed() < Duration::from_millis(300));
+    /// ```
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
     }
 
     /// What is left; zero once the deadline has passed, never negative.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert_eq!(shared::Deadline::after(Duration::ZERO).remaining(), Duration::ZERO);
+    /// ```
     pub fn remaining(&self) -> Duration {
         self.at.saturating_duration_since(Instant::now())
     }
 
     /// True once nothing is left. No new I/O may start after this.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert!(shared::Deadline::after(Duration::ZERO).is_expired());
+    /// assert!(!shared::Deadline::after(Duration::from_secs(1)).is_expired());
+    /// ```
     pub fn is_expired(&self) -> bool {
         Instant::now() >= self.at
     }
@@ -182,6 +336,15 @@ impl Deadline {
     /// budget no larger than the reserve has nothing left to hand on; sending the call
     /// anyway with a 1 ms header would only make the downstream do work whose answer
     /// arrives too late, so the caller must not send it and answers 504 instead.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let deadline = shared::Deadline::after(Duration::from_millis(700));
+    /// let header = deadline.outbound_millis(Duration::from_millis(5)).unwrap();
+    /// assert!(header <= 695);
+    /// // Nothing left past the reserve: do not send the call at all.
+    /// assert_eq!(shared::Deadline::after(Duration::from_millis(3)).outbound_millis(Duration::from_millis(5)), None);
+    /// ```
     pub fn outbound_millis(&self, reserve: Duration) -> Option<u64> {
         let ms = self.remaining().saturating_sub(reserve).as_millis();
         (ms > 0).then(|| u64::try_from(ms).unwrap_or(u64::MAX))
@@ -189,6 +352,14 @@ impl Deadline {
 
     /// A deadline for a sub-task that may take at most `cap`: the earlier of this
     /// deadline and now + `cap`. A child never outlives its parent.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let request = shared::Deadline::after(Duration::from_millis(300));
+    /// // A tool call capped at 800 ms still ends with the request.
+    /// let tool = request.child(Duration::from_millis(800));
+    /// assert_eq!(tool.instant(), request.instant());
+    /// ```
     pub fn child(&self, cap: Duration) -> Self {
         let now = Instant::now();
         let at = self.at.min(later_by(now, cap));
@@ -202,11 +373,28 @@ impl Deadline {
     }
 
     /// The log that records this request's stages.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
+    /// deadline.log().record(shared::Stage::Db, Duration::from_millis(12));
+    /// assert_eq!(deadline.log().entries().len(), 1);
+    /// ```
     pub fn log(&self) -> &Arc<StageLog> {
         &self.log
     }
 
     /// Describes the budget as spent so far, for errors raised outside [`run`](Self::run).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::{Deadline, Problem, Stage};
+    ///
+    /// let deadline = Deadline::after(Duration::ZERO);
+    /// // A step that learned of the expiry itself (the server cancelled the statement).
+    /// let problem = Problem::from(deadline.exceeded(Stage::Db));
+    /// assert_eq!(problem.stage(), Some(Stage::Db));
+    /// ```
     pub fn exceeded(&self, stage: Stage) -> DeadlineExceeded {
         self.log.count_exceeded(stage);
         DeadlineExceeded {
@@ -224,6 +412,19 @@ impl Deadline {
     /// future is what cancels its work: a reqwest future closes its connection, a
     /// semaphore waiter leaves the queue. The time the step took is logged under
     /// `stage` for `Server-Timing` and the metrics.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::{Deadline, Stage};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let deadline = Deadline::after(Duration::from_millis(50));
+    /// let slow = tokio::time::sleep(Duration::from_secs(10));
+    /// // Cut at the deadline, not after 10 s; the sleep (or HTTP call) is dropped.
+    /// let exceeded = deadline.run(Stage::Catalog, slow).await.unwrap_err();
+    /// assert_eq!(exceeded.stage, Stage::Catalog);
+    /// # }
+    /// ```
     pub async fn run<F>(&self, stage: Stage, step: F) -> Result<F::Output, DeadlineExceeded>
     where
         F: IntoFuture,
@@ -269,6 +470,14 @@ impl Deadline {
     /// a guard lives, the ingress layer does not answer 504 at the deadline; it waits up
     /// to [`NO_RETURN_GRACE`] longer for the handler, which learns the outcome and
     /// answers by it.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
+    /// let commit_sent = deadline.point_of_no_return();
+    /// // ... send COMMIT, learn its outcome ...
+    /// drop(commit_sent);
+    /// ```
     pub fn point_of_no_return(&self) -> NoReturn {
         self.log.enter_no_return();
         NoReturn {
@@ -288,144 +497,4 @@ fn later_by(from: Instant, by: Duration) -> Instant {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MS: fn(u64) -> Duration = Duration::from_millis;
-
-    fn policy() -> DeadlinePolicy {
-        DeadlinePolicy::new(MS(500), MS(300))
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_budget_above_the_maximum_is_clamped_to_it() {
-        let (deadline, clamped) = Deadline::inbound(Some(MS(60_000)), &policy());
-        assert_eq!(deadline.budget(), MS(500));
-        assert_eq!(deadline.remaining(), MS(500));
-        assert!(clamped);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_zero_budget_is_raised_to_one_millisecond() {
-        let (deadline, clamped) = Deadline::inbound(Some(MS(0)), &policy());
-        assert_eq!(deadline.budget(), MS(1));
-        assert!(clamped);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_budget_within_bounds_is_kept_and_not_counted_as_clamped() {
-        let (deadline, clamped) = Deadline::inbound(Some(MS(250)), &policy());
-        assert_eq!(deadline.budget(), MS(250));
-        assert!(!clamped);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_absent_budget_gets_the_default() {
-        let (deadline, clamped) = Deadline::inbound(None, &policy());
-        assert_eq!(deadline.budget(), MS(300));
-        assert!(!clamped);
-    }
-
-    #[test]
-    fn a_default_above_the_maximum_is_clamped_too() {
-        assert_eq!(DeadlinePolicy::new(MS(100), MS(5000)).default, MS(100));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn remaining_saturates_at_zero() {
-        let deadline = Deadline::after(MS(100));
-        tokio::time::advance(MS(60)).await;
-        assert_eq!(deadline.remaining(), MS(40));
-        assert!(!deadline.is_expired());
-        tokio::time::advance(MS(500)).await;
-        assert_eq!(deadline.remaining(), Duration::ZERO);
-        assert!(deadline.is_expired());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_outbound_budget_subtracts_the_reserve_and_is_spent_at_the_reserve() {
-        let deadline = Deadline::after(MS(300));
-        assert_eq!(deadline.outbound_millis(MS(5)), Some(295));
-        tokio::time::advance(MS(294)).await;
-        assert_eq!(deadline.outbound_millis(MS(5)), Some(1));
-        tokio::time::advance(Duration::from_micros(500)).await;
-        assert_eq!(
-            deadline.outbound_millis(MS(5)),
-            None,
-            "less than 1 ms to hand on"
-        );
-        tokio::time::advance(MS(1)).await;
-        assert_eq!(
-            deadline.outbound_millis(MS(5)),
-            None,
-            "no more than the reserve"
-        );
-        tokio::time::advance(MS(10)).await;
-        assert_eq!(deadline.outbound_millis(MS(5)), None);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_budget_too_large_for_the_clock_saturates_instead_of_panicking() {
-        let endless = Deadline::after(Duration::MAX);
-        assert!(!endless.is_expired());
-        assert!(endless.remaining() > Duration::from_secs(365 * 24 * 3600));
-        assert_eq!(endless.child(Duration::MAX).instant(), endless.instant());
-        let short = Deadline::after(MS(100));
-        assert_eq!(short.child(Duration::MAX).instant(), short.instant());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_child_never_outlives_its_parent() {
-        let parent = Deadline::after(MS(1000));
-        let short = parent.child(MS(800));
-        assert_eq!(short.instant(), parent.instant() - MS(200));
-        tokio::time::advance(MS(600)).await;
-        let late = parent.child(MS(800));
-        assert_eq!(late.instant(), parent.instant());
-        assert_eq!(late.budget(), MS(400));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn run_cuts_a_slow_step_at_the_deadline() {
-        let deadline = Deadline::after(MS(300));
-        let result = deadline
-            .run(Stage::Catalog, tokio::time::sleep(MS(1000)))
-            .await;
-        let err = result.expect_err("a 1 s step under 300 ms must time out");
-        assert_eq!(err.stage, Stage::Catalog);
-        assert_eq!(err.elapsed, MS(300));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn run_never_starts_a_step_once_the_deadline_has_passed() {
-        let deadline = Deadline::after(MS(10));
-        tokio::time::advance(MS(10)).await;
-        let started = std::sync::atomic::AtomicBool::new(false);
-        let result = deadline
-            .run(Stage::Db, async {
-                started.store(true, std::sync::atomic::Ordering::SeqCst);
-            })
-            .await;
-        assert_eq!(result.map_err(|e| e.stage), Err(Stage::Db));
-        assert!(!started.load(std::sync::atomic::Ordering::SeqCst));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn run_records_each_stage_in_the_shared_log() {
-        let deadline = Deadline::after(MS(1000));
-        let child = deadline.child(MS(100));
-        deadline
-            .run(Stage::Catalog, tokio::time::sleep(MS(20)))
-            .await
-            .unwrap();
-        child
-            .run(Stage::Tool, tokio::time::sleep(MS(5)))
-            .await
-            .unwrap();
-        let entries = deadline.log().entries();
-        assert_eq!(
-            entries,
-            vec![(Stage::Catalog, MS(20)), (Stage::Tool, MS(5))]
-        );
-    }
-}
+mod tests;
