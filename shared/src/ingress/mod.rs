@@ -45,6 +45,16 @@ use crate::metrics::{Metrics, track_http};
 /// Both are route layers, so both see the matched route (the `uri` label is the
 /// template). The metrics middleware sits *outside* the deadline layer, so a request
 /// cut at its deadline is still measured, with its 504.
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use shared::{DeadlineLayer, DeadlinePolicy, ingress::instrument, metrics::Metrics};
+///
+/// let metrics = Metrics::new("catalog-service");
+/// let routes = Router::new().route("/catalog/{sku}", get(|| async { "{}" }));
+/// let app = instrument(routes, DeadlineLayer::new(DeadlinePolicy::from_millis(5000, 5000)), &metrics);
+/// // `app` also answers GET /metrics now.
+/// ```
 #[cfg(all(feature = "axum", feature = "metrics"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "axum", feature = "metrics"))))]
 pub fn instrument(router: axum::Router, layer: DeadlineLayer, metrics: &Metrics) -> axum::Router {
@@ -61,4 +71,8 @@ pub fn instrument(router: axum::Router, layer: DeadlineLayer, metrics: &Metrics)
 /// every few seconds with budgets of their own choosing; counted with the clients'
 /// requests they would fill the deadline histograms with numbers that describe no
 /// client. The ingress still bounds them, but reports none of their budget metrics.
+///
+/// ```
+/// assert!(shared::ingress::PROBE_PATHS.contains(&"/readyz"));
+/// ```
 pub const PROBE_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];

@@ -17,6 +17,17 @@ use crate::problem::Problem;
 use crate::stage::Stage;
 
 /// The service made by [`DeadlineLayer`](super::DeadlineLayer).
+///
+/// ```
+/// use tower::Layer;
+/// use shared::{DeadlineLayer, DeadlinePolicy};
+///
+/// // Any `Service<http::Request<_>>` can be wrapped, not only an axum router.
+/// let service = tower::service_fn(|_request: http::Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
+/// });
+/// let bounded = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000)).layer(service);
+/// ```
 #[derive(Clone, Debug)]
 pub struct DeadlineService<S> {
     inner: S,
