@@ -9,6 +9,13 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 /// How log lines are written.
+///
+/// ```
+/// use shared::telemetry::LogFormat;
+///
+/// // With the `clap` feature it is a `ValueEnum`: `--log-format json`, `LOG_FORMAT=json`.
+/// assert_eq!(LogFormat::default(), LogFormat::Text);
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum LogFormat {
@@ -20,6 +27,13 @@ pub enum LogFormat {
 }
 
 /// Flushes and shuts the trace exporter down when dropped: keep it alive in `main`.
+///
+/// ```no_run
+/// use shared::telemetry::{LogFormat, init};
+///
+/// let _telemetry = init("orders-service", LogFormat::Json);
+/// // ... run the service; traces are flushed when `_telemetry` is dropped.
+/// ```
 #[must_use = "dropping the guard stops trace export"]
 #[derive(Debug)]
 pub struct TelemetryGuard {
@@ -35,6 +49,15 @@ impl Drop for TelemetryGuard {
 }
 
 /// Installs the global subscriber for `service`. Call once, from `main`.
+///
+/// ```no_run
+/// use shared::telemetry::{LogFormat, init};
+///
+/// # #[tokio::main] async fn main() {
+/// // In `main`, first: RUST_LOG and OTEL_EXPORTER_OTLP_ENDPOINT are read here.
+/// let _telemetry = init("catalog-service", LogFormat::Text);
+/// # }
+/// ```
 pub fn init(service: &'static str, format: LogFormat) -> TelemetryGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let provider = match std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
@@ -77,6 +100,19 @@ pub fn init(service: &'static str, format: LogFormat) -> TelemetryGuard {
 
 /// The `tracing` layer that turns spans into OpenTelemetry spans of `provider`.
 /// Public so tests can use an in-memory exporter.
+///
+/// ```
+/// use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+/// use tracing_subscriber::layer::SubscriberExt;
+///
+/// // A test that looks at the spans: export them to memory instead of OTLP.
+/// let exporter = InMemorySpanExporter::default();
+/// let provider = SdkTracerProvider::builder().with_simple_exporter(exporter.clone()).build();
+/// let subscriber = tracing_subscriber::registry().with(shared::telemetry::layer(&provider, "test"));
+/// tracing::subscriber::with_default(subscriber, || tracing::info_span!("work").in_scope(|| {}));
+/// let _ = provider.force_flush();
+/// assert_eq!(exporter.get_finished_spans().unwrap().len(), 1);
+/// ```
 pub fn layer<S>(
     provider: &SdkTracerProvider,
     service: &'static str,
