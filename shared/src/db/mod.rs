@@ -50,6 +50,7 @@
 
 mod error;
 mod job;
+mod legacy;
 
 use std::time::Duration;
 
@@ -63,7 +64,6 @@ use tracing::Instrument;
 use crate::deadline::Deadline;
 use crate::ingress::DeadlineMode;
 use crate::metrics::DbMetrics;
-use crate::stage::Stage;
 
 pub use error::{DbError, classify};
 pub use job::COMMIT_GRACE;
@@ -91,23 +91,7 @@ pub enum End<T> {
 /// It must only run SQL: the task that runs it cancels the statement in flight, and
 /// only that, when the deadline passes or the caller goes away.
 ///
-/// ```no_run
-/// use shared::db::End;
-///
-/// # async fn example(db: shared::db::Db, deadline: shared::Deadline) -> Result<(), shared::Problem> {
-/// let id: i64 = db
-///     .transaction(&deadline, |conn| {
-///         Box::pin(async move {
-///             let id = sqlx::query_scalar("INSERT INTO orders (sku) VALUES ($1) RETURNING id")
-///                 .bind("SKU-00001")
-///                 .fetch_one(&mut *conn)
-///                 .await?;
-///             Ok(End::Commit(id))
-///         })
-///     })
-///     .await?;
-/// # Ok(()) }
-/// ```
+/// See [`Db::transaction`] for one.
 pub trait Body<T>:
     for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<End<T>, sqlx::Error>> + Send + 'static
 {
@@ -390,45 +374,6 @@ impl Db {
             .await
             .unwrap_or(Err(DbError::Query(sqlx::Error::WorkerCrashed)))
     }
-
-    /// The same transaction as code without the technique writes it: no budget, no
-    /// server-side limits, statements dropped wherever the caller's future is dropped.
-    /// `observed` (observe mode) counts where propagate would have refused it.
-    async fn legacy<T, B: Body<T>>(
-        &self,
-        body: B,
-        observed: Option<&Deadline>,
-    ) -> Result<T, DbError> {
-        let unbounded = Deadline::after(DeadlineMode::LEGACY_TIMEOUT);
-        let started = tokio::time::Instant::now();
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(|err| classify(err, &unbounded, Stage::DbPool))?;
-        let mut counted = false;
-        if let Some(deadline) = observed {
-            let reason = if started.elapsed() > self.config.acquire_timeout {
-                Some("acquire_timeout")
-            } else {
-                deadline.is_expired().then_some("deadline")
-            };
-            if let Some(reason) = reason {
-                deadline.would_refuse(Stage::DbPool, reason);
-                counted = true;
-            }
-        }
-        let _count_late_statements = observed.filter(|_| !counted).map(LateCheck);
-        let value = match body(&mut tx).await {
-            Ok(End::Commit(value)) => {
-                tx.commit().await.map_err(DbError::Query)?;
-                value
-            }
-            Ok(End::Rollback(value)) => value,
-            Err(err) => return Err(classify(err, &unbounded, Stage::Db)),
-        };
-        Ok(value)
-    }
 }
 
 /// Gives a closure the higher-ranked signature of a [`Body`] (closure signatures are
@@ -442,16 +387,4 @@ where
 
 fn millis(duration: Duration) -> String {
     duration.as_millis().to_string()
-}
-
-/// Observe mode: counts a transaction that ended after its deadline, however it ended,
-/// as the 504 `db` propagate would have answered.
-struct LateCheck<'a>(&'a Deadline);
-
-impl Drop for LateCheck<'_> {
-    fn drop(&mut self) {
-        if self.0.is_expired() {
-            self.0.would_refuse(Stage::Db, "deadline");
-        }
-    }
 }
