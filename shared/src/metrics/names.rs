@@ -4,6 +4,18 @@
 //!
 //! Counters carry the `_total` suffix prometheus-client appends; histograms are named
 //! by family (their series add `_bucket`, `_sum` and `_count`).
+//!
+//! ```
+//! use shared::metrics::{Metrics, names};
+//!
+//! let text = Metrics::new("orders-service").render();
+//! assert!(text.contains(names::DEADLINE_EXCEEDED_TOTAL));
+//! // The seed's query, written against the constant rather than a typed string.
+//! let p99 = format!(
+//!     "histogram_quantile(0.99, sum by (le) (rate({}_bucket{{uri=\"/api/orders\"}}[1m])))",
+//!     names::HTTP_SERVER_REQUESTS_SECONDS
+//! );
+//! ```
 
 /// Server response time by `method`, `uri` (route template) and `status` (histogram).
 pub const HTTP_SERVER_REQUESTS_SECONDS: &str = "http_server_requests_seconds";
@@ -92,6 +104,14 @@ pub const SCALARS: &[&str] = &[
 
 /// Whether `series` (as written in a query or an exposition) belongs to a contract
 /// family: a scalar's name, or a histogram's `_bucket`, `_sum` or `_count`.
+///
+/// ```
+/// use shared::metrics::names::is_contract_series;
+///
+/// assert!(is_contract_series("http_server_requests_seconds_bucket"));
+/// assert!(is_contract_series("deadline_exceeded_total"));
+/// assert!(!is_contract_series("http_server_requests_seconds_total"));
+/// ```
 pub fn is_contract_series(series: &str) -> bool {
     SCALARS.contains(&series)
         || HISTOGRAMS.iter().any(|h| {
