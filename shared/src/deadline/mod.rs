@@ -18,82 +18,11 @@ use crate::ingress::DeadlineMode;
 use crate::stage::Stage;
 use crate::timing::StageLog;
 
-/// How an ingress turns a client's requested budget into an accepted one.
-///
-/// ```
-/// use std::time::Duration;
-/// use shared::DeadlinePolicy;
-///
-/// // DEADLINE_MAX_MS=2000, DEADLINE_DEFAULT_MS=1000
-/// let policy = DeadlinePolicy::from_millis(2000, 1000);
-/// assert_eq!(policy.accept(Some(Duration::from_secs(60))), (Duration::from_millis(2000), true));
-/// assert_eq!(policy.accept(None), (Duration::from_millis(1000), false));
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeadlinePolicy {
-    /// The most this service ever grants, whatever the client asks for. Without it a
-    /// client asking for 60 s would hold a worker, a pool slot and a database connection
-    /// for 60 s.
-    pub max: Duration,
-    /// The budget of a request that sends no header.
-    pub default: Duration,
-}
+mod no_return;
+mod policy;
 
-impl DeadlinePolicy {
-    /// The smallest budget ever granted: a request always gets one chance to run.
-    pub const MIN: Duration = Duration::from_millis(1);
-
-    /// A policy; `default` is itself clamped to `max`.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use shared::DeadlinePolicy;
-    /// // A default above the maximum is brought down to it.
-    /// let policy = DeadlinePolicy::new(Duration::from_millis(500), Duration::from_secs(5));
-    /// assert_eq!(policy.default, Duration::from_millis(500));
-    /// ```
-    pub fn new(max: Duration, default: Duration) -> Self {
-        let max = max.max(Self::MIN);
-        Self {
-            max,
-            default: default.clamp(Self::MIN, max),
-        }
-    }
-
-    /// A policy from whole milliseconds, as configuration gives them.
-    ///
-    /// ```
-    /// # use shared::DeadlinePolicy;
-    /// let policy = DeadlinePolicy::from_millis(2000, 1000);
-    /// assert_eq!(policy.max.as_millis(), 2000);
-    /// ```
-    pub fn from_millis(max_ms: u64, default_ms: u64) -> Self {
-        Self::new(
-            Duration::from_millis(max_ms),
-            Duration::from_millis(default_ms),
-        )
-    }
-
-    /// The budget to accept: `clamp(requested, 1 ms, max)`, or the default when absent.
-    /// The flag says whether the request was clamped, which is counted.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use shared::DeadlinePolicy;
-    /// let policy = DeadlinePolicy::from_millis(2000, 1000);
-    /// // A zero budget still gets the minimum, and is counted as clamped.
-    /// assert_eq!(policy.accept(Some(Duration::ZERO)), (DeadlinePolicy::MIN, true));
-    /// ```
-    pub fn accept(&self, requested: Option<Duration>) -> (Duration, bool) {
-        match requested {
-            None => (self.default, false),
-            Some(asked) => {
-                let accepted = asked.clamp(Self::MIN, self.max);
-                (accepted, accepted != asked)
-            }
-        }
-    }
-}
+pub use no_return::{NO_RETURN_GRACE, NoReturn};
+pub use policy::DeadlinePolicy;
 
 /// The budget ran out before or during `stage`.
 ///
@@ -118,38 +47,6 @@ pub struct DeadlineExceeded {
     pub budget: Duration,
     /// Time since the ingress accepted the request.
     pub elapsed: Duration,
-}
-
-/// How long past its deadline a request that is past its point of no return may still
-/// answer. The database step bounds its own wait for a COMMIT's outcome by less than this
-/// (`db::COMMIT_GRACE`), so this is only the ingress layer's backstop.
-///
-/// ```
-/// assert!(shared::deadline::NO_RETURN_GRACE.as_millis() >= 100);
-/// ```
-pub const NO_RETURN_GRACE: Duration = Duration::from_millis(500);
-
-/// See [`Deadline::point_of_no_return`]; the request is past it until this is dropped.
-///
-/// ```
-/// # use std::time::Duration;
-/// let deadline = shared::Deadline::after(Duration::from_millis(300));
-/// {
-///     let _commit_sent = deadline.point_of_no_return();
-///     assert!(deadline.log().past_no_return());
-/// }
-/// assert!(!deadline.log().past_no_return());
-/// ```
-#[derive(Debug)]
-#[must_use = "the point of no return ends when this guard is dropped"]
-pub struct NoReturn {
-    log: Arc<StageLog>,
-}
-
-impl Drop for NoReturn {
-    fn drop(&mut self) {
-        self.log.leave_no_return();
-    }
 }
 
 /// An absolute deadline plus the budget it was created with.
@@ -460,29 +357,6 @@ impl Deadline {
             deadline.remaining_ms = self.remaining().as_millis() as u64,
             outcome = tracing::field::Empty,
         )
-    }
-
-    /// Marks the request as past a point of no return (a COMMIT on the wire) until the
-    /// guard is dropped.
-    ///
-    /// Once a COMMIT is sent, the server may commit whatever the client does, so an
-    /// answer at the deadline could no longer say "nothing was written" truthfully. While
-    /// a guard lives, the ingress layer does not answer 504 at the deadline; it waits up
-    /// to [`NO_RETURN_GRACE`] longer for the handler, which learns the outcome and
-    /// answers by it.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
-    /// let commit_sent = deadline.point_of_no_return();
-    /// // ... send COMMIT, learn its outcome ...
-    /// drop(commit_sent);
-    /// ```
-    pub fn point_of_no_return(&self) -> NoReturn {
-        self.log.enter_no_return();
-        NoReturn {
-            log: Arc::clone(&self.log),
-        }
     }
 }
 
