@@ -3,7 +3,7 @@
 //! and any PostgreSQL (the query reads no table):
 //!
 //! ```sh
-//! cargo run -p catalog-service &
+//! cargo run -p catalog-service &    # or CATALOG_URL=... for one elsewhere
 //! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run -p shared --example minimal
 //! curl -i -H 'X-Request-Timeout-Ms: 300' http://127.0.0.1:8090/price/SKU-00042
 //! ```
@@ -51,7 +51,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let metrics = shared::metrics::Metrics::new("minimal");
     let catalog = ClientConfig {
         name: "catalog",
-        base_url: "http://127.0.0.1:8081".to_owned(),
+        base_url: std::env::var("CATALOG_URL").unwrap_or("http://127.0.0.1:8081".into()),
         max_connections: 32,
         pending_max: 64,
         acquire_timeout: Duration::from_millis(40), // a full pool answers 503 fast

@@ -25,6 +25,13 @@ pub struct DeadlinePolicy {
 
 impl DeadlinePolicy {
     /// The smallest budget ever granted: a request always gets one chance to run.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use shared::DeadlinePolicy;
+    ///
+    /// assert_eq!(DeadlinePolicy::MIN, Duration::from_millis(1));
+    /// ```
     pub const MIN: Duration = Duration::from_millis(1);
 
     /// A policy; `default` is itself clamped to `max`.

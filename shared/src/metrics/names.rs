@@ -70,6 +70,12 @@ pub const DEADLINE_WOULD_REFUSE_TOTAL: &str = "deadline_would_refuse_total";
 pub const DEADLINE_MODE: &str = "deadline_mode";
 
 /// The histogram families of the contract.
+///
+/// ```
+/// use shared::metrics::names::{HISTOGRAMS, HTTP_SERVER_REQUESTS_SECONDS};
+///
+/// assert!(HISTOGRAMS.contains(&HTTP_SERVER_REQUESTS_SECONDS));
+/// ```
 pub const HISTOGRAMS: &[&str] = &[
     HTTP_SERVER_REQUESTS_SECONDS,
     HTTP_CLIENT_REQUESTS_SECONDS,
@@ -79,6 +85,12 @@ pub const HISTOGRAMS: &[&str] = &[
 ];
 
 /// Every other family of the contract (gauges and counters).
+///
+/// ```
+/// use shared::metrics::names::{SCALARS, TOOL_CALLS_TOTAL};
+///
+/// assert!(SCALARS.contains(&TOOL_CALLS_TOTAL));
+/// ```
 pub const SCALARS: &[&str] = &[
     HTTP_SERVER_REQUESTS_IN_FLIGHT,
     HTTP_CLIENT_POOL_PENDING_ACQUIRES,
