@@ -11,7 +11,7 @@
 //! Cancellation (an MCP `notifications/cancelled`, a client that goes away) is
 //! cooperative: the tool future is raced against a `CancellationToken` and dropped, which
 //! drops its HTTP request; SQL needs the server to be told, which the
-//! [`db`](crate::db) module does when its caller's future is dropped.
+//! `db` module (feature `sqlx`) does when its caller's future is dropped.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -15,8 +15,8 @@
 //! Like tower-http's middleware it *answers* (400, 504) instead of returning an error,
 //! which would make hyper drop the connection, and it keeps the inner error type.
 //!
-//! Laid out like tower's `timeout`: [`layer`] holds the configuration, [`service`] does
-//! the per-request work, [`future`] races the handler against the deadline.
+//! Laid out like tower's `timeout`: `layer` holds the configuration, `service` does
+//! the per-request work, `future` races the handler against the deadline.
 
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
