@@ -15,11 +15,23 @@ use axum::response::{IntoResponse, Response};
 use crate::problem::Problem;
 
 /// The largest admin request body: a configuration is a few dozen bytes.
+///
+/// ```
+/// assert_eq!(shared::admin::MAX_BODY_BYTES, 4096);
+/// ```
 pub const MAX_BODY_BYTES: usize = 4 * 1024;
 
 /// Guards `router`: bodies over [`MAX_BODY_BYTES`] are 413, and non-loopback clients get
 /// a 403 naming `allow_setting` (the variable that lets them in) unless `allow_remote`.
 /// The peer address comes from axum's `ConnectInfo`, which the server runner provides.
+///
+/// ```
+/// use axum::{Router, routing::put};
+///
+/// let admin: Router = Router::new().route("/admin/faults", put(|| async { "set" }));
+/// // Loopback clients only, unless CATALOG_ADMIN_ALLOW_REMOTE says otherwise.
+/// let admin = shared::admin::guard(admin, false, "CATALOG_ADMIN_ALLOW_REMOTE");
+/// ```
 pub fn guard<S>(router: Router<S>, allow_remote: bool, allow_setting: &'static str) -> Router<S>
 where
     S: Clone + Send + Sync + 'static,

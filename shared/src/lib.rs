@@ -9,25 +9,40 @@
 //!
 //! # Module map
 //!
+//! The core is always built (it compiles with `--no-default-features`); the rest comes
+//! with a Cargo feature, all of them on by default (see the README, "Use it in your
+//! service", for what each pulls in).
+//!
 //! - [`deadline`]: [`Deadline`], [`DeadlinePolicy`] (clamping) and [`Deadline::run`], the
 //!   one function that runs an I/O step under the remaining time.
 //! - [`header`]: parsing the budget headers (`X-Request-Timeout-Ms`, `grpc-timeout`,
 //!   `x-envoy-expected-rq-timeout-ms`): absent, valid or invalid, never a panic.
 //! - [`stage`]: the named [`Stage`]s a budget is spent on (`ingress`, `catalog_pool`, ...),
 //!   and [`Downstream`](stage::Downstream), the two stages of a client named by configuration.
-//! - [`ingress`]: the tower layer that builds the deadline, bounds the handler, answers
-//!   400/504 and writes `Server-Timing`.
+//! - [`problem`]: [`Problem`], the RFC 9457 error answer of both services (with `axum`,
+//!   also an `IntoResponse`).
 //! - [`timing`]: the per-request [`StageLog`](timing::StageLog) behind `Server-Timing`.
-//! - [`problem`]: [`Problem`], the RFC 9457 error answer of both services.
-//! - [`json`]: [`JsonBody`], a JSON extractor whose rejections are problems.
-//! - [`client`]: [`BudgetedClient`](client::BudgetedClient), the bulkhead-guarded reqwest client
-//!   that spends only the remaining budget on pool wait + request + body, for any
-//!   request ([`CallRequest`](client::CallRequest)).
-//! - [`db`]: PostgreSQL helpers: pool acquire bounded by the budget, transactions whose
-//!   `statement_timeout` and `lock_timeout` come from the remaining time.
+//! - [`ingress`]: [`DeadlineMode`] and its run-time switch; with `axum`, the tower layer
+//!   that builds the deadline, bounds the handler, answers 400/504 and writes
+//!   `Server-Timing`.
 //! - [`tools`]: [`ToolBudget`](tools::ToolBudget), quotas for the tool calls of an AI assistant turn.
-//! - [`metrics`]: the Prometheus families of the contract and the HTTP middleware.
-//! - [`server`]: serving a router with a header read timeout and graceful shutdown.
+//! - [`telemetry`]: `traceparent` propagation (a no-op without `otel`); with `otel`, the
+//!   log and trace setup of a binary.
+//! - `json` (feature `axum`): `JsonBody`, a JSON extractor whose rejections are problems.
+//! - `server` (feature `axum`): serving a router with a header read timeout and graceful
+//!   shutdown.
+//! - `admin` (feature `axum`): the loopback-only guard of an admin API.
+//! - `client` (feature `http-client`): `BudgetedClient`, the bulkhead-guarded reqwest
+//!   client that spends only the remaining budget on pool wait + request + body, for
+//!   any request (`CallRequest`) to a downstream named by configuration.
+//! - `db` (feature `sqlx`): PostgreSQL helpers: pool acquire bounded by the budget,
+//!   transactions whose `statement_timeout` and `lock_timeout` come from the remaining
+//!   time.
+//! - `metrics` (feature `metrics`): the Prometheus families of the contract; with `axum`,
+//!   the HTTP middleware and `GET /metrics`.
+//! - `clap` (feature): `clap::ValueEnum` for the enums that are settings.
+//!
+//! A whole service in one file: `shared/examples/minimal.rs`.
 //!
 //! # Example
 //!
@@ -48,25 +63,47 @@
 //!     .route_layer(DeadlineLayer::new(policy));
 //! ```
 
-pub mod admin;
-pub mod client;
-pub mod db;
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+// The core: always built (`--no-default-features` too).
 pub mod deadline;
 pub mod header;
 pub mod ingress;
-pub mod json;
-pub mod metrics;
 pub mod problem;
-pub mod server;
 pub mod stage;
 pub mod telemetry;
 pub mod timing;
 pub mod tools;
 
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod admin;
+#[cfg(feature = "http-client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http-client")))]
+pub mod client;
+#[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+pub mod db;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod json;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod server;
+
+#[cfg(feature = "axum")]
 mod extract;
 
 pub use deadline::{Deadline, DeadlineExceeded, DeadlinePolicy};
-pub use ingress::{DeadlineLayer, DeadlineMode};
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use ingress::DeadlineLayer;
+pub use ingress::DeadlineMode;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use json::JsonBody;
 pub use problem::Problem;
 pub use stage::Stage;

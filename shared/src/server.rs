@@ -20,6 +20,17 @@ use tokio::net::TcpListener;
 use tower::ServiceExt;
 
 /// Connection-level limits.
+///
+/// ```
+/// use std::time::Duration;
+/// use shared::server::{ServerOptions, drain_timeout};
+///
+/// let options = ServerOptions {
+///     drain_timeout: drain_timeout(Duration::from_millis(2000)),
+///     ..ServerOptions::default()
+/// };
+/// assert_eq!(options.header_read_timeout, Duration::from_secs(5));
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct ServerOptions {
     /// How long a client may take to send its request headers.
@@ -44,6 +55,12 @@ impl Default for ServerOptions {
 /// The drain a service with `max_budget` as its largest budget needs: every in-flight
 /// request ends within its budget, plus a second to write the answers. Deployments size
 /// their termination grace period from this (`deploy/k8s`, checked in CI).
+///
+/// ```
+/// use std::time::Duration;
+///
+/// assert_eq!(shared::server::drain_timeout(Duration::from_secs(2)), Duration::from_secs(3));
+/// ```
 pub fn drain_timeout(max_budget: Duration) -> Duration {
     max_budget + Duration::from_secs(1)
 }
@@ -51,6 +68,21 @@ pub fn drain_timeout(max_budget: Duration) -> Duration {
 /// Serves `app` on `listener` until `shutdown` resolves, then drains.
 ///
 /// Handlers can read the peer address with `ConnectInfo<SocketAddr>`.
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use shared::server::{ServerOptions, serve};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> std::io::Result<()> {
+/// let app = Router::new().route("/healthz", get(|| async { "ok" }));
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+/// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// let server = tokio::spawn(serve(listener, app, async { let _ = stopped.await; }, ServerOptions::default()));
+/// // ... serve requests; then shut down and drain:
+/// let _ = stop.send(());
+/// server.await.unwrap();
+/// # Ok(()) }
+/// ```
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -105,6 +137,16 @@ pub async fn serve(
 }
 
 /// Resolves on Ctrl-C or SIGTERM: what `main` passes to [`serve`].
+///
+/// ```no_run
+/// use axum::Router;
+/// use shared::server::{ServerOptions, serve, shutdown_signal};
+///
+/// # async fn run(app: Router) -> std::io::Result<()> {
+/// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
+/// serve(listener, app, shutdown_signal(), ServerOptions::default()).await;
+/// # Ok(()) }
+/// ```
 pub async fn shutdown_signal() {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {

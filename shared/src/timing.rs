@@ -9,13 +9,29 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+#[cfg(feature = "metrics")]
 use crate::metrics::DeadlineMetrics;
 use crate::stage::Stage;
 
 /// The stages a request went through, and the metrics they report to.
+///
+/// ```
+/// use std::time::Duration;
+/// use shared::{Stage, timing::StageLog};
+///
+/// let log = StageLog::default();
+/// log.record(Stage::CatalogPool, Duration::from_micros(100));
+/// log.record(Stage::Catalog, Duration::from_millis(12));
+/// assert_eq!(
+///     log.server_timing(Duration::from_millis(15)),
+///     "catalog_pool;dur=0.1, catalog;dur=12.0, total;dur=15.0"
+/// );
+/// ```
 #[derive(Debug, Default)]
 pub struct StageLog {
     entries: Mutex<Vec<(Stage, Duration)>>,
+    /// Without the `metrics` feature a log only feeds `Server-Timing`.
+    #[cfg(feature = "metrics")]
     metrics: Option<DeadlineMetrics>,
     /// How many steps of the request are past their point of no return (a COMMIT on the
     /// wire). See [`Deadline::point_of_no_return`](crate::Deadline::point_of_no_return).
@@ -24,6 +40,15 @@ pub struct StageLog {
 
 impl StageLog {
     /// A log that also reports to a service's deadline metrics.
+    ///
+    /// ```
+    /// use shared::{metrics::Metrics, timing::StageLog};
+    ///
+    /// let metrics = Metrics::new("orders-service");
+    /// let log = StageLog::with_metrics(metrics.deadline().clone());
+    /// ```
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn with_metrics(metrics: DeadlineMetrics) -> Self {
         Self {
             entries: Mutex::default(),
@@ -33,37 +58,90 @@ impl StageLog {
     }
 
     /// Adds one finished stage.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::{Stage, timing::StageLog};
+    ///
+    /// let log = StageLog::default();
+    /// log.record(Stage::Db, Duration::from_millis(3));
+    /// ```
     pub fn record(&self, stage: Stage, took: Duration) {
         self.lock().push((stage, took));
     }
 
     /// The stages recorded so far, in order.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::{Stage, timing::StageLog};
+    ///
+    /// let log = StageLog::default();
+    /// log.record(Stage::Db, Duration::from_millis(3));
+    /// assert_eq!(log.entries(), vec![(Stage::Db, Duration::from_millis(3))]);
+    /// ```
     pub fn entries(&self) -> Vec<(Stage, Duration)> {
         self.lock().clone()
     }
 
+    // The reports below go to the metrics when there are any; without the `metrics`
+    // feature there are none and they do nothing.
+
+    /// The ingress layer's report of the budget it accepted.
+    #[cfg(feature = "axum")]
+    pub(crate) fn observe_inbound(&self, budget: Duration, clamped: bool) {
+        #[cfg(feature = "metrics")]
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_inbound(budget, clamped);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (budget, clamped);
+    }
+
     pub(crate) fn observe_start(&self, stage: Stage, remaining: Duration) {
+        #[cfg(feature = "metrics")]
         if let Some(metrics) = &self.metrics {
             metrics.observe_remaining(stage, remaining);
         }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (stage, remaining);
     }
 
     pub(crate) fn count_would_refuse(&self, stage: Stage, reason: &'static str) {
+        #[cfg(feature = "metrics")]
         if let Some(metrics) = &self.metrics {
             metrics.count_would_refuse(stage, reason);
         }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (stage, reason);
     }
 
     pub(crate) fn count_exceeded(&self, stage: Stage) {
+        #[cfg(feature = "metrics")]
         if let Some(metrics) = &self.metrics {
             metrics.count_exceeded(stage);
         }
+        #[cfg(not(feature = "metrics"))]
+        let _ = stage;
     }
 
     /// Renders the entries as a `Server-Timing` value, followed by `total`.
     ///
     /// A stage that ran more than once (three tool calls) is summed into one entry with
     /// a count, since `Server-Timing` names should be unique.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::{Stage, timing::StageLog};
+    ///
+    /// let log = StageLog::default();
+    /// log.record(Stage::Tool, Duration::from_millis(2));
+    /// log.record(Stage::Tool, Duration::from_millis(3));
+    /// assert_eq!(
+    ///     log.server_timing(Duration::from_millis(6)),
+    ///     "tool;dur=5.0;desc=\"2 calls\", total;dur=6.0"
+    /// );
+    /// ```
     pub fn server_timing(&self, total: Duration) -> String {
         let mut sums: Vec<(Stage, Duration, u32)> = Vec::new();
         for (stage, took) in self.lock().iter() {
@@ -88,6 +166,13 @@ impl StageLog {
     }
 
     /// True while a step of the request is past its point of no return.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
+    /// let _commit_sent = deadline.point_of_no_return();
+    /// assert!(deadline.log().past_no_return());
+    /// ```
     pub fn past_no_return(&self) -> bool {
         self.no_return.load(Ordering::Acquire) > 0
     }

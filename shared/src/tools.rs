@@ -11,7 +11,7 @@
 //! Cancellation (an MCP `notifications/cancelled`, a client that goes away) is
 //! cooperative: the tool future is raced against a `CancellationToken` and dropped, which
 //! drops its HTTP request; SQL needs the server to be told, which the
-//! [`db`](crate::db) module does when its caller's future is dropped.
+//! `db` module (feature `sqlx`) does when its caller's future is dropped.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -22,11 +22,24 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::deadline::Deadline;
+#[cfg(feature = "metrics")]
 use crate::metrics::ToolMetrics;
 use crate::problem::Problem;
 use crate::stage::Stage;
 
 /// The quotas of a turn.
+///
+/// ```
+/// use std::time::Duration;
+/// use shared::tools::ToolPolicy;
+///
+/// // The seed's numbers.
+/// assert_eq!(ToolPolicy::default(), ToolPolicy {
+///     turn: Duration::from_secs(2),
+///     per_tool: Duration::from_millis(800),
+///     max_calls: 3,
+/// });
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ToolPolicy {
     /// The whole turn (`ASSISTANT_TURN_BUDGET_MS`, default 2000).
@@ -48,6 +61,12 @@ impl Default for ToolPolicy {
 }
 
 /// How a tool call ended (`tool_calls_total{outcome}`).
+///
+/// ```
+/// use shared::tools::Outcome;
+///
+/// assert_eq!(serde_json::to_string(&Outcome::Timeout).unwrap(), "\"timeout\"");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
@@ -65,6 +84,10 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, for series that must exist before the first call.
+    ///
+    /// ```
+    /// assert!(shared::tools::Outcome::ALL.contains(&shared::tools::Outcome::Cancelled));
+    /// ```
     pub const ALL: [Outcome; 5] = [
         Outcome::Ok,
         Outcome::Error,
@@ -74,6 +97,10 @@ impl Outcome {
     ];
 
     /// The label value.
+    ///
+    /// ```
+    /// assert_eq!(shared::tools::Outcome::Refused.as_str(), "refused");
+    /// ```
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
@@ -86,6 +113,20 @@ impl Outcome {
 }
 
 /// The record of one tool call.
+///
+/// ```
+/// use std::time::Duration;
+/// use shared::tools::{Outcome, ToolBudget, ToolPolicy};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let budget = ToolBudget::for_turn(&shared::Deadline::after(Duration::from_secs(5)), ToolPolicy::default());
+/// let call = budget.call("echo", &CancellationToken::new(), |_| async { Ok("hi") }).await;
+/// // What the assistant endpoint returns for each call, as JSON.
+/// assert_eq!(call.outcome, Outcome::Ok);
+/// assert_eq!(serde_json::to_value(&call).unwrap()["result"], "hi");
+/// # }
+/// ```
 #[derive(Debug, Clone, Serialize)]
 pub struct ToolCall<T> {
     /// The tool's name.
@@ -103,26 +144,87 @@ pub struct ToolCall<T> {
 }
 
 /// The budget of one turn. Calls are counted as they are made.
+///
+/// ```
+/// use std::time::Duration;
+/// use shared::tools::{Outcome, ToolBudget, ToolPolicy};
+/// use shared::{Deadline, Stage};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let request = Deadline::after(Duration::from_secs(5));
+/// let budget = ToolBudget::for_turn(&request, ToolPolicy::default());
+/// let cancel = CancellationToken::new();
+/// // A tool that would take 2 s is cut at its 800 ms cap.
+/// let call = budget
+///     .call("catalog_lookup", &cancel, |deadline| async move {
+///         deadline.run(Stage::Catalog, tokio::time::sleep(Duration::from_secs(2))).await?;
+///         Ok(())
+///     })
+///     .await;
+/// assert_eq!(call.outcome, Outcome::Timeout);
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct ToolBudget {
     turn: Deadline,
     policy: ToolPolicy,
     calls: AtomicU32,
+    #[cfg(feature = "metrics")]
     metrics: Option<ToolMetrics>,
 }
 
 impl ToolBudget {
     /// A turn inside `request`'s deadline: it ends at the earlier of the two.
-    pub fn for_turn(request: &Deadline, policy: ToolPolicy, metrics: Option<ToolMetrics>) -> Self {
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::tools::{ToolBudget, ToolPolicy};
+    ///
+    /// let request = shared::Deadline::after(Duration::from_millis(500));
+    /// // A 2 s turn inside a 500 ms request ends with the request.
+    /// let budget = ToolBudget::for_turn(&request, ToolPolicy::default());
+    /// assert_eq!(budget.turn().instant(), request.instant());
+    /// ```
+    pub fn for_turn(request: &Deadline, policy: ToolPolicy) -> Self {
         Self {
             turn: request.child(policy.turn),
             policy,
             calls: AtomicU32::new(0),
-            metrics,
+            #[cfg(feature = "metrics")]
+            metrics: None,
         }
     }
 
+    /// Counts every call in `tool_calls_total{tool_name,outcome}`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::{metrics::Metrics, tools::{ToolBudget, ToolPolicy}};
+    ///
+    /// let metrics = Metrics::new("orders-service");
+    /// let request = shared::Deadline::after(Duration::from_secs(2));
+    /// let budget = ToolBudget::for_turn(&request, ToolPolicy::default())
+    ///     .with_metrics(metrics.tools().clone());
+    /// ```
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn with_metrics(mut self, metrics: ToolMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
     /// The turn's deadline.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::tools::{ToolBudget, ToolPolicy};
+    ///
+    /// let request = shared::Deadline::after(Duration::from_secs(10));
+    /// let budget = ToolBudget::for_turn(&request, ToolPolicy::default());
+    /// // The planner gets the turn's deadline, not the request's.
+    /// assert_eq!(budget.turn().budget(), Duration::from_secs(2));
+    /// ```
     pub fn turn(&self) -> &Deadline {
         &self.turn
     }
@@ -131,6 +233,21 @@ impl ToolBudget {
     /// used up or the turn is over; stops it when `cancel` fires.
     ///
     /// `tool` receives the call's own deadline and must run all its I/O under it.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::tools::{Outcome, ToolBudget, ToolPolicy};
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let policy = ToolPolicy { max_calls: 1, ..ToolPolicy::default() };
+    /// let budget = ToolBudget::for_turn(&shared::Deadline::after(Duration::from_secs(5)), policy);
+    /// let never = CancellationToken::new();
+    /// let first = budget.call("inventory_check", &never, |_| async { Ok(7) }).await;
+    /// let second = budget.call("inventory_check", &never, |_| async { Ok(7) }).await;
+    /// assert_eq!((first.outcome, second.outcome), (Outcome::Ok, Outcome::Refused));
+    /// # }
+    /// ```
     pub async fn call<T, F, Fut>(
         &self,
         name: &str,
@@ -172,6 +289,7 @@ impl ToolBudget {
                 },
             }
         };
+        #[cfg(feature = "metrics")]
         if let Some(metrics) = &self.metrics {
             metrics.count(name, outcome.as_str());
         }
@@ -205,7 +323,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn each_tool_is_cut_at_its_cap_and_the_turn_at_its_budget() {
         let request = Deadline::after(MS(5000));
-        let budget = ToolBudget::for_turn(&request, ToolPolicy::default(), None);
+        let budget = ToolBudget::for_turn(&request, ToolPolicy::default());
         let never = CancellationToken::new();
         let started = Instant::now();
         let mut ends = Vec::new();
@@ -223,13 +341,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_turn_never_outlives_the_request() {
         let request = Deadline::after(MS(500));
-        let budget = ToolBudget::for_turn(&request, ToolPolicy::default(), None);
+        let budget = ToolBudget::for_turn(&request, ToolPolicy::default());
         assert_eq!(budget.turn().instant(), request.instant());
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_fast_tool_succeeds_and_a_cancelled_one_stops_at_once() {
-        let budget = ToolBudget::for_turn(&Deadline::after(MS(5000)), ToolPolicy::default(), None);
+        let budget = ToolBudget::for_turn(&Deadline::after(MS(5000)), ToolPolicy::default());
         let cancel = CancellationToken::new();
         let ok = budget.call("fast", &cancel, |d| slow(d, 10)).await;
         assert_eq!((ok.outcome, ok.result), (Outcome::Ok, Some(10)));

@@ -61,11 +61,8 @@ pub async fn chat(
         )));
     }
     let answerable = deadline.child(deadline.remaining().saturating_sub(ANSWER_RESERVE));
-    let budget = ToolBudget::for_turn(
-        &answerable,
-        state.assistant.policy,
-        Some(state.metrics.tools().clone()),
-    );
+    let budget = ToolBudget::for_turn(&answerable, state.assistant.policy)
+        .with_metrics(state.metrics.tools().clone());
     let plan = state
         .assistant
         .planner

@@ -103,11 +103,8 @@ impl ServerHandler for McpServer {
             max_calls: 1,
         };
         let cancel = cancelled_or_gone(&context);
-        let budget = ToolBudget::for_turn(
-            &request_deadline(&context, policy),
-            one_call,
-            Some(self.state.metrics.tools().clone()),
-        );
+        let budget = ToolBudget::for_turn(&request_deadline(&context, policy), one_call)
+            .with_metrics(self.state.metrics.tools().clone());
         let call = budget
             .call(tool.name(), &cancel, |deadline| {
                 tool.run(&self.state, deadline, &arguments)

@@ -65,7 +65,8 @@ pub const CENSORED_FACTOR: u32 = 2;
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Whether the budgeted client predicts (`CATALOG_ADMISSION`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum AdmissionMode {
     /// Refuse calls predicted to finish late.
     #[default]

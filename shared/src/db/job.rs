@@ -37,6 +37,12 @@ const MIN_STEP: Duration = Duration::from_millis(12);
 /// The COMMIT carries `statement_timeout` = what was left, so the server normally
 /// answers before the deadline; this covers a slow WAL flush or network. Shorter than
 /// [`NO_RETURN_GRACE`](crate::deadline::NO_RETURN_GRACE), the ingress layer's backstop.
+///
+/// ```
+/// use shared::{db::COMMIT_GRACE, deadline::NO_RETURN_GRACE};
+///
+/// assert!(COMMIT_GRACE < NO_RETURN_GRACE);
+/// ```
 pub const COMMIT_GRACE: Duration = Duration::from_millis(250);
 
 /// How long a cancelled statement (or a `ROLLBACK`) may take to come back before the

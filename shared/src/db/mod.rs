@@ -48,7 +48,9 @@
 //! per statement in PostgreSQL 15, so a later statement could run past the deadline
 //! on its own limit; the task's cancel at the deadline is what ends it there.
 
+mod error;
 mod job;
+mod legacy;
 
 use std::time::Duration;
 
@@ -59,16 +61,22 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::deadline::{Deadline, DeadlineExceeded};
+use crate::deadline::Deadline;
 use crate::ingress::DeadlineMode;
 use crate::metrics::DbMetrics;
-use crate::problem::Problem;
-use crate::stage::Stage;
 
+pub use error::{DbError, classify};
 use job::Job;
 pub use job::{Access, COMMIT_GRACE, begin_sql, commit_sql};
 
 /// What a transaction's body decides: commit or roll back, with the value to return.
+///
+/// ```
+/// use shared::db::End;
+///
+/// // Nothing to write after all: roll back, and still return the value.
+/// let end: End<u32> = End::Rollback(0);
+/// ```
 #[derive(Debug)]
 pub enum End<T> {
     /// Commit the transaction, then return the value (if the commit succeeds).
@@ -82,6 +90,8 @@ pub enum End<T> {
 /// Write it as `|conn| Box::pin(async move { ... })`, with queries run on `&mut *conn`.
 /// It must only run SQL: the task that runs it cancels the statement in flight, and
 /// only that, when the deadline passes or the caller goes away.
+///
+/// See [`Db::transaction`] for one.
 pub trait Body<T>:
     for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<End<T>, sqlx::Error>> + Send + 'static
 {
@@ -94,37 +104,19 @@ impl<T, F> Body<T> for F where
 {
 }
 
-/// A failed database step.
-#[derive(Debug, thiserror::Error)]
-pub enum DbError {
-    /// The budget ran out (client-side bound or server-side cancel); nothing was
-    /// written: 504.
-    #[error(transparent)]
-    Deadline(#[from] DeadlineExceeded),
-    /// The database is unreachable or the pool is saturated; nothing was written: 503.
-    #[error("database unavailable: {0}")]
-    Unavailable(String),
-    /// COMMIT was sent but its outcome could not be learned within [`COMMIT_GRACE`]
-    /// past the deadline: 500, which promises nothing (a 504 would say "not written").
-    #[error("the outcome of the commit is unknown")]
-    OutcomeUnknown,
-    /// Anything else: a bug or a constraint we did not expect: 500.
-    #[error("database error: {0}")]
-    Query(#[source] sqlx::Error),
-}
-
-impl From<DbError> for Problem {
-    fn from(err: DbError) -> Self {
-        match err {
-            DbError::Deadline(exceeded) => Problem::deadline(exceeded),
-            DbError::Unavailable(cause) => Problem::unavailable(Stage::DbPool, cause),
-            DbError::OutcomeUnknown => Problem::outcome_unknown(Stage::Db),
-            DbError::Query(err) => Problem::internal(err),
-        }
-    }
-}
-
 /// Pool settings.
+///
+/// ```
+/// use std::time::Duration;
+/// use shared::{DeadlineMode, db::DbConfig};
+///
+/// let config = DbConfig {
+///     max_connections: 10,
+///     acquire_timeout: Duration::from_millis(250), // DB_POOL_ACQUIRE_TIMEOUT_MS: 503 `db_pool` after
+///     mode: DeadlineMode::Propagate,
+///     max_budget: Duration::from_millis(2000), // DEADLINE_MAX_MS: the session backstop
+/// };
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct DbConfig {
     /// Pool size (`DB_POOL_MAX_CONNECTIONS`).
@@ -143,6 +135,27 @@ pub struct DbConfig {
 const IDLE_IN_TRANSACTION_SLACK: Duration = Duration::from_secs(1);
 
 /// The pool plus the mode it runs in. Cheap to clone.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use shared::db::{Db, DbConfig};
+/// use shared::{Deadline, DeadlineMode};
+///
+/// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let config = DbConfig {
+///     max_connections: 10,
+///     acquire_timeout: Duration::from_millis(250),
+///     mode: DeadlineMode::Propagate,
+///     max_budget: Duration::from_secs(2),
+/// };
+/// let db = Db::connect_lazy("postgres://app@127.0.0.1/app", config, None)?;
+/// let deadline = Deadline::after(Duration::from_millis(300));
+/// // Pool wait, BEGIN with statement_timeout = what is left, the query, ROLLBACK.
+/// let one: i32 = db
+///     .read(&deadline, |conn| Box::pin(sqlx::query_scalar("SELECT 1").fetch_one(conn)))
+///     .await?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Db {
     pool: PgPool,
@@ -157,6 +170,23 @@ pub struct Db {
 impl Db {
     /// A lazily connecting pool: the service starts even while the database is down,
     /// and answers 503 until it is back.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// use shared::{DeadlineMode, db::{Db, DbConfig}, metrics::Metrics};
+    ///
+    /// # #[tokio::main] async fn main() -> Result<(), sqlx::Error> {
+    /// let metrics = Metrics::new("orders-service");
+    /// let config = DbConfig {
+    ///     max_connections: 10,
+    ///     acquire_timeout: Duration::from_millis(250),
+    ///     mode: DeadlineMode::Propagate,
+    ///     max_budget: Duration::from_secs(2),
+    /// };
+    /// // Nothing is connected yet: a database that is down is a 503 per request, not a crash.
+    /// let db = Db::connect_lazy("postgres://app@127.0.0.1/app", config, Some(metrics.db().clone()))?;
+    /// # Ok(()) }
+    /// ```
     pub fn connect_lazy(
         url: &str,
         config: DbConfig,
@@ -197,6 +227,14 @@ impl Db {
 
     /// Applies `migrator` on a connection of its own, outside the per-request limits
     /// (a migration may legitimately take longer than any request).
+    ///
+    /// ```no_run
+    /// # async fn example(db: shared::db::Db) -> Result<(), sqlx::migrate::MigrateError> {
+    /// // Usually `sqlx::migrate!("./migrations")`, embedded at compile time.
+    /// let migrator = sqlx::migrate::Migrator::new(std::path::Path::new("./migrations")).await?;
+    /// db.migrate(&migrator).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn migrate(&self, migrator: &Migrator) -> Result<(), sqlx::migrate::MigrateError> {
         let mut conn = PgConnection::connect_with(&self.options).await?;
         let result = migrator.run(&mut conn).await;
@@ -205,17 +243,37 @@ impl Db {
     }
 
     /// Closes the pools (at shutdown, after the last request).
+    ///
+    /// ```no_run
+    /// # async fn example(db: shared::db::Db) {
+    /// // After `serve` has drained the last request:
+    /// db.close().await;
+    /// # }
+    /// ```
     pub async fn close(&self) {
         self.pool.close().await;
         self.cancel_pool.close().await;
     }
 
     /// Connections checked out right now.
+    ///
+    /// ```no_run
+    /// # fn example(db: shared::db::Db) {
+    /// tracing::info!(in_use = db.in_use(), "pool");
+    /// # }
+    /// ```
     pub fn in_use(&self) -> usize {
         (self.pool.size() as usize).saturating_sub(self.pool.num_idle())
     }
 
     /// Copies the pool's idle and in-use counts into the gauges.
+    ///
+    /// ```no_run
+    /// # fn example(db: shared::db::Db, metrics: shared::metrics::Metrics) {
+    /// // Copied at every scrape, so the gauges are never stale.
+    /// metrics.on_scrape(move || db.report_pool());
+    /// # }
+    /// ```
     pub fn report_pool(&self) {
         if let Some(metrics) = &self.metrics {
             metrics.set_connections(self.pool.num_idle(), self.in_use());
@@ -224,6 +282,30 @@ impl Db {
 
     /// Runs `body` in one read-write transaction under `deadline`; commits or rolls back
     /// as the body's [`End`] says.
+    ///
+    /// ```no_run
+    /// use shared::db::End;
+    ///
+    /// # async fn example(db: shared::db::Db, deadline: shared::Deadline) -> Result<(), shared::Problem> {
+    /// // The stock change and the order commit together, or not at all.
+    /// let taken: bool = db
+    ///     .transaction(&deadline, |conn| {
+    ///         Box::pin(async move {
+    ///             let updated = sqlx::query(
+    ///                 "UPDATE inventory SET available = available - 1 WHERE sku = $1 AND available >= 1",
+    ///             )
+    ///             .bind("SKU-00001")
+    ///             .execute(&mut *conn)
+    ///             .await?;
+    ///             if updated.rows_affected() == 0 {
+    ///                 return Ok(End::Rollback(false));
+    ///             }
+    ///             Ok(End::Commit(true))
+    ///         })
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn transaction<T, B>(&self, deadline: &Deadline, body: B) -> Result<T, DbError>
     where
         T: Send + 'static,
@@ -234,6 +316,20 @@ impl Db {
 
     /// Runs `read` (statements that change nothing) in a read-only transaction under
     /// `deadline`, so it gets the same server-side limits as any other statement.
+    ///
+    /// ```no_run
+    /// # async fn example(db: shared::db::Db, deadline: shared::Deadline) -> Result<(), shared::Problem> {
+    /// let available: Option<i32> = db
+    ///     .read(&deadline, |conn| {
+    ///         Box::pin(
+    ///             sqlx::query_scalar("SELECT available FROM inventory WHERE sku = $1")
+    ///                 .bind("SKU-00042")
+    ///                 .fetch_optional(conn),
+    ///         )
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn read<T, F>(&self, deadline: &Deadline, read: F) -> Result<T, DbError>
     where
         T: Send + 'static,
@@ -278,45 +374,6 @@ impl Db {
             .await
             .unwrap_or(Err(DbError::Query(sqlx::Error::WorkerCrashed)))
     }
-
-    /// The same transaction as code without the technique writes it: no budget, no
-    /// server-side limits, statements dropped wherever the caller's future is dropped.
-    /// `observed` (observe mode) counts where propagate would have refused it.
-    async fn legacy<T, B: Body<T>>(
-        &self,
-        body: B,
-        observed: Option<&Deadline>,
-    ) -> Result<T, DbError> {
-        let unbounded = Deadline::after(DeadlineMode::LEGACY_TIMEOUT);
-        let started = tokio::time::Instant::now();
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(|err| classify(err, &unbounded, Stage::DbPool))?;
-        let mut counted = false;
-        if let Some(deadline) = observed {
-            let reason = if started.elapsed() > self.config.acquire_timeout {
-                Some("acquire_timeout")
-            } else {
-                deadline.is_expired().then_some("deadline")
-            };
-            if let Some(reason) = reason {
-                deadline.would_refuse(Stage::DbPool, reason);
-                counted = true;
-            }
-        }
-        let _count_late_statements = observed.filter(|_| !counted).map(LateCheck);
-        let value = match body(&mut tx).await {
-            Ok(End::Commit(value)) => {
-                tx.commit().await.map_err(DbError::Query)?;
-                value
-            }
-            Ok(End::Rollback(value)) => value,
-            Err(err) => return Err(classify(err, &unbounded, Stage::Db)),
-        };
-        Ok(value)
-    }
 }
 
 /// Gives a closure the higher-ranked signature of a [`Body`] (closure signatures are
@@ -330,41 +387,4 @@ where
 
 fn millis(duration: Duration) -> String {
     duration.as_millis().to_string()
-}
-
-/// Maps a sqlx error to what the caller should answer.
-pub fn classify(err: sqlx::Error, deadline: &Deadline, stage: Stage) -> DbError {
-    match &err {
-        sqlx::Error::Database(db) => match db.code().as_deref() {
-            // query_canceled (statement_timeout, or our pg_cancel_backend at the
-            // deadline) and lock_not_available (lock_timeout): the budget ran out.
-            // idle_in_transaction_session_timeout (25P03) means the same, later.
-            Some("57014" | "55P03" | "25P03") => DbError::Deadline(deadline.exceeded(Stage::Db)),
-            // admin_shutdown, crash_shutdown, cannot_connect_now: the server is going away.
-            Some("57P01" | "57P02" | "57P03") => DbError::Unavailable(err.to_string()),
-            _ => DbError::Query(err),
-        },
-        sqlx::Error::PoolTimedOut if deadline.is_expired() => {
-            DbError::Deadline(deadline.exceeded(stage))
-        }
-        sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::WorkerCrashed => DbError::Unavailable(err.to_string()),
-        _ => DbError::Query(err),
-    }
-}
-
-/// Observe mode: counts a transaction that ended after its deadline, however it ended,
-/// as the 504 `db` propagate would have answered.
-struct LateCheck<'a>(&'a Deadline);
-
-impl Drop for LateCheck<'_> {
-    fn drop(&mut self) {
-        if self.0.is_expired() {
-            self.0.would_refuse(Stage::Db, "deadline");
-        }
-    }
 }

@@ -32,6 +32,12 @@ pub use request_timeout::{
 
 /// Why one value of a budget header was refused, without the header's name: the three
 /// parsers share it, and [`InvalidBudget`] puts the name in front.
+///
+/// ```
+/// use shared::header::{InvalidValue, parse_grpc_value};
+///
+/// assert_eq!(parse_grpc_value(b"  "), Err(InvalidValue::Empty));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidValue {
     /// Nothing but whitespace.
@@ -58,6 +64,16 @@ pub enum InvalidValue {
 
 /// Which budget header was refused, and why. The message starts with the header's name,
 /// so the client learns which of its inputs was wrong.
+///
+/// ```
+/// use http::{HeaderMap, HeaderValue};
+/// use shared::header::{GRPC_TIMEOUT_HEADER, read_budget};
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert(GRPC_TIMEOUT_HEADER, HeaderValue::from_static("10 parsecs"));
+/// let invalid = read_budget(&headers).unwrap_err();
+/// assert!(invalid.to_string().starts_with("grpc-timeout "));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidBudget {
     /// `X-Request-Timeout-Ms`, with its own messages (unchanged by the other headers).
@@ -73,6 +89,19 @@ pub enum InvalidBudget {
 
 impl InvalidBudget {
     /// The header that was refused, as the 400 problem's `header` member names it.
+    ///
+    /// ```
+    /// use http::{HeaderMap, HeaderValue};
+    /// use shared::{Problem, header::{REQUEST_TIMEOUT_HEADER, read_budget}};
+    ///
+    /// let mut headers = HeaderMap::new();
+    /// headers.insert(REQUEST_TIMEOUT_HEADER, HeaderValue::from_static("-5"));
+    /// let invalid = read_budget(&headers).unwrap_err();
+    /// assert_eq!(invalid.header(), "X-Request-Timeout-Ms");
+    /// // The 400 the ingress answers:
+    /// let problem = Problem::invalid_header(invalid.header(), invalid.to_string());
+    /// assert_eq!(problem.status().as_u16(), 400);
+    /// ```
     pub fn header(&self) -> &'static str {
         match self {
             InvalidBudget::RequestTimeout(_) => REQUEST_TIMEOUT_HEADER_DISPLAY,
@@ -97,6 +126,19 @@ impl InvalidBudget {
 /// the metrics) is whole milliseconds; rounding up never cuts a caller short of what it
 /// asked for, by less than a millisecond at most, and the clamp raises anything to at
 /// least 1 ms anyway.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::{HeaderMap, HeaderValue};
+/// use shared::header::{GRPC_TIMEOUT_HEADER, REQUEST_TIMEOUT_HEADER, read_budget};
+///
+/// let mut headers = HeaderMap::new();
+/// assert_eq!(read_budget(&headers), Ok(None));
+/// headers.insert(REQUEST_TIMEOUT_HEADER, HeaderValue::from_static("700"));
+/// headers.insert(GRPC_TIMEOUT_HEADER, HeaderValue::from_static("1500u"));
+/// // The smallest wins, rounded up to whole milliseconds.
+/// assert_eq!(read_budget(&headers), Ok(Some(Duration::from_millis(2))));
+/// ```
 pub fn read_budget(headers: &HeaderMap) -> Result<Option<Duration>, InvalidBudget> {
     let ours = parse_request_timeout(headers)?;
     let grpc = parse_grpc_timeout(headers).map_err(InvalidBudget::GrpcTimeout)?;

@@ -18,13 +18,32 @@ use http::{HeaderMap, HeaderName};
 use super::{InvalidValue, read_values};
 
 /// The budget header, lower-case as HTTP/2 and `http` spell it.
+///
+/// ```
+/// // What a caller sends: 700 ms remaining.
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert(shared::header::REQUEST_TIMEOUT_HEADER, http::HeaderValue::from(700u64));
+/// ```
 pub const REQUEST_TIMEOUT_HEADER: HeaderName = HeaderName::from_static("x-request-timeout-ms");
 
 /// How the header is spelled in messages, for humans.
+///
+/// ```
+/// use shared::header::{REQUEST_TIMEOUT_HEADER, REQUEST_TIMEOUT_HEADER_DISPLAY};
+///
+/// assert!(REQUEST_TIMEOUT_HEADER_DISPLAY.eq_ignore_ascii_case(REQUEST_TIMEOUT_HEADER.as_str()));
+/// ```
 pub const REQUEST_TIMEOUT_HEADER_DISPLAY: &str = "X-Request-Timeout-Ms";
 
 /// The longest header value looked at. A real client sends at most 20 digits; this
 /// leaves room for padding and zeros while keeping one pass over the value cheap.
+///
+/// ```
+/// use shared::header::{InvalidTimeout, MAX_VALUE_BYTES, parse_millis};
+///
+/// let padded = format!("{:>width$}", 7, width = MAX_VALUE_BYTES + 1);
+/// assert_eq!(parse_millis(padded.as_bytes()), Err(InvalidTimeout::TooLong));
+/// ```
 pub const MAX_VALUE_BYTES: usize = 256;
 
 /// `u64::MAX` has 20 decimal digits: more significant digits cannot fit, so they are
@@ -33,6 +52,13 @@ const MAX_SIGNIFICANT_DIGITS: usize = 20;
 
 /// Why a budget header was refused. The message names the header so the client knows
 /// which of its inputs was wrong.
+///
+/// ```
+/// use shared::header::{InvalidTimeout, parse_millis};
+///
+/// assert_eq!(parse_millis(b"1e3"), Err(InvalidTimeout::NotAnInteger("1e3".into())));
+/// assert_eq!(parse_millis(b"99999999999999999999"), Err(InvalidTimeout::TooLarge));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidTimeout {
     /// The header is present but holds nothing but whitespace.
@@ -72,12 +98,29 @@ impl From<InvalidValue> for InvalidTimeout {
 ///
 /// `Ok(None)` when the header is absent, `Ok(Some(budget))` for one valid value (or the
 /// same value repeated), `Err` otherwise. Zero is valid here; the clamp raises it to 1 ms.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::{HeaderMap, HeaderValue};
+/// use shared::header::{REQUEST_TIMEOUT_HEADER, parse_request_timeout};
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert(REQUEST_TIMEOUT_HEADER, HeaderValue::from_static(" 300 "));
+/// assert_eq!(parse_request_timeout(&headers), Ok(Some(Duration::from_millis(300))));
+/// ```
 pub fn parse_request_timeout(headers: &HeaderMap) -> Result<Option<Duration>, InvalidTimeout> {
     let ms = read_values(headers, &REQUEST_TIMEOUT_HEADER, parse_digits)?;
     Ok(ms.map(Duration::from_millis))
 }
 
 /// Parses one header value: optional surrounding spaces or tabs around ASCII digits.
+///
+/// ```
+/// use shared::header::parse_millis;
+///
+/// assert_eq!(parse_millis(b"\t042 "), Ok(42));
+/// assert!(parse_millis(b"+42").is_err());
+/// ```
 pub fn parse_millis(raw: &[u8]) -> Result<u64, InvalidTimeout> {
     Ok(parse_digits(raw)?)
 }

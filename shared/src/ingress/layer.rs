@@ -7,9 +7,24 @@ use tower::Layer;
 use super::service::DeadlineService;
 use super::{DeadlineMode, LiveMode};
 use crate::deadline::DeadlinePolicy;
+#[cfg(feature = "metrics")]
 use crate::metrics::DeadlineMetrics;
+use crate::timing::StageLog;
 
 /// Wraps a service so that every request runs under a [`Deadline`](crate::Deadline).
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use shared::{Deadline, DeadlineLayer, DeadlinePolicy};
+///
+/// async fn handler(deadline: Deadline) -> String {
+///     format!("{} ms left", deadline.remaining().as_millis())
+/// }
+///
+/// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000));
+/// // A route layer: it runs after routing, so it sees the matched route.
+/// let app: Router = Router::new().route("/", get(handler)).route_layer(layer);
+/// ```
 #[derive(Clone, Debug)]
 pub struct DeadlineLayer {
     config: Arc<IngressConfig>,
@@ -19,16 +34,38 @@ pub struct DeadlineLayer {
 pub(crate) struct IngressConfig {
     pub(crate) policy: DeadlinePolicy,
     pub(crate) mode: LiveMode,
+    #[cfg(feature = "metrics")]
     pub(crate) metrics: Option<DeadlineMetrics>,
+}
+
+impl IngressConfig {
+    /// A new request's log, reporting to the metrics unless the request is a probe:
+    /// a probe's budget and stages are nobody's budget.
+    pub(crate) fn stage_log(&self, probe: bool) -> StageLog {
+        #[cfg(feature = "metrics")]
+        if let Some(metrics) = self.metrics.as_ref().filter(|_| !probe) {
+            return StageLog::with_metrics(metrics.clone());
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = probe;
+        StageLog::default()
+    }
 }
 
 impl DeadlineLayer {
     /// A layer that applies `policy` to every request.
+    ///
+    /// ```
+    /// use shared::{DeadlineLayer, DeadlinePolicy};
+    ///
+    /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000));
+    /// ```
     pub fn new(policy: DeadlinePolicy) -> Self {
         Self {
             config: Arc::new(IngressConfig {
                 policy,
                 mode: LiveMode::new(DeadlineMode::Propagate),
+                #[cfg(feature = "metrics")]
                 metrics: None,
             }),
         }
@@ -36,16 +73,43 @@ impl DeadlineLayer {
 
     /// Sets the mode; in [`DeadlineMode::Legacy`] every budget header is ignored and the handler
     /// is not bounded, as in a service written without the technique.
+    ///
+    /// ```
+    /// use shared::{DeadlineLayer, DeadlineMode, DeadlinePolicy};
+    ///
+    /// // The "before" of an experiment: the same service without the technique.
+    /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000)).mode(DeadlineMode::Legacy);
+    /// ```
     pub fn mode(self, mode: DeadlineMode) -> Self {
         self.live_mode(LiveMode::new(mode))
     }
 
     /// Reads the mode from `mode` for every request, so it can be switched at run time.
+    ///
+    /// ```
+    /// use shared::ingress::LiveMode;
+    /// use shared::{DeadlineLayer, DeadlineMode, DeadlinePolicy};
+    ///
+    /// let mode = LiveMode::new(DeadlineMode::Observe);
+    /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000)).live_mode(mode.clone());
+    /// // Later, from an admin endpoint: the next request runs in propagate.
+    /// mode.set(DeadlineMode::Propagate);
+    /// ```
     pub fn live_mode(self, mode: LiveMode) -> Self {
         self.map(|c| c.mode = mode)
     }
 
     /// Reports budgets, clamps, stage starts and expiries to `metrics`.
+    ///
+    /// ```
+    /// use shared::{DeadlineLayer, DeadlinePolicy, metrics::Metrics};
+    ///
+    /// let metrics = Metrics::new("orders-service");
+    /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000))
+    ///     .metrics(metrics.deadline().clone());
+    /// ```
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn metrics(self, metrics: DeadlineMetrics) -> Self {
         self.map(|c| c.metrics = Some(metrics))
     }

@@ -17,20 +17,21 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
+#[cfg(feature = "metrics")]
 use crate::metrics::DeadlineMetrics;
 
 /// How an ingress treats budgets.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Default,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
+///
+/// ```
+/// use shared::DeadlineMode;
+///
+/// // As settings, the admin API and the metric label spell it.
+/// let mode: DeadlineMode = serde_json::from_str("\"observe\"").unwrap();
+/// assert_eq!(mode.as_str(), "observe");
+/// assert!(!mode.enforces());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum DeadlineMode {
     /// Accept the client's budget (clamped), propagate it, answer 504 when it runs out.
@@ -46,9 +47,18 @@ pub enum DeadlineMode {
 
 impl DeadlineMode {
     /// The fixed timeout legacy code uses where the technique would use the deadline.
+    ///
+    /// ```
+    /// assert_eq!(shared::DeadlineMode::LEGACY_TIMEOUT.as_secs(), 30);
+    /// ```
     pub const LEGACY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
     /// Every mode, for the `deadline_mode` gauge.
+    ///
+    /// ```
+    /// let names = shared::DeadlineMode::ALL.map(shared::DeadlineMode::as_str);
+    /// assert_eq!(names, ["legacy", "observe", "propagate"]);
+    /// ```
     pub const ALL: [DeadlineMode; 3] = [
         DeadlineMode::Legacy,
         DeadlineMode::Observe,
@@ -56,6 +66,10 @@ impl DeadlineMode {
     ];
 
     /// The name used in settings, the admin API and the metric label.
+    ///
+    /// ```
+    /// assert_eq!(shared::DeadlineMode::Propagate.as_str(), "propagate");
+    /// ```
     pub const fn as_str(self) -> &'static str {
         match self {
             DeadlineMode::Propagate => "propagate",
@@ -65,6 +79,13 @@ impl DeadlineMode {
     }
 
     /// Whether this mode refuses work (504, 503) where the budget says so.
+    ///
+    /// ```
+    /// use shared::DeadlineMode;
+    ///
+    /// assert!(DeadlineMode::Propagate.enforces());
+    /// assert!(!DeadlineMode::Observe.enforces());
+    /// ```
     pub const fn enforces(self) -> bool {
         matches!(self, DeadlineMode::Propagate)
     }
@@ -87,22 +108,49 @@ impl DeadlineMode {
 }
 
 /// The mode in force now; clones share it. One atomic load per request.
+///
+/// ```
+/// use shared::{DeadlineMode, ingress::LiveMode};
+///
+/// let mode = LiveMode::new(DeadlineMode::Legacy);
+/// let seen_by_the_layer = mode.clone();
+/// assert_eq!(mode.set(DeadlineMode::Propagate), DeadlineMode::Legacy);
+/// assert_eq!(seen_by_the_layer.get(), DeadlineMode::Propagate);
+/// ```
 #[derive(Clone, Debug)]
 pub struct LiveMode {
     current: Arc<AtomicU8>,
+    #[cfg(feature = "metrics")]
     metrics: Option<DeadlineMetrics>,
 }
 
 impl LiveMode {
     /// Starts in `mode`.
+    ///
+    /// ```
+    /// use shared::{DeadlineMode, ingress::LiveMode};
+    ///
+    /// assert_eq!(LiveMode::new(DeadlineMode::Observe).get(), DeadlineMode::Observe);
+    /// ```
     pub fn new(mode: DeadlineMode) -> Self {
         Self {
             current: Arc::new(AtomicU8::new(mode.to_u8())),
+            #[cfg(feature = "metrics")]
             metrics: None,
         }
     }
 
     /// Shows the mode as `deadline_mode{mode}` in `metrics`, from now on.
+    ///
+    /// ```
+    /// use shared::{DeadlineMode, ingress::LiveMode, metrics::Metrics};
+    ///
+    /// let metrics = Metrics::new("orders-service");
+    /// let mode = LiveMode::new(DeadlineMode::Propagate).with_metrics(metrics.deadline().clone());
+    /// assert!(metrics.render().contains("deadline_mode{service=\"orders-service\",mode=\"propagate\"} 1"));
+    /// ```
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn with_metrics(mut self, metrics: DeadlineMetrics) -> Self {
         self.metrics = Some(metrics);
         self.show(self.get());
@@ -110,12 +158,26 @@ impl LiveMode {
     }
 
     /// The mode in force.
+    ///
+    /// ```
+    /// use shared::{DeadlineMode, ingress::LiveMode};
+    ///
+    /// assert_eq!(LiveMode::from(DeadlineMode::Legacy).get(), DeadlineMode::Legacy);
+    /// ```
     pub fn get(&self) -> DeadlineMode {
         DeadlineMode::from_u8(self.current.load(Ordering::Relaxed))
     }
 
     /// Switches to `mode` for every request that starts from now on; returns the mode
     /// it replaced.
+    ///
+    /// ```
+    /// use shared::{DeadlineMode, ingress::LiveMode};
+    ///
+    /// let mode = LiveMode::new(DeadlineMode::Propagate);
+    /// let before = mode.set(DeadlineMode::Observe); // a rollback, without a restart
+    /// assert_eq!((before, mode.get()), (DeadlineMode::Propagate, DeadlineMode::Observe));
+    /// ```
     pub fn set(&self, mode: DeadlineMode) -> DeadlineMode {
         let before = DeadlineMode::from_u8(self.current.swap(mode.to_u8(), Ordering::Relaxed));
         self.show(mode);
@@ -123,9 +185,12 @@ impl LiveMode {
     }
 
     fn show(&self, mode: DeadlineMode) {
+        #[cfg(feature = "metrics")]
         if let Some(metrics) = &self.metrics {
             metrics.set_mode(mode.as_str(), &DeadlineMode::ALL.map(DeadlineMode::as_str));
         }
+        #[cfg(not(feature = "metrics"))]
+        let _ = mode;
     }
 }
 

@@ -15,9 +15,19 @@ use crate::deadline::Deadline;
 use crate::header::read_budget;
 use crate::problem::Problem;
 use crate::stage::Stage;
-use crate::timing::StageLog;
 
 /// The service made by [`DeadlineLayer`](super::DeadlineLayer).
+///
+/// ```
+/// use tower::Layer;
+/// use shared::{DeadlineLayer, DeadlinePolicy};
+///
+/// // Any `Service<http::Request<_>>` can be wrapped, not only an axum router.
+/// let service = tower::service_fn(|_request: http::Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
+/// });
+/// let bounded = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000)).layer(service);
+/// ```
 #[derive(Clone, Debug)]
 pub struct DeadlineService<S> {
     inner: S,
@@ -46,12 +56,7 @@ where
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let config = &self.config;
-        // A probe's budget and stages are nobody's budget: its log reports to no metrics.
-        let metrics = config.metrics.as_ref().filter(|_| !is_probe(&request));
-        let log = Arc::new(match metrics {
-            Some(metrics) => StageLog::with_metrics(metrics.clone()),
-            None => StageLog::default(),
-        });
+        let log = Arc::new(config.stage_log(is_probe(&request)));
 
         // Read once: the whole request runs in the mode in force when it arrived.
         let mode = config.mode.get();
@@ -76,9 +81,7 @@ where
             }
         };
         let (budget, clamped) = config.policy.accept(requested);
-        if let Some(metrics) = metrics {
-            metrics.observe_inbound(budget, clamped);
-        }
+        log.observe_inbound(budget, clamped);
         let deadline = Deadline::with_log(budget, log).with_mode(mode);
         if invalid {
             deadline.would_refuse(Stage::Ingress, "invalid_header");

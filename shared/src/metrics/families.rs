@@ -24,7 +24,9 @@ mod tools;
 
 pub use client::{ClientMetrics, PoolGauges, RejectReason};
 pub use db::DbMetrics;
-use exemplar::{LatencyHistogram, latency_histogram_with_exemplars, observe_traced};
+#[cfg(feature = "axum")]
+use exemplar::observe_traced;
+use exemplar::{LatencyHistogram, latency_histogram_with_exemplars};
 pub(crate) use process::ProcessCollector;
 pub use settings::{PoolLimits, SettingsMetrics};
 pub use tools::ToolMetrics;
@@ -101,6 +103,11 @@ struct ServiceMode {
 /// `http_server_requests_seconds` and `http_server_requests_in_flight`.
 ///
 /// Request times carry the sampled `trace_id` as an exemplar (families/exemplar.rs).
+///
+/// ```
+/// let metrics = shared::metrics::Metrics::new("orders-service");
+/// let _families: &shared::metrics::HttpServerMetrics = metrics.http();
+/// ```
 #[derive(Clone, Debug)]
 pub struct HttpServerMetrics {
     pub(crate) requests: Family<RequestLabels, LatencyHistogram, fn() -> LatencyHistogram>,
@@ -127,12 +134,24 @@ impl HttpServerMetrics {
     }
 
     /// Records one request's time, with the current trace as exemplar when sampled.
+    #[cfg(feature = "axum")]
     pub(crate) fn observe_request(&self, labels: &RequestLabels, seconds: f64) {
         observe_traced(&self.requests.get_or_create(labels), seconds);
     }
 }
 
 /// The deadline families, labelled with the owning service.
+///
+/// ```
+/// use std::time::Duration;
+/// use shared::Stage;
+///
+/// let metrics = shared::metrics::Metrics::new("orders-service");
+/// let deadline = metrics.deadline();
+/// deadline.observe_inbound(Duration::from_millis(2000), true);
+/// deadline.count_exceeded(Stage::Catalog);
+/// assert!(metrics.render().contains("deadline_clamped_total{service=\"orders-service\"} 1"));
+/// ```
 #[derive(Clone, Debug)]
 pub struct DeadlineMetrics {
     service: &'static str,
@@ -226,6 +245,12 @@ impl DeadlineMetrics {
     }
 
     /// Records an accepted budget and whether it was clamped.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let metrics = shared::metrics::Metrics::new("orders-service");
+    /// metrics.deadline().observe_inbound(Duration::from_millis(700), false);
+    /// ```
     pub fn observe_inbound(&self, budget: Duration, clamped: bool) {
         let label = ServiceLabel {
             service: self.service,
@@ -239,6 +264,12 @@ impl DeadlineMetrics {
     }
 
     /// Records the budget left as `stage` starts.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let metrics = shared::metrics::Metrics::new("orders-service");
+    /// metrics.deadline().observe_remaining(shared::Stage::Db, Duration::from_millis(650));
+    /// ```
     pub fn observe_remaining(&self, stage: Stage, remaining: Duration) {
         self.remaining
             .get_or_create(&self.stage_label(stage))
@@ -246,12 +277,22 @@ impl DeadlineMetrics {
     }
 
     /// Counts a budget that ran out in `stage`.
+    ///
+    /// ```
+    /// let metrics = shared::metrics::Metrics::new("orders-service");
+    /// metrics.deadline().count_exceeded(shared::Stage::DbPool);
+    /// ```
     pub fn count_exceeded(&self, stage: Stage) {
         self.exceeded.get_or_create(&self.stage_label(stage)).inc();
     }
 
     /// Counts what propagate would have refused in `stage` (observe mode); `reason` is
     /// one of a fixed set (`deadline`, `predicted_late`, `queue_full`, ...).
+    ///
+    /// ```
+    /// let metrics = shared::metrics::Metrics::new("orders-service");
+    /// metrics.deadline().count_would_refuse(shared::Stage::CatalogPool, "queue_full");
+    /// ```
     pub fn count_would_refuse(&self, stage: Stage, reason: &'static str) {
         let (service, stage) = (self.service, stage.as_str());
         let labels = StageReason {
@@ -263,6 +304,14 @@ impl DeadlineMetrics {
     }
 
     /// Shows `current` as the mode in force: 1 for it, 0 for each of `all` others.
+    ///
+    /// ```
+    /// use shared::DeadlineMode;
+    ///
+    /// let metrics = shared::metrics::Metrics::new("orders-service");
+    /// let all = DeadlineMode::ALL.map(DeadlineMode::as_str);
+    /// metrics.deadline().set_mode(DeadlineMode::Observe.as_str(), &all);
+    /// ```
     pub fn set_mode(&self, current: &'static str, all: &[&'static str]) {
         for &mode in all {
             let labels = ServiceMode {

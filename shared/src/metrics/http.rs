@@ -44,6 +44,17 @@ fn method_label(method: &Method) -> &'static str {
 }
 
 /// Measures one request; use with `axum::middleware::from_fn_with_state`.
+///
+/// ```
+/// use axum::{Router, middleware, routing::get};
+/// use shared::metrics::{Metrics, track_http};
+///
+/// let metrics = Metrics::new("catalog-service");
+/// // A route layer, so the `uri` label is the route template, never the raw path.
+/// let app: Router = Router::new()
+///     .route("/catalog/{sku}", get(|| async { "{}" }))
+///     .route_layer(middleware::from_fn_with_state(metrics.clone(), track_http));
+/// ```
 pub async fn track_http(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
     let uri = request
         .extensions()

@@ -32,6 +32,14 @@ struct ClientReason {
 }
 
 /// Why the bulkhead refused a call (`http_client_pool_rejections_total{reason}`).
+///
+/// ```
+/// use shared::metrics::RejectReason;
+///
+/// let metrics = shared::metrics::Metrics::new("orders-service");
+/// metrics.client().count_rejection("catalog", RejectReason::QueueFull);
+/// assert!(metrics.render().contains("reason=\"queue_full\"} 1"));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RejectReason {
     /// The pending queue was at its maximum.
@@ -55,6 +63,13 @@ impl RejectReason {
 /// The pending and active gauges of one client; clones share the values. A bulkhead
 /// moves them one step per transition, never `set`s them from counts read a moment
 /// earlier: two releases at once would write the same stale count, stuck above 0.
+///
+/// ```
+/// let metrics = shared::metrics::Metrics::new("orders-service");
+/// let gauges = metrics.client().pool_gauges("catalog");
+/// gauges.pending.inc(); // a call starts waiting for a slot
+/// assert!(metrics.render().contains("http_client_pool_pending_acquires{client=\"catalog\"} 1"));
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct PoolGauges {
     /// Calls waiting for a slot.
@@ -64,6 +79,15 @@ pub struct PoolGauges {
 }
 
 /// The outbound client families for one named client.
+///
+/// ```
+/// # use std::time::Duration;
+/// let metrics = shared::metrics::Metrics::new("orders-service");
+/// let client = metrics.client();
+/// client.init(shared::stage::Downstream::CATALOG);
+/// client.observe_acquire("catalog", Duration::from_micros(80));
+/// client.observe_request("catalog", "200", Duration::from_millis(12));
+/// ```
 #[derive(Clone, Debug)]
 pub struct ClientMetrics {
     requests: Family<ClientStatus, LatencyHistogram, fn() -> LatencyHistogram>,
@@ -182,6 +206,12 @@ impl ClientMetrics {
     }
 
     /// Records one call's time and its status (`"200"`, `"timeout"`, `"error"`).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let metrics = shared::metrics::Metrics::new("orders-service");
+    /// metrics.client().observe_request("catalog", "timeout", Duration::from_millis(300));
+    /// ```
     pub fn observe_request(&self, client: &'static str, status: &str, took: Duration) {
         let labels = ClientStatus {
             client,
@@ -191,6 +221,12 @@ impl ClientMetrics {
     }
 
     /// The pending and active gauges of `client`, for its bulkhead to move.
+    ///
+    /// ```
+    /// let metrics = shared::metrics::Metrics::new("orders-service");
+    /// let gauges = metrics.client().pool_gauges("catalog");
+    /// assert_eq!(gauges.active.get(), 0);
+    /// ```
     pub fn pool_gauges(&self, client: &'static str) -> PoolGauges {
         let label = ClientLabel { client };
         PoolGauges {
@@ -200,6 +236,12 @@ impl ClientMetrics {
     }
 
     /// Records how long a call waited for its slot.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let metrics = shared::metrics::Metrics::new("orders-service");
+    /// metrics.client().observe_acquire("catalog", Duration::from_millis(3));
+    /// ```
     pub fn observe_acquire(&self, client: &'static str, waited: Duration) {
         self.acquire
             .get_or_create(&ClientLabel { client })
@@ -207,6 +249,11 @@ impl ClientMetrics {
     }
 
     /// Counts a call refused as predicted late (`reason="predicted_late"`).
+    ///
+    /// ```
+    /// let metrics = shared::metrics::Metrics::new("orders-service");
+    /// metrics.client().count_predicted_late("catalog");
+    /// ```
     pub fn count_predicted_late(&self, client: &'static str) {
         let reason = "predicted_late";
         self.admission
@@ -215,21 +262,43 @@ impl ClientMetrics {
     }
 
     /// Counts a probe: a call predicted late and sent anyway.
+    ///
+    /// ```
+    /// let metrics = shared::metrics::Metrics::new("orders-service");
+    /// metrics.client().count_probe("catalog");
+    /// ```
     pub fn count_probe(&self, client: &'static str) {
         self.probes.get_or_create(&ClientLabel { client }).inc();
     }
 
     /// The estimate gauge of `client`, for its admission to set.
+    ///
+    /// ```
+    /// let metrics = shared::metrics::Metrics::new("orders-service");
+    /// metrics.client().estimate_gauge("catalog").set(0.012); // 12 ms
+    /// ```
     pub fn estimate_gauge(&self, client: &'static str) -> Gauge<f64, AtomicU64> {
         self.estimate.get_or_create(&ClientLabel { client }).clone()
     }
 
     /// Counts a retry after a refused connection.
+    ///
+    /// ```
+    /// let metrics = shared::metrics::Metrics::new("orders-service");
+    /// metrics.client().count_retry("catalog");
+    /// ```
     pub fn count_retry(&self, client: &'static str) {
         self.retries.get_or_create(&ClientLabel { client }).inc();
     }
 
     /// Counts a refused call.
+    ///
+    /// ```
+    /// use shared::metrics::RejectReason;
+    ///
+    /// let metrics = shared::metrics::Metrics::new("orders-service");
+    /// metrics.client().count_rejection("catalog", RejectReason::AcquireTimeout);
+    /// ```
     pub fn count_rejection(&self, client: &'static str, reason: RejectReason) {
         self.rejections
             .get_or_create(&ClientReason {

@@ -9,10 +9,8 @@
 
 use std::time::SystemTime;
 
-use opentelemetry::trace::TraceContextExt as _;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::exemplar::HistogramWithExemplars;
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::LATENCY_BUCKETS;
 
@@ -39,11 +37,21 @@ pub(crate) fn observe_traced(histogram: &LatencyHistogram, seconds: f64) {
 }
 
 /// The trace id (32 hex digits) of the current span, if an OpenTelemetry layer is
-/// installed and the span is sampled.
+/// installed and the span is sampled. Without the `otel` feature there is no such layer,
+/// so never.
+#[cfg(feature = "otel")]
 fn current_sampled_trace() -> Option<String> {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
     let context = tracing::Span::current().context();
     let span = context.span();
     let span_context = span.span_context();
     (span_context.is_valid() && span_context.is_sampled())
         .then(|| span_context.trace_id().to_string())
+}
+
+#[cfg(not(feature = "otel"))]
+fn current_sampled_trace() -> Option<String> {
+    None
 }

@@ -35,6 +35,19 @@ struct ClientKind {
 }
 
 /// The limits of one pooled HTTP client, as configured.
+///
+/// ```
+/// use std::time::Duration;
+/// use shared::metrics::{Metrics, PoolLimits};
+///
+/// let metrics = Metrics::new("orders-service");
+/// let limits = PoolLimits {
+///     max_connections: 32,
+///     pending_max: 64,
+///     acquire_timeout: Duration::from_millis(40),
+/// };
+/// metrics.settings().set_pool_limits("catalog", limits);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolLimits {
     /// Calls in flight at most.
@@ -46,6 +59,14 @@ pub struct PoolLimits {
 }
 
 /// The configuration families of one service.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let metrics = shared::metrics::Metrics::new("orders-service");
+/// // Panels and alerts compare against the limits in force, not numbers typed in.
+/// metrics.settings().set_deadline_policy(Duration::from_secs(2), Duration::from_secs(1), None);
+/// ```
 #[derive(Clone, Debug)]
 pub struct SettingsMetrics {
     service: &'static str,
@@ -83,6 +104,14 @@ impl SettingsMetrics {
     }
 
     /// Exports the budget policy; `reserve` only where the service calls downstream.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let metrics = shared::metrics::Metrics::new("orders-service");
+    /// let reserve = Some(Duration::from_millis(5)); // orders calls downstream; catalog does not
+    /// metrics.settings().set_deadline_policy(Duration::from_secs(2), Duration::from_secs(1), reserve);
+    /// assert!(metrics.render().contains("kind=\"reserve\"} 0.005"));
+    /// ```
     pub fn set_deadline_policy(&self, max: Duration, default: Duration, reserve: Option<Duration>) {
         let kinds = [
             ("max", Some(max)),
@@ -101,6 +130,15 @@ impl SettingsMetrics {
     }
 
     /// Exports the limits of the client named `client`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::metrics::{Metrics, PoolLimits};
+    ///
+    /// let metrics = Metrics::new("orders-service");
+    /// let limits = PoolLimits { max_connections: 8, pending_max: 16, acquire_timeout: Duration::from_millis(40) };
+    /// metrics.settings().set_pool_limits("catalog", limits);
+    /// ```
     pub fn set_pool_limits(&self, client: &'static str, limits: PoolLimits) {
         let kinds = [
             ("max_connections", limits.max_connections as f64),
@@ -118,6 +156,12 @@ impl SettingsMetrics {
     }
 
     /// Exports the injected delay in force now (0 when none).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let metrics = shared::metrics::Metrics::new("catalog-service");
+    /// metrics.settings().set_fault_delay(Duration::ZERO); // the fault was removed
+    /// ```
     pub fn set_fault_delay(&self, delay: Duration) {
         self.fault_delay
             .get_or_create(&NoLabels::new())

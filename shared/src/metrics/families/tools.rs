@@ -14,6 +14,11 @@ struct ToolLabels {
 }
 
 /// `tool_calls_total{tool_name,outcome}`.
+///
+/// ```
+/// let metrics = shared::metrics::Metrics::new("orders-service");
+/// let tool_metrics = metrics.tools().clone(); // for `ToolBudget::with_metrics`
+/// ```
 #[derive(Clone, Debug)]
 pub struct ToolMetrics {
     calls: Family<ToolLabels, Counter>,
@@ -36,6 +41,12 @@ impl ToolMetrics {
     /// dashboard panel or a `rate()` over a tool that has not run yet shows 0 instead of
     /// nothing, and the first call is counted as an increase from 0 (a series that
     /// appears at 1 is a rate of 0 to Prometheus).
+    ///
+    /// ```
+    /// let metrics = shared::metrics::Metrics::new("orders-service");
+    /// metrics.tools().init(["catalog_lookup"]);
+    /// assert!(metrics.render().contains("tool_calls_total{tool_name=\"catalog_lookup\",outcome=\"timeout\"} 0"));
+    /// ```
     pub fn init<'a>(&self, tool_names: impl IntoIterator<Item = &'a str>) {
         for tool_name in tool_names {
             for outcome in Outcome::ALL {
@@ -48,6 +59,13 @@ impl ToolMetrics {
     }
 
     /// Counts one tool call.
+    ///
+    /// ```
+    /// use shared::tools::Outcome;
+    ///
+    /// let metrics = shared::metrics::Metrics::new("orders-service");
+    /// metrics.tools().count("inventory_check", Outcome::Cancelled.as_str());
+    /// ```
     pub fn count(&self, tool_name: &str, outcome: &'static str) {
         self.calls
             .get_or_create(&ToolLabels {

@@ -11,20 +11,34 @@
 
 use std::time::Duration;
 
-use axum::Json;
-use axum::response::{IntoResponse, Response};
-use http::{HeaderValue, StatusCode, header};
+use http::StatusCode;
 use serde::Serialize;
 
 use crate::deadline::DeadlineExceeded;
 use crate::stage::Stage;
 
 /// The media type of problem bodies.
+///
+/// ```
+/// assert_eq!(shared::problem::PROBLEM_JSON, "application/problem+json");
+/// ```
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// An error answer. Build one with the constructors; each names what went wrong in
 /// words the client can act on. Boxed, so `Result<T, Problem>` stays one pointer wide on
 /// the happy path.
+///
+/// ```
+/// use shared::{Deadline, Problem};
+///
+/// // Handlers return `Result<_, Problem>`; with the `axum` feature it is the response.
+/// async fn order(deadline: Deadline, quantity: u32) -> Result<&'static str, Problem> {
+///     if quantity == 0 {
+///         return Err(Problem::unprocessable("quantity must be at least 1"));
+///     }
+///     Ok("created")
+/// }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Problem(Box<Body>);
 
@@ -51,7 +65,18 @@ struct Body {
 }
 
 /// What the HTTP middleware needs to log a failed request; put into the response's
-/// extensions by [`Problem::into_response`].
+/// extensions by `Problem::into_response` (feature `axum`).
+///
+/// ```
+/// # #[cfg(feature = "axum")] {
+/// use axum::response::IntoResponse;
+/// use shared::problem::{Problem, ProblemReport};
+///
+/// let response = Problem::internal("connection reset").into_response();
+/// let report = response.extensions().get::<ProblemReport>().unwrap();
+/// assert_eq!(report.cause.as_deref(), Some("connection reset"));
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct ProblemReport {
     /// The HTTP status sent.
@@ -84,11 +109,20 @@ impl Problem {
     }
 
     /// 400: the request cannot be understood (malformed JSON, a bad header).
+    ///
+    /// ```
+    /// assert_eq!(shared::Problem::bad_request("expected a JSON object").status().as_u16(), 400);
+    /// ```
     pub fn bad_request(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "urn:problem:bad-request", detail)
     }
 
     /// 400 for an invalid header, naming it in a `header` member.
+    ///
+    /// ```
+    /// let problem = shared::Problem::invalid_header("X-Request-Timeout-Ms", "must be a number");
+    /// assert_eq!(problem.status().as_u16(), 400);
+    /// ```
     pub fn invalid_header(name: &'static str, detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::BAD_REQUEST,
@@ -99,21 +133,37 @@ impl Problem {
     }
 
     /// 403: the client may not use this endpoint.
+    ///
+    /// ```
+    /// assert_eq!(shared::Problem::forbidden("loopback clients only").status().as_u16(), 403);
+    /// ```
     pub fn forbidden(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, "urn:problem:forbidden", detail)
     }
 
     /// 404: the named thing does not exist.
+    ///
+    /// ```
+    /// assert_eq!(shared::Problem::not_found("no SKU-99999").status().as_u16(), 404);
+    /// ```
     pub fn not_found(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "urn:problem:not-found", detail)
     }
 
     /// 409: the request conflicts with the current state (not enough stock).
+    ///
+    /// ```
+    /// assert_eq!(shared::Problem::conflict("only 2 left").status().as_u16(), 409);
+    /// ```
     pub fn conflict(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, "urn:problem:conflict", detail)
     }
 
     /// 413: the body is over the limit.
+    ///
+    /// ```
+    /// assert_eq!(shared::Problem::payload_too_large("over 4 KiB").status().as_u16(), 413);
+    /// ```
     pub fn payload_too_large(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -123,6 +173,10 @@ impl Problem {
     }
 
     /// 415: the body is not JSON.
+    ///
+    /// ```
+    /// assert_eq!(shared::Problem::unsupported_media_type("send JSON").status().as_u16(), 415);
+    /// ```
     pub fn unsupported_media_type(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -132,6 +186,10 @@ impl Problem {
     }
 
     /// 422: well-formed, but a value is missing or out of range.
+    ///
+    /// ```
+    /// assert_eq!(shared::Problem::unprocessable("quantity must be positive").status().as_u16(), 422);
+    /// ```
     pub fn unprocessable(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -141,6 +199,18 @@ impl Problem {
     }
 
     /// 504: the budget ran out in `exceeded.stage`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use shared::{DeadlineExceeded, Problem, Stage};
+    ///
+    /// let problem = Problem::deadline(DeadlineExceeded {
+    ///     stage: Stage::Catalog,
+    ///     budget: Duration::from_millis(300),
+    ///     elapsed: Duration::from_millis(301),
+    /// });
+    /// assert_eq!((problem.status().as_u16(), problem.stage()), (504, Some(Stage::Catalog)));
+    /// ```
     pub fn deadline(exceeded: DeadlineExceeded) -> Self {
         Self::new(
             StatusCode::GATEWAY_TIMEOUT,
@@ -159,6 +229,15 @@ impl Problem {
 
     /// 503: refused before any work because `stage` is saturated; retry after
     /// `retry_after` (rounded up to whole seconds, at least 1, as `Retry-After` needs).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use shared::{Problem, Stage};
+    ///
+    /// // Sent with `Retry-After: 1` (40 ms rounded up to a whole second).
+    /// let problem = Problem::overloaded(Stage::CatalogPool, Duration::from_millis(40), "queue full");
+    /// assert_eq!(problem.status().as_u16(), 503);
+    /// ```
     pub fn overloaded(stage: Stage, retry_after: Duration, detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -172,6 +251,14 @@ impl Problem {
     }
 
     /// 503 for a dependency that is down (database unreachable).
+    ///
+    /// ```
+    /// use shared::{Problem, Stage};
+    ///
+    /// let problem = Problem::unavailable(Stage::DbPool, "connection refused");
+    /// assert_eq!(problem.status().as_u16(), 503);
+    /// assert!(!problem.detail().contains("refused")); // the cause is logged, not sent
+    /// ```
     pub fn unavailable(stage: Stage, cause: impl ToString) -> Self {
         Self::overloaded(
             stage,
@@ -182,6 +269,13 @@ impl Problem {
     }
 
     /// 502: a downstream failed in a way that is not the client's fault.
+    ///
+    /// ```
+    /// use shared::{Problem, Stage};
+    ///
+    /// let problem = Problem::bad_gateway(Stage::Catalog, "500 Internal Server Error");
+    /// assert_eq!(problem.detail(), "the catalog dependency failed");
+    /// ```
     pub fn bad_gateway(stage: Stage, cause: impl ToString) -> Self {
         Self::new(
             StatusCode::BAD_GATEWAY,
@@ -195,6 +289,11 @@ impl Problem {
     }
 
     /// 500: a bug or an unexpected failure. The cause is logged, never sent.
+    ///
+    /// ```
+    /// let problem = shared::Problem::internal("password=hunter2");
+    /// assert_eq!(problem.detail(), "internal error");
+    /// ```
     pub fn internal(cause: impl ToString) -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -207,6 +306,12 @@ impl Problem {
     /// 500: a COMMIT was sent but its outcome could not be learned in time. Unlike a
     /// 504, this does not promise that nothing was written: a retry with the same
     /// `Idempotency-Key` finds the order if it was committed.
+    ///
+    /// ```
+    /// use shared::{Problem, Stage};
+    ///
+    /// assert_eq!(Problem::outcome_unknown(Stage::Db).status().as_u16(), 500);
+    /// ```
     pub fn outcome_unknown(stage: Stage) -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -218,16 +323,28 @@ impl Problem {
     }
 
     /// The HTTP status.
+    ///
+    /// ```
+    /// assert_eq!(shared::Problem::not_found("gone").status(), http::StatusCode::NOT_FOUND);
+    /// ```
     pub fn status(&self) -> StatusCode {
         StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
     /// The stage, for deadline and overload answers.
+    ///
+    /// ```
+    /// assert_eq!(shared::Problem::not_found("gone").stage(), None);
+    /// ```
     pub fn stage(&self) -> Option<Stage> {
         self.0.stage
     }
 
     /// The human-readable explanation sent to the client.
+    ///
+    /// ```
+    /// assert_eq!(shared::Problem::not_found("no such order").detail(), "no such order");
+    /// ```
     pub fn detail(&self) -> &str {
         &self.0.detail
     }
@@ -239,8 +356,13 @@ impl From<DeadlineExceeded> for Problem {
     }
 }
 
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
+/// The answer itself; with the `axum` feature (the rest of this module is the core).
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl axum::response::IntoResponse for Problem {
+    fn into_response(self) -> axum::response::Response {
+        use http::{HeaderValue, header};
+
         let status = self.status();
         let body = *self.0;
         let report = ProblemReport {
@@ -249,7 +371,7 @@ impl IntoResponse for Problem {
             cause: body.cause.clone(),
         };
         let retry_after = body.retry_after_secs;
-        let mut response = (status, Json(body)).into_response();
+        let mut response = (status, axum::Json(body)).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(secs) = retry_after {
@@ -270,69 +392,5 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use http_body_util::BodyExt;
-
-    async fn body_of(problem: Problem) -> (Response, serde_json::Value) {
-        let response = problem.into_response();
-        let (parts, body) = response.into_parts();
-        let bytes = body.collect().await.unwrap().to_bytes();
-        (
-            Response::from_parts(parts, axum::body::Body::empty()),
-            serde_json::from_slice(&bytes).unwrap(),
-        )
-    }
-
-    #[tokio::test]
-    async fn a_deadline_problem_carries_stage_budget_and_elapsed() {
-        let (response, body) = body_of(Problem::deadline(DeadlineExceeded {
-            stage: Stage::Catalog,
-            budget: Duration::from_millis(300),
-            elapsed: Duration::from_millis(301),
-        }))
-        .await;
-        assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
-        assert_eq!(response.headers()[header::CONTENT_TYPE], PROBLEM_JSON);
-        assert_eq!(body["stage"], "catalog");
-        assert_eq!(body["budget_ms"], 300);
-        assert_eq!(body["elapsed_ms"], 301);
-        assert_eq!(body["status"], 504);
-    }
-
-    #[tokio::test]
-    async fn an_overload_problem_carries_retry_after() {
-        let (response, body) = body_of(Problem::overloaded(
-            Stage::CatalogPool,
-            Duration::from_millis(40),
-            "queue full",
-        ))
-        .await;
-        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
-        assert_eq!(body["stage"], "catalog_pool");
-    }
-
-    #[test]
-    fn retry_after_rounds_a_fraction_of_a_second_up() {
-        for (wait_ms, header) in [(0, "1"), (40, "1"), (1000, "1"), (1001, "2"), (2500, "3")] {
-            let response =
-                Problem::overloaded(Stage::Catalog, Duration::from_millis(wait_ms), "busy")
-                    .into_response();
-            assert_eq!(
-                response.headers()[header::RETRY_AFTER],
-                header,
-                "{wait_ms} ms"
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn an_internal_problem_hides_its_cause_from_the_client() {
-        let (response, body) = body_of(Problem::internal("password=hunter2")).await;
-        assert!(!body.to_string().contains("hunter2"));
-        let report = response.extensions().get::<ProblemReport>().unwrap();
-        assert_eq!(report.cause.as_deref(), Some("password=hunter2"));
-    }
-}
+#[cfg(all(test, feature = "axum"))]
+mod tests;

@@ -1,0 +1,79 @@
+//! A whole service under the deadline: one route, one downstream call through the
+//! budgeted client, one query through the database helper. Run it against the catalog
+//! and any PostgreSQL (the query reads no table):
+//!
+//! ```sh
+//! cargo run -p catalog-service &    # or CATALOG_URL=... for one elsewhere
+//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run -p shared --example minimal
+//! curl -i -H 'X-Request-Timeout-Ms: 300' http://127.0.0.1:8090/price/SKU-00042
+//! ```
+
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::{Json, Router, routing::get};
+use serde_json::{Value, json};
+use shared::client::{AdmissionMode, BudgetedClient, ClientConfig};
+use shared::db::{Db, DbConfig};
+use shared::server::{ServerOptions, serve, shutdown_signal};
+use shared::{Deadline, DeadlineLayer, DeadlineMode, DeadlinePolicy, Problem, stage::Downstream};
+
+// The layer put the request's `Deadline` into it; handlers take it as an argument and
+// hand it to every step, so each step gets only what is left.
+async fn price(
+    State((catalog, db)): State<(BudgetedClient, Db)>,
+    deadline: Deadline,
+    Path(sku): Path<String>,
+) -> Result<Json<Value>, Problem> {
+    // The client takes a path that is already safe to put into a URL.
+    if !sku.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        return Err(Problem::not_found(format!("no item {sku:?}")));
+    }
+    // Pool wait + request + body under one deadline; the catalog gets what is left
+    // minus the reserve in `X-Request-Timeout-Ms`. Its errors become 503/504/502/404.
+    let path = format!("/catalog/{sku}");
+    let item: Value = (catalog.get_json(&deadline, &path).await)
+        .map_err(|err| err.into_problem(catalog.downstream()))?;
+    // The pool wait and the statement share the rest: statement_timeout and lock_timeout
+    // are what is left after the wait, so PostgreSQL stops at the deadline too.
+    let checked_at: String = db
+        .read(&deadline, |conn| {
+            Box::pin(sqlx::query_scalar("SELECT now()::text").fetch_one(conn))
+        })
+        .await?;
+    Ok(Json(json!({ "item": item, "checked_at": checked_at })))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Never more than 2 s whatever a client asks for; 1 s when it sends no budget.
+    let policy = DeadlinePolicy::from_millis(2000, 1000);
+    let metrics = shared::metrics::Metrics::new("minimal");
+    let catalog = ClientConfig {
+        name: Downstream::CATALOG, // its stages: catalog_pool, catalog
+        base_url: std::env::var("CATALOG_URL").unwrap_or("http://127.0.0.1:8081".into()),
+        max_connections: 32,
+        pending_max: 64,
+        acquire_timeout: Duration::from_millis(40), // a full pool answers 503 fast
+        reserve: Duration::from_millis(5),          // time to build our own answer
+        admission: AdmissionMode::Predict,
+        idle_timeout: Duration::from_secs(2), // under the catalog's 5 s idle close
+    };
+    let catalog = BudgetedClient::new(catalog, Some(metrics.client().clone()))?;
+    let db = DbConfig {
+        max_connections: 10,
+        acquire_timeout: Duration::from_millis(250),
+        mode: DeadlineMode::Propagate,
+        max_budget: policy.max, // the per-connection statement_timeout backstop
+    };
+    let url = std::env::var("DATABASE_URL")?;
+    let db = Db::connect_lazy(&url, db, Some(metrics.db().clone()))?;
+    let app = Router::new()
+        .route("/price/{sku}", get(price))
+        .with_state((catalog, db));
+    // The deadline layer on every route, the HTTP metrics around it, and GET /metrics.
+    let app = shared::ingress::instrument(app, DeadlineLayer::new(policy), &metrics);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:8090").await?;
+    serve(listener, app, shutdown_signal(), ServerOptions::default()).await;
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! The legacy and observe paths of [`Db`]: a transaction as code without the
+//! technique writes it, for the before/after comparison and a safe rollout.
+
+use super::{Body, Db, DbError, End, classify};
+use crate::deadline::Deadline;
+use crate::ingress::DeadlineMode;
+use crate::stage::Stage;
+
+impl Db {
+    /// The same transaction as code without the technique writes it: no budget, no
+    /// server-side limits, statements dropped wherever the caller's future is dropped.
+    /// `observed` (observe mode) counts where propagate would have refused it.
+    pub(super) async fn legacy<T, B: Body<T>>(
+        &self,
+        body: B,
+        observed: Option<&Deadline>,
+    ) -> Result<T, DbError> {
+        let unbounded = Deadline::after(DeadlineMode::LEGACY_TIMEOUT);
+        let started = tokio::time::Instant::now();
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|err| classify(err, &unbounded, Stage::DbPool))?;
+        let mut counted = false;
+        if let Some(deadline) = observed {
+            let reason = if started.elapsed() > self.config.acquire_timeout {
+                Some("acquire_timeout")
+            } else {
+                deadline.is_expired().then_some("deadline")
+            };
+            if let Some(reason) = reason {
+                deadline.would_refuse(Stage::DbPool, reason);
+                counted = true;
+            }
+        }
+        let _count_late_statements = observed.filter(|_| !counted).map(LateCheck);
+        let value = match body(&mut tx).await {
+            Ok(End::Commit(value)) => {
+                tx.commit().await.map_err(DbError::Query)?;
+                value
+            }
+            Ok(End::Rollback(value)) => value,
+            Err(err) => return Err(classify(err, &unbounded, Stage::Db)),
+        };
+        Ok(value)
+    }
+}
+
+/// Observe mode: counts a transaction that ended after its deadline, however it ended,
+/// as the 504 `db` propagate would have answered.
+struct LateCheck<'a>(&'a Deadline);
+
+impl Drop for LateCheck<'_> {
+    fn drop(&mut self) {
+        if self.0.is_expired() {
+            self.0.would_refuse(Stage::Db, "deadline");
+        }
+    }
+}

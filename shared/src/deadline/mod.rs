@@ -1,0 +1,374 @@
+//! The [`Deadline`]: an absolute instant by which a request must be answered.
+//!
+//! Why absolute: a relative timeout ("300 ms") handed to each step in turn lets every step
+//! spend the full amount, so three steps under "300 ms" can take 900 ms. An instant on the
+//! monotonic clock is shared by every step, and each step gets only what is left.
+//!
+//! Why `tokio::time::Instant`: it is monotonic (wall-clock jumps cannot stretch a budget)
+//! and it follows `tokio::time::pause()`, so the time logic is tested without sleeping.
+
+use std::future::IntoFuture;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::ingress::DeadlineMode;
+use crate::stage::Stage;
+use crate::timing::StageLog;
+
+mod no_return;
+mod policy;
+
+pub use no_return::{NO_RETURN_GRACE, NoReturn};
+pub use policy::DeadlinePolicy;
+
+/// The budget ran out before or during `stage`.
+///
+/// ```
+/// use std::time::Duration;
+/// use shared::{Deadline, DeadlineExceeded, Problem, Stage};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let deadline = Deadline::after(Duration::ZERO);
+/// let exceeded: DeadlineExceeded = deadline.run(Stage::Db, async {}).await.unwrap_err();
+/// assert_eq!(exceeded.stage, Stage::Db);
+/// // A handler's `?` turns it into the 504 problem of the contract.
+/// assert_eq!(Problem::from(exceeded).status().as_u16(), 504);
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("deadline exceeded in stage {stage} after {elapsed:?} of a {budget:?} budget")]
+pub struct DeadlineExceeded {
+    /// Where the budget ran out.
+    pub stage: Stage,
+    /// The budget the request was granted at the ingress.
+    pub budget: Duration,
+    /// Time since the ingress accepted the request.
+    pub elapsed: Duration,
+}
+
+/// An absolute deadline plus the budget it was created with.
+///
+/// Cheap to clone; clones (and [children](Deadline::child)) share one [`StageLog`], so the
+/// time every stage took ends up in the response's `Server-Timing` header.
+///
+/// ```
+/// use std::time::Duration;
+/// use shared::{Deadline, Stage};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let deadline = Deadline::after(Duration::from_millis(300));
+/// // Every I/O step runs under what is left, and is timed for `Server-Timing`.
+/// let answer = deadline.run(Stage::Catalog, async { 42 }).await;
+/// assert_eq!(answer, Ok(42));
+/// assert!(deadline.remaining() <= Duration::from_millis(300));
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Deadline {
+    started: Instant,
+    at: Instant,
+    budget: Duration,
+    log: Arc<StageLog>,
+    mode: DeadlineMode,
+}
+
+impl Deadline {
+    /// A deadline `budget` from now, with a log of its own.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
+    /// assert_eq!(deadline.budget(), Duration::from_millis(300));
+    /// ```
+    pub fn after(budget: Duration) -> Self {
+        Self::with_log(budget, Arc::new(StageLog::default()))
+    }
+
+    /// A deadline `budget` from now that records its stages into `log`.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// use shared::{Deadline, timing::StageLog};
+    ///
+    /// let log = Arc::new(StageLog::default());
+    /// let deadline = Deadline::with_log(Duration::from_millis(300), Arc::clone(&log));
+    /// assert!(Arc::ptr_eq(deadline.log(), &log));
+    /// ```
+    pub fn with_log(budget: Duration, log: Arc<StageLog>) -> Self {
+        let started = Instant::now();
+        Self {
+            started,
+            at: later_by(started, budget),
+            budget,
+            log,
+            mode: DeadlineMode::Propagate,
+        }
+    }
+
+    /// The same deadline, run in `mode` (the ingress stamps the mode in force when the
+    /// request arrived; see [`LiveMode`](crate::ingress::LiveMode)).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::{Deadline, DeadlineMode};
+    ///
+    /// let deadline = Deadline::after(Duration::from_millis(300)).with_mode(DeadlineMode::Observe);
+    /// assert_eq!(deadline.mode(), DeadlineMode::Observe);
+    /// ```
+    pub fn with_mode(mut self, mode: DeadlineMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The mode this request runs in: every step reads it here, so a mode switch never
+    /// changes a request half-way.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::{Deadline, DeadlineMode};
+    ///
+    /// // Propagate unless the ingress stamped another mode.
+    /// assert_eq!(Deadline::after(Duration::from_millis(300)).mode(), DeadlineMode::Propagate);
+    /// ```
+    pub fn mode(&self) -> DeadlineMode {
+        self.mode
+    }
+
+    /// Counts, in observe mode, a refusal propagate would have made in `stage`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::{Deadline, DeadlineMode, Stage};
+    ///
+    /// let deadline = Deadline::after(Duration::ZERO).with_mode(DeadlineMode::Observe);
+    /// if deadline.is_expired() && !deadline.mode().enforces() {
+    ///     // Observe mode goes on, but counts the 504 propagate would have answered.
+    ///     deadline.would_refuse(Stage::Db, "deadline");
+    /// }
+    /// ```
+    pub fn would_refuse(&self, stage: Stage, reason: &'static str) {
+        tracing::debug!(stage = stage.as_str(), reason, "propagate would refuse");
+        self.log.count_would_refuse(stage, reason);
+    }
+
+    /// The ingress constructor: applies `policy` to the requested budget. Returns the
+    /// deadline and whether the request was clamped.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::{Deadline, DeadlinePolicy};
+    ///
+    /// let policy = DeadlinePolicy::from_millis(2000, 1000);
+    /// let (deadline, clamped) = Deadline::inbound(Some(Duration::from_secs(60)), &policy);
+    /// assert!(clamped);
+    /// assert_eq!(deadline.budget(), Duration::from_millis(2000));
+    /// ```
+    pub fn inbound(requested: Option<Duration>, policy: &DeadlinePolicy) -> (Self, bool) {
+        let (budget, clamped) = policy.accept(requested);
+        (Self::after(budget), clamped)
+    }
+
+    /// The instant by which the work must be done.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
+    /// // For APIs that take an instant, e.g. `tokio::time::timeout_at`.
+    /// assert!(deadline.instant() > tokio::time::Instant::now());
+    /// ```
+    pub fn instant(&self) -> Instant {
+        self.at
+    }
+
+    /// The budget accepted at the ingress (for a child: its own, smaller budget).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let deadline = shared::Deadline::after(Duration::from_millis(700));
+    /// assert_eq!(deadline.child(Duration::from_millis(100)).budget(), Duration::from_millis(100));
+    /// ```
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// Time spent since the deadline was created.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
+    /// assert!(deadline.elapsed() < Duration::from_millis(300));
+    /// ```
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// What is left; zero once the deadline has passed, never negative.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert_eq!(shared::Deadline::after(Duration::ZERO).remaining(), Duration::ZERO);
+    /// ```
+    pub fn remaining(&self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
+    }
+
+    /// True once nothing is left. No new I/O may start after this.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert!(shared::Deadline::after(Duration::ZERO).is_expired());
+    /// assert!(!shared::Deadline::after(Duration::from_secs(1)).is_expired());
+    /// ```
+    pub fn is_expired(&self) -> bool {
+        Instant::now() >= self.at
+    }
+
+    /// The budget to send downstream: `remaining - reserve` in whole milliseconds, or
+    /// `None` when that is less than 1 ms: the budget is spent (docs/design.md §3).
+    ///
+    /// The reserve leaves this hop time to turn the downstream's answer into its own. A
+    /// budget no larger than the reserve has nothing left to hand on; sending the call
+    /// anyway with a 1 ms header would only make the downstream do work whose answer
+    /// arrives too late, so the caller must not send it and answers 504 instead.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let deadline = shared::Deadline::after(Duration::from_millis(700));
+    /// let header = deadline.outbound_millis(Duration::from_millis(5)).unwrap();
+    /// assert!(header <= 695);
+    /// // Nothing left past the reserve: do not send the call at all.
+    /// assert_eq!(shared::Deadline::after(Duration::from_millis(3)).outbound_millis(Duration::from_millis(5)), None);
+    /// ```
+    pub fn outbound_millis(&self, reserve: Duration) -> Option<u64> {
+        let ms = self.remaining().saturating_sub(reserve).as_millis();
+        (ms > 0).then(|| u64::try_from(ms).unwrap_or(u64::MAX))
+    }
+
+    /// A deadline for a sub-task that may take at most `cap`: the earlier of this
+    /// deadline and now + `cap`. A child never outlives its parent.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let request = shared::Deadline::after(Duration::from_millis(300));
+    /// // A tool call capped at 800 ms still ends with the request.
+    /// let tool = request.child(Duration::from_millis(800));
+    /// assert_eq!(tool.instant(), request.instant());
+    /// ```
+    pub fn child(&self, cap: Duration) -> Self {
+        let now = Instant::now();
+        let at = self.at.min(later_by(now, cap));
+        Self {
+            started: now,
+            at,
+            budget: at.saturating_duration_since(now),
+            log: Arc::clone(&self.log),
+            mode: self.mode,
+        }
+    }
+
+    /// The log that records this request's stages.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
+    /// deadline.log().record(shared::Stage::Db, Duration::from_millis(12));
+    /// assert_eq!(deadline.log().entries().len(), 1);
+    /// ```
+    pub fn log(&self) -> &Arc<StageLog> {
+        &self.log
+    }
+
+    /// Describes the budget as spent so far, for errors raised outside [`run`](Self::run).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::{Deadline, Problem, Stage};
+    ///
+    /// let deadline = Deadline::after(Duration::ZERO);
+    /// // A step that learned of the expiry itself (the server cancelled the statement).
+    /// let problem = Problem::from(deadline.exceeded(Stage::Db));
+    /// assert_eq!(problem.stage(), Some(Stage::Db));
+    /// ```
+    pub fn exceeded(&self, stage: Stage) -> DeadlineExceeded {
+        self.log.count_exceeded(stage);
+        DeadlineExceeded {
+            stage,
+            budget: self.budget,
+            elapsed: self.elapsed(),
+        }
+    }
+
+    /// Runs one I/O step under what is left of the budget.
+    ///
+    /// This is the one rule of the technique in code: if nothing is left, the step is
+    /// never started (a future that is never polled does no I/O); otherwise it is
+    /// raced against the deadline and dropped when the deadline fires. Dropping the
+    /// future is what cancels its work: a reqwest future closes its connection, a
+    /// semaphore waiter leaves the queue. The time the step took is logged under
+    /// `stage` for `Server-Timing` and the metrics.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use shared::{Deadline, Stage};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let deadline = Deadline::after(Duration::from_millis(50));
+    /// let slow = tokio::time::sleep(Duration::from_secs(10));
+    /// // Cut at the deadline, not after 10 s; the sleep (or HTTP call) is dropped.
+    /// let exceeded = deadline.run(Stage::Catalog, slow).await.unwrap_err();
+    /// assert_eq!(exceeded.stage, Stage::Catalog);
+    /// # }
+    /// ```
+    pub async fn run<F>(&self, stage: Stage, step: F) -> Result<F::Output, DeadlineExceeded>
+    where
+        F: IntoFuture,
+    {
+        let remaining = self.remaining();
+        self.log.observe_start(stage, remaining);
+        if remaining.is_zero() {
+            return Err(self.exceeded(stage));
+        }
+        let span = self.stage_span(stage);
+        let started = Instant::now();
+        let outcome = tokio::time::timeout_at(self.at, step.into_future())
+            .instrument(span.clone())
+            .await;
+        self.log.record(stage, started.elapsed());
+        match outcome {
+            Ok(output) => Ok(output),
+            Err(_elapsed) => {
+                span.record("outcome", "deadline_exceeded");
+                Err(self.exceeded(stage))
+            }
+        }
+    }
+
+    /// The span of one stage. `debug`: recorded when traces are exported (the
+    /// OpenTelemetry layer has its own filter), free otherwise. See `telemetry`.
+    pub(crate) fn stage_span(&self, stage: Stage) -> tracing::Span {
+        tracing::debug_span!(
+            "stage",
+            otel.name = stage.as_str(),
+            stage = stage.as_str(),
+            deadline.budget_ms = self.budget.as_millis() as u64,
+            deadline.remaining_ms = self.remaining().as_millis() as u64,
+            outcome = tracing::field::Empty,
+        )
+    }
+}
+
+/// `from + by`, or a far instant when that is past what the clock can represent.
+///
+/// `Instant + Duration` panics on overflow, and a budget of `Duration::MAX` (a caller's
+/// "no limit") is a valid input, not a reason to crash. Thirty years is tokio's own
+/// "far future": a deadline that never fires in practice.
+fn later_by(from: Instant, by: Duration) -> Instant {
+    const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+    from.checked_add(by).unwrap_or_else(|| from + FAR_FUTURE)
+}
+
+#[cfg(test)]
+mod tests;
