@@ -38,6 +38,14 @@ async fn an_order_is_created_priced_and_readable() {
 
     let read = app.get(&location).await;
     assert_eq!(read.status(), StatusCode::OK);
+    // A read answers before its ROLLBACK; the time it spent must still be in the header.
+    let timing = read.headers()["server-timing"].to_str().unwrap().to_owned();
+    for stage in ["db_pool;", "db;", "total;"] {
+        assert!(
+            timing.contains(stage),
+            "{stage} missing from the read's {timing}"
+        );
+    }
     assert_eq!(json_of(read).await, order);
 }
 

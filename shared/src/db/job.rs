@@ -73,6 +73,25 @@ pub(super) struct Job {
 type Conn = PoolConnection<Postgres>;
 type Reply<T> = oneshot::Sender<Result<T, DbError>>;
 
+/// The caller's reply, which writes the `db` stage's time into the request's log as it
+/// answers: the handler builds its response (and `Server-Timing`) as soon as the answer
+/// arrives, while this task may still be rolling back or returning the connection.
+struct Answer<'a, T> {
+    reply: Reply<T>,
+    started: Instant,
+    deadline: &'a Deadline,
+}
+
+impl<T> Answer<'_, T> {
+    fn send(self, result: Result<T, DbError>) {
+        self.deadline
+            .log()
+            .record(Stage::Db, self.started.elapsed());
+        // A caller that has gone reads nothing; there is no one to tell.
+        drop(self.reply.send(result));
+    }
+}
+
 /// How a statement under [`Job::guarded`] ended.
 enum Guarded<O> {
     /// It finished; `cancelled` says whether a cancel was sent while it ran (the
@@ -91,14 +110,17 @@ impl Job {
                 Ok(conn) => conn,
                 Err(err) => return drop(reply.send(Err(err))),
             };
-        let started = Instant::now();
-        let log = self.deadline.log();
-        log.observe_start(Stage::Db, self.deadline.remaining());
+        self.deadline
+            .log()
+            .observe_start(Stage::Db, self.deadline.remaining());
         let span = self.deadline.stage_span(Stage::Db);
-        let reply = self.transact(&mut conn, body, reply);
-        let reply = Instrument::instrument(reply, span).await;
-        log.record(Stage::Db, started.elapsed());
-        if let Some(reply) = reply {
+        let answer = Answer {
+            reply,
+            started: Instant::now(),
+            deadline: &self.deadline,
+        };
+        let reply = self.transact(&mut conn, body, answer);
+        if let Some(Answer { reply, .. }) = Instrument::instrument(reply, span).await {
             // The caller went away before an answer was decided; nobody reads this.
             drop(reply.send(Err(self.deadline.exceeded(Stage::Db).into())));
         }
@@ -132,19 +154,19 @@ impl Job {
     }
 
     /// `BEGIN`, the body, then `COMMIT` or `ROLLBACK`. Returns `reply` if it was not used.
-    async fn transact<T, B: Body<T>>(
+    async fn transact<'a, T, B: Body<T>>(
         &self,
         conn: &mut Conn,
         body: B,
-        reply: Reply<T>,
-    ) -> Option<Reply<T>> {
+        reply: Answer<'a, T>,
+    ) -> Option<Answer<'a, T>> {
         if self.stop.is_cancelled() {
             return Some(reply); // The caller left while we waited for the pool.
         }
         let pid = match self.begin(conn).await {
             Ok(pid) => pid,
             Err(err) => {
-                drop(reply.send(Err(err)));
+                reply.send(Err(err));
                 return None;
             }
         };
@@ -162,22 +184,22 @@ impl Job {
         match output {
             Ok(End::Commit(value)) if !cancelled && !self.stop.is_cancelled() => {
                 let committed = self.commit(conn).await;
-                drop(reply.send(committed.map(|()| value)));
+                reply.send(committed.map(|()| value));
                 None
             }
             Ok(End::Commit(_)) => {
                 // Too late, or nobody to tell: nothing is written.
-                drop(reply.send(Err(self.deadline.exceeded(Stage::Db).into())));
+                reply.send(Err(self.deadline.exceeded(Stage::Db).into()));
                 self.rollback(conn).await;
                 None
             }
             Ok(End::Rollback(value)) => {
-                drop(reply.send(Ok(value)));
+                reply.send(Ok(value));
                 self.rollback(conn).await;
                 None
             }
             Err(err) => {
-                drop(reply.send(Err(classify(err, &self.deadline, Stage::Db))));
+                reply.send(Err(classify(err, &self.deadline, Stage::Db)));
                 self.rollback(conn).await;
                 None
             }
