@@ -18,6 +18,7 @@ use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::sql::{Access, begin_sql, commit_sql};
 use super::{Body, DbError, End, classify};
 use crate::deadline::Deadline;
 use crate::metrics::DbMetrics;
@@ -48,15 +49,6 @@ pub const COMMIT_GRACE: Duration = Duration::from_millis(250);
 /// How long a cancelled statement (or a `ROLLBACK`) may take to come back before the
 /// connection is given up and closed instead of returned.
 const CLEANUP_GRACE: Duration = Duration::from_secs(2);
-
-/// Read-write or read-only: whether the transaction is opened `READ ONLY`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
-    /// `BEGIN`: the default of [`Db::transaction`](super::Db::transaction).
-    ReadWrite,
-    /// `BEGIN READ ONLY`, as [`Db::read`](super::Db::read) opens it.
-    ReadOnly,
-}
 
 /// Everything one transaction needs, moved onto its task.
 pub(super) struct Job {
@@ -362,40 +354,6 @@ impl Job {
             _ => conn.close_on_drop(),
         }
     }
-}
-
-/// The batch that opens a transaction: `BEGIN`, the backend's PID (what a cancel names)
-/// and both limits, in one round trip. Public so that `cargo xtask cost` measures the
-/// very SQL the service sends.
-///
-/// ```
-/// use shared::db::{Access, begin_sql};
-/// assert!(begin_sql(Access::ReadOnly, 640).starts_with("BEGIN READ ONLY; SELECT pg_backend_pid()"));
-/// ```
-pub fn begin_sql(access: Access, limit_ms: u128) -> String {
-    let mode = match access {
-        Access::ReadWrite => "",
-        Access::ReadOnly => " READ ONLY",
-    };
-    // A simple query takes no bind parameters; the values are integers we format.
-    format!(
-        "BEGIN{mode}; SELECT pg_backend_pid(), \
-         set_config('statement_timeout', '{limit_ms}', true), \
-         set_config('lock_timeout', '{limit_ms}', true)"
-    )
-}
-
-/// The batch that commits with the limits re-set to what is left (deferred work stops
-/// at the deadline). Public for the same reason as [`begin_sql`].
-///
-/// ```
-/// assert!(shared::db::commit_sql(90).ends_with("; COMMIT"));
-/// ```
-pub fn commit_sql(limit_ms: u128) -> String {
-    format!(
-        "SELECT set_config('statement_timeout', '{limit_ms}', true), \
-         set_config('lock_timeout', '{limit_ms}', true); COMMIT"
-    )
 }
 
 /// The server-side limit for a step with `left` of the budget: a little less, so the

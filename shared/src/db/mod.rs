@@ -51,6 +51,7 @@
 mod error;
 mod job;
 mod legacy;
+mod sql;
 
 use std::time::Duration;
 
@@ -66,8 +67,9 @@ use crate::ingress::DeadlineMode;
 use crate::metrics::DbMetrics;
 
 pub use error::{DbError, classify};
+pub use job::COMMIT_GRACE;
 use job::Job;
-pub use job::{Access, COMMIT_GRACE, begin_sql, commit_sql};
+pub use sql::{Access, begin_sql, commit_sql};
 
 /// What a transaction's body decides: commit or roll back, with the value to return.
 ///
