@@ -206,7 +206,7 @@ async fn a_client_named_inventory_answers_its_504_and_its_metrics_in_its_own_nam
     assert_eq!(problem["stage"], "inventory", "{problem}");
     assert_eq!(problem["budget_ms"], 300);
 
-    let text = scrape(metrics_url).await;
+    let text = scrape(&metrics_url).await;
     let samples = test_support::exposition::parse(&text);
     let value = |name: &str, labels: &[(&str, &str)]| {
         test_support::exposition::sum(&samples, name, labels).unwrap_or(0.0)
