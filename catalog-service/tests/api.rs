@@ -275,15 +275,7 @@ async fn healthz_answers_and_metrics_are_exposed() {
         .unwrap();
     assert_eq!(health.status(), StatusCode::OK);
     app.get_item("SKU-00001", None).await;
-    let metrics = app
-        .client
-        .get(format!("{}/metrics", app.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = test_support::scrape(&app.client, &app.base).await;
     assert!(metrics.contains(r#"http_server_requests_seconds_count{method="GET",uri="/catalog/{sku}",status="200"} 1"#), "{metrics}");
 }
 

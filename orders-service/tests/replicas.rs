@@ -156,14 +156,7 @@ async fn retries_across_replicas_make_one_order_and_budgets_shrink_at_every_hop(
 
 /// `(count, sum)` of the budgets `catalog` accepted so far.
 async fn budgets_received(client: &reqwest::Client, catalog: &str) -> (f64, f64) {
-    let text = client
-        .get(format!("{catalog}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = test_support::scrape(client, catalog).await;
     let labels = r#"service="catalog-service""#;
     let count = metric_value(&text, "deadline_inbound_budget_seconds_count", labels).unwrap_or(0.0);
     let sum = metric_value(&text, "deadline_inbound_budget_seconds_sum", labels).unwrap_or(0.0);

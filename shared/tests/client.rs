@@ -86,17 +86,9 @@ async fn a_downstream_503_is_passed_on_with_its_own_retry_after() {
     }
 }
 
-/// `GET /metrics` over HTTP, as Prometheus reads it.
-async fn scrape(metrics_url: &str) -> String {
-    let response = reqwest::get(format!("{metrics_url}/metrics"))
-        .await
-        .unwrap();
-    response.text().await.unwrap()
-}
-
 /// The pool gauges as a scraper reads them.
 async fn scrape_pool_gauges(metrics_url: &str) -> (Option<f64>, Option<f64>) {
-    let text = scrape(metrics_url).await;
+    let text = test_support::scrape(&reqwest::Client::new(), metrics_url).await;
     let gauge = |name| metric_value(&text, name, r#"client="catalog""#);
     (
         gauge("http_client_pool_pending_acquires"),
@@ -206,7 +198,7 @@ async fn a_client_named_inventory_answers_its_504_and_its_metrics_in_its_own_nam
     assert_eq!(problem["stage"], "inventory", "{problem}");
     assert_eq!(problem["budget_ms"], 300);
 
-    let text = scrape(&metrics_url).await;
+    let text = test_support::scrape(&reqwest::Client::new(), &metrics_url).await;
     let samples = test_support::exposition::parse(&text);
     let value = |name: &str, labels: &[(&str, &str)]| {
         test_support::exposition::sum(&samples, name, labels).unwrap_or(0.0)

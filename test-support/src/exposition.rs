@@ -138,6 +138,23 @@ fn parse_labels(text: &str) -> Option<Vec<(String, String)>> {
     Some(labels)
 }
 
+/// `GET {base}/metrics` over HTTP, as a Prometheus scrape reads it: the promises
+/// about metrics are checked against what a scraper sees, not the in-process registry.
+/// Panics unless the answer is a 200.
+pub async fn scrape(client: &reqwest::Client, base: &str) -> String {
+    let response = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("scrape sent");
+    assert_eq!(
+        response.status(),
+        reqwest::StatusCode::OK,
+        "GET {base}/metrics"
+    );
+    response.text().await.expect("a text exposition")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

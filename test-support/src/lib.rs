@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use exposition::metric_value;
+pub use exposition::{metric_value, scrape};
 pub use postgres::{PgCluster, TestDatabase, test_database};
 pub use process::ServiceProcess;
 

@@ -277,14 +277,7 @@ impl TestApp {
     /// `GET {base}/metrics` over HTTP (`base`: this app's or its catalog's URL): the
     /// text a Prometheus scrape gets.
     pub async fn scrape(&self, base: &str) -> String {
-        let response = self
-            .client
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .expect("scrape sent");
-        assert_eq!(response.status(), reqwest::StatusCode::OK);
-        response.text().await.expect("a text exposition")
+        test_support::scrape(&self.client, base).await
     }
 
     pub fn metrics(&self) -> String {
