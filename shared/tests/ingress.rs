@@ -42,16 +42,11 @@ fn policy(max_ms: u64, default_ms: u64) -> DeadlinePolicy {
 }
 
 async fn call(app: Router, uri: &str, budget: Option<&str>) -> (http::response::Parts, Vec<u8>) {
-    let mut request = Request::get(uri);
-    if let Some(budget) = budget {
-        request = request.header("X-Request-Timeout-Ms", budget);
-    }
-    let response = app
-        .oneshot(request.body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    let (parts, body) = response.into_parts();
-    (parts, body.collect().await.unwrap().to_bytes().to_vec())
+    let headers: Vec<_> = budget
+        .map(|b| ("X-Request-Timeout-Ms", b))
+        .into_iter()
+        .collect();
+    call_with(app, uri, &headers).await
 }
 
 fn json(body: &[u8]) -> serde_json::Value {
