@@ -19,9 +19,10 @@ use tokio::time::Instant;
 /// Every check the precheck server received: its body and its budget header.
 type Seen = Arc<Mutex<Vec<(Value, Option<u64>)>>>;
 
-/// A check server: `/slow` answers after 30 s (far past any budget here); `/check`
-/// decides by quantity: 13 is refused (409), 14 is invalid (422), 15 is overloaded (503,
-/// `Retry-After: 7`), the rest pass.
+/// A check server: `/slow` answers after 30 s (far past any budget here); `/moved`
+/// answers 303 to a place nothing listens on; `/check` decides by quantity: 13 is
+/// refused (409), 14 is invalid (422), 15 is overloaded (503, `Retry-After: 7`), the rest
+/// pass.
 async fn spawn_check_server() -> (String, Seen, Running) {
     let seen: Seen = Arc::default();
     let record = {
@@ -41,6 +42,17 @@ async fn spawn_check_server() -> (String, Seen, Running) {
             AxumStatus::OK
         }
     };
+    let moved = {
+        let record = record.clone();
+        move |headers: HeaderMap, Json(body): Json<Value>| async move {
+            record(&headers, &body);
+            // Port 9 (discard) on loopback: nothing listens there in a test.
+            (
+                AxumStatus::SEE_OTHER,
+                [("location", "http://127.0.0.1:9/elsewhere")],
+            )
+        }
+    };
     let check = move |headers: HeaderMap, Json(body): Json<Value>| async move {
         record(&headers, &body);
         let status = match body["quantity"].as_i64() {
@@ -53,6 +65,7 @@ async fn spawn_check_server() -> (String, Seen, Running) {
     };
     let router = Router::new()
         .route("/slow", post(slow))
+        .route("/moved", post(moved))
         .route("/check", post(check));
     let (url, running) = common::serve(router).await;
     (url, seen, running)
@@ -188,4 +201,22 @@ async fn without_prechecks_the_only_client_is_the_catalog() {
     let clients: std::collections::BTreeSet<_> =
         samples.iter().filter_map(|s| s.label("client")).collect();
     assert_eq!(clients.into_iter().collect::<Vec<_>>(), ["catalog"]);
+}
+
+#[tokio::test]
+async fn a_redirecting_precheck_is_asked_once_and_its_answer_is_not_followed() {
+    let (url, seen, _checks) = spawn_check_server().await;
+    let app = app_with_precheck(&format!("fraud={url}/moved")).await;
+    let rows_before = app.order_rows().await;
+
+    let response = app.order("SKU-00005", 1, Some(1000)).await;
+
+    // A 3xx is the check's answer, not an instruction to a budgeted client: following it
+    // would send the order somewhere else, and a failure there looks like a refused
+    // connection, which is retried: the check would be asked twice for one order.
+    assert_eq!(seen.lock().unwrap().len(), 1, "the check was asked once");
+    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    let problem = json_of(response).await;
+    assert_eq!(problem["stage"], "fraud", "{problem}");
+    assert_eq!(app.order_rows().await, rows_before, "nothing written");
 }

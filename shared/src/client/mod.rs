@@ -144,7 +144,11 @@ impl BudgetedClient {
             let gauge = metrics.as_ref().map(|m| m.estimate_gauge(name));
             Arc::new(Admission::new(gauge.unwrap_or_default()))
         });
+        // No redirects: a 3xx is the downstream's answer. Following one would send the
+        // call elsewhere, and a refused connection there would be retried as if nothing
+        // had been sent.
         let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(config.max_connections)
             .pool_idle_timeout(config.idle_timeout)
             .tcp_nodelay(true)
