@@ -336,7 +336,7 @@ async fn the_stack_loses_nothing_and_leaks_nothing_under_chaos() {
          invariant no session of orders-service busy or idle in transaction (pg_stat_activity): {} ({busy})\n\
          invariant in-flight and pool gauges back to 0: ok\n\
          invariant memory back near start: RSS {} KiB -> {} KiB (bound {} KiB): {}\n\
-         invariant no 500: {} ({five_hundreds}); no panic in logs: {} ({panics}); unexpected answers: {:?}\n",
+         invariant no 500 but outcome-unknown: {} ({five_hundreds}); no panic in logs: {} ({panics}); unexpected answers: {:?}\n",
         faults_log.len() - 1,
         faults_log.join("\n  "),
         tally.statuses,

@@ -2,11 +2,11 @@
 
 mod common;
 
-use common::{MS, json_of, spawn_app, spawn_app_on};
+use common::{MS, json_of, own_cluster, sleep_on_server, spawn_app, spawn_app_on};
 use futures_util::future::join_all;
 use reqwest::StatusCode;
 use shared::{Deadline, Stage};
-use test_support::{PgCluster, wait_until};
+use test_support::wait_until;
 use tokio::time::Instant;
 
 #[tokio::test]
@@ -14,18 +14,7 @@ async fn a_long_statement_is_cancelled_by_the_server_at_the_budget() {
     let app = spawn_app().await;
     let deadline = Deadline::after(MS(300));
     let started = Instant::now();
-    let result = app
-        .state
-        .db
-        .read(&deadline, |conn| {
-            Box::pin(async move {
-                sqlx::query("SELECT pg_sleep(5)")
-                    .execute(conn)
-                    .await
-                    .map(drop)
-            })
-        })
-        .await;
+    let result = sleep_on_server(&app.state.db, &deadline).await;
     let took = started.elapsed();
     match result {
         Err(shared::db::DbError::Deadline(exceeded)) => assert_eq!(exceeded.stage, Stage::Db),
@@ -47,15 +36,7 @@ async fn a_long_statement_is_cancelled_by_the_server_at_the_budget() {
 
 #[tokio::test]
 async fn orders_answer_503_while_postgres_is_down_and_recover_when_it_is_back() {
-    let cluster = tokio::task::spawn_blocking(PgCluster::start)
-        .await
-        .unwrap()
-        .unwrap();
-    let url = cluster.url("postgres");
-    let database = test_support::TestDatabase {
-        url: url.clone(),
-        name: "postgres".into(),
-    };
+    let (cluster, database) = own_cluster().await;
     let app = spawn_app_on(database, |_| {}).await;
     assert_eq!(
         app.order("SKU-00001", 1, None).await.status(),

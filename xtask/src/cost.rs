@@ -6,8 +6,8 @@
 //! [`begin_sql`], [`commit_sql`]), three round trips each:
 //!
 //! - legacy: `BEGIN`; the statement; `COMMIT`;
-//! - propagate: `BEGIN` with `pg_backend_pid()` and both limits; the statement; both
-//!   limits re-set and `COMMIT`.
+//! - propagate: `BEGIN` with the statement limit and the transaction's marker; the
+//!   statement; the limit re-set, the deferred work fired, and `COMMIT`.
 //!
 //! pgbench sends everything as simple queries (it cannot send two commands in one
 //! prepared query, as the service's batches do); the service prepares the statement.
@@ -52,6 +52,9 @@ pub struct CostArgs {
 /// The limit both batches carry: what a 700 ms budget gives the first statement.
 const LIMIT_MS: u128 = 690;
 
+/// The marker the begin batch sets, of the length the service's markers have.
+const MARKER: &str = "orders-service-1f2e3d4c-5b6a";
+
 const MODES: [&str; 2] = ["legacy", "propagate"];
 
 /// One pgbench run.
@@ -88,7 +91,10 @@ pub fn script(mode: &str) -> String {
         .replace("$5", "NULL");
     let (begin, commit) = match mode {
         "legacy" => ("BEGIN".to_owned(), "COMMIT".to_owned()),
-        _ => (begin_sql(Access::ReadWrite, LIMIT_MS), commit_sql(LIMIT_MS)),
+        _ => (
+            begin_sql(Access::ReadWrite, LIMIT_MS, MARKER),
+            commit_sql(LIMIT_MS),
+        ),
     };
     let compound = |sql: String| sql.replace("; ", " \\; ");
     format!(
@@ -229,8 +235,8 @@ mod tests {
     fn scripts_differ_only_in_the_batches() {
         let (legacy, propagate) = (script("legacy"), script("propagate"));
         assert!(legacy.contains("\nBEGIN;\n") && legacy.ends_with("\nCOMMIT;\n"));
-        assert!(propagate.contains("BEGIN \\; SELECT pg_backend_pid()"));
-        assert!(propagate.ends_with("true) \\; COMMIT;\n"));
+        assert!(propagate.contains("BEGIN \\; SET LOCAL statement_timeout = 690 \\; SET LOCAL"));
+        assert!(propagate.ends_with("SET CONSTRAINTS ALL IMMEDIATE \\; COMMIT;\n"));
         for text in [&legacy, &propagate] {
             assert!(!text.contains('$'), "a parameter was left: {text}");
             assert!(text.contains("INSERT INTO orders"));

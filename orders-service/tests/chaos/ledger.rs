@@ -22,7 +22,8 @@ pub(crate) struct Told {
     pub(crate) ids: Vec<i64>,
     /// Answers 502, 503 or 504: each promises that this attempt wrote nothing.
     pub(crate) refusals: u32,
-    /// Attempts whose answer never arrived (disconnects, a 201 whose body was cut).
+    /// Attempts whose answer promised nothing: disconnects, a 201 whose body was cut, a
+    /// 500 `outcome-unknown`.
     pub(crate) unanswered: u32,
 }
 
@@ -134,7 +135,9 @@ pub(crate) async fn place_order(
             Ok(r) => r.status().as_u16().to_string(),
             Err(_) => "disconnected".to_owned(),
         };
-        *tally.lock().unwrap().statuses.entry(label).or_default() += 1;
+        if label != "500" {
+            *tally.lock().unwrap().statuses.entry(label).or_default() += 1;
+        }
         match outcome {
             Ok(response) if response.status().as_u16() == 201 => {
                 // A 201 counts only with its whole body: a client whose timeout cut the
@@ -151,6 +154,25 @@ pub(crate) async fn place_order(
             }
             Ok(response) if [502, 503, 504].contains(&response.status().as_u16()) => {
                 tally.lock().unwrap().told(&key).refusals += 1;
+            }
+            Ok(response) if response.status().as_u16() == 500 => {
+                // A COMMIT whose connection was lost while PostgreSQL restarted: the
+                // answer promises nothing, and the contract says to retry with the same
+                // key to learn the outcome. Any other 500 is a bug.
+                let text = response.text().await.unwrap_or_default();
+                let unknown = text.contains("urn:problem:outcome-unknown");
+                let label = if unknown {
+                    "500 outcome-unknown"
+                } else {
+                    "500"
+                };
+                let mut tally = tally.lock().unwrap();
+                *tally.statuses.entry(label.to_owned()).or_default() += 1;
+                if !unknown {
+                    tally.unexpected.push(format!("500: {text}"));
+                    return;
+                }
+                tally.told(&key).unanswered += 1;
             }
             Ok(response) => {
                 let status = response.status();

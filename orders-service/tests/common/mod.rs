@@ -84,6 +84,38 @@ pub async fn spawn_app_with_catalog(
     }
 }
 
+/// A throwaway cluster of the test's own, and its `postgres` database: for a test that
+/// changes the server (its settings, a stopped or restarted postmaster) and would
+/// disturb the other tests of its process on the shared one. Keep the cluster alive as
+/// long as the app.
+pub async fn own_cluster() -> (test_support::PgCluster, TestDatabase) {
+    let cluster = tokio::task::spawn_blocking(test_support::PgCluster::start)
+        .await
+        .expect("cluster start-up panicked")
+        .expect("a PostgreSQL cluster");
+    let database = TestDatabase {
+        url: cluster.url("postgres"),
+        name: "postgres".into(),
+    };
+    (cluster, database)
+}
+
+/// `SELECT pg_sleep(5)` under `deadline`, through the service's database.
+pub async fn sleep_on_server(
+    db: &shared::db::Db,
+    deadline: &shared::Deadline,
+) -> Result<(), shared::db::DbError> {
+    db.read(deadline, |conn| {
+        Box::pin(async move {
+            sqlx::query("SELECT pg_sleep(5)")
+                .execute(conn)
+                .await
+                .map(drop)
+        })
+    })
+    .await
+}
+
 /// The test's own sessions name themselves, so queries on `pg_stat_activity` can tell
 /// them from the service's pool.
 pub const TEST_SESSION: &str = "test-side";

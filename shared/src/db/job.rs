@@ -1,33 +1,34 @@
 //! [`Job`]: one transaction on a task that owns its connection (see the module docs of
 //! [`db`](super) for why).
 //!
-//! The job answers its caller through a oneshot channel as soon as the answer is known
-//! (a 504 at the deadline does not wait for the server to confirm the cancel), then
-//! finishes its cleanup: the cancelled statement's error read, `ROLLBACK` sent, the
-//! connection back in the pool in step with the server.
+//! The job answers its caller through a oneshot channel as soon as the answer is known,
+//! then finishes its cleanup: the cancelled statement's error read, `ROLLBACK` sent, the
+//! connection back in the pool in step with the server (or closed, when that cannot be
+//! made sure of).
 
 use std::future::Future;
 use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgPool, PgRow};
-use sqlx::{AssertSqlSafe, Postgres, Row};
+use sqlx::postgres::{PgDatabaseError, PgPool, PgSeverity};
+use sqlx::{AssertSqlSafe, Postgres};
 use tokio::sync::oneshot;
-use tokio::time::{Instant, timeout_at};
+use tokio::time::{Instant, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::sql::{Access, begin_sql, commit_sql};
-use super::{Body, DbError, End, classify};
+use super::{Body, Check, DbError, End, classify};
 use crate::deadline::Deadline;
 use crate::metrics::DbMetrics;
 use crate::stage::Stage;
 
-/// How much earlier than the deadline the server is told to give up. `lock_timeout` and
-/// `statement_timeout` count from the start of each statement, which comes a round trip
-/// after they are set; the margin covers that, so the server usually stops first and
-/// the client-side cancel at the deadline is the exception.
+/// How much earlier than the deadline the server is told to give up. `statement_timeout`
+/// counts from the start of each statement, which comes a round trip after it is set;
+/// the margin covers that, so the server usually stops first and the client-side cancel
+/// at the deadline is the exception.
 const SERVER_MARGIN: Duration = Duration::from_millis(10);
 
 /// The least budget for which a step (the first statement, or COMMIT) is started: less
@@ -35,9 +36,11 @@ const SERVER_MARGIN: Duration = Duration::from_millis(10);
 const MIN_STEP: Duration = Duration::from_millis(12);
 
 /// How long past the deadline the job waits to learn the outcome of a COMMIT it sent.
-/// The COMMIT carries `statement_timeout` = what was left, so the server normally
-/// answers before the deadline; this covers a slow WAL flush or network. Shorter than
-/// [`NO_RETURN_GRACE`](crate::deadline::NO_RETURN_GRACE), the ingress layer's backstop.
+/// The COMMIT batch carries `statement_timeout` = what was left and is cancelled at the
+/// deadline, so the server normally answers before the deadline; this covers a slow WAL
+/// flush or network, and learning the outcome of a COMMIT whose connection was lost.
+/// Shorter than [`NO_RETURN_GRACE`](crate::deadline::NO_RETURN_GRACE), the ingress
+/// layer's backstop.
 ///
 /// ```
 /// use shared::{db::COMMIT_GRACE, deadline::NO_RETURN_GRACE};
@@ -50,16 +53,34 @@ pub const COMMIT_GRACE: Duration = Duration::from_millis(250);
 /// connection is given up and closed instead of returned.
 const CLEANUP_GRACE: Duration = Duration::from_secs(2);
 
+/// How often a cancel is sent again while the statement has not come back. PostgreSQL
+/// ignores a cancel that reaches a backend between two statements, so one cancel is not
+/// enough when the body starts another statement after it.
+const RECANCEL_EVERY: Duration = Duration::from_millis(25);
+
+/// How long a cancel itself may take. One that has not answered by then may still land
+/// later, so the connection it was aimed at is closed rather than returned.
+const CANCEL_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How often the side connection looks whether a transaction whose connection was lost
+/// during COMMIT has ended on the server.
+const OUTCOME_POLL: Duration = Duration::from_millis(5);
+
 /// Everything one transaction needs, moved onto its task.
 pub(super) struct Job {
     pub(super) pool: PgPool,
-    pub(super) cancel_pool: PgPool,
+    /// Cancels, and learns outcomes, on connections of its own.
+    pub(super) side_pool: PgPool,
     pub(super) metrics: Option<DbMetrics>,
     pub(super) acquire_timeout: Duration,
     pub(super) deadline: Deadline,
     pub(super) access: Access,
+    /// Names this transaction's backend in `pg_stat_activity` (`application_name`).
+    pub(super) marker: String,
     /// Cancelled when the caller's future is dropped.
     pub(super) stop: CancellationToken,
+    /// A cancel was sent whose outcome is unknown: the connection must not be reused.
+    pub(super) cancel_unsettled: AtomicBool,
 }
 
 type Conn = PoolConnection<Postgres>;
@@ -89,7 +110,7 @@ enum Guarded<O> {
     /// It finished; `cancelled` says whether a cancel was sent while it ran (the
     /// deadline passed or the caller went away), in which case nothing may be committed.
     Finished { output: O, cancelled: bool },
-    /// It did not come back even after a cancel: the connection is given up.
+    /// It did not come back even after cancels: the connection is given up.
     Abandoned,
 }
 
@@ -115,6 +136,9 @@ impl Job {
         if let Some(Answer { reply, .. }) = Instrument::instrument(reply, span).await {
             // The caller went away before an answer was decided; nobody reads this.
             drop(reply.send(Err(self.deadline.exceeded(Stage::Db).into())));
+        }
+        if self.cancel_unsettled.load(Ordering::Relaxed) {
+            conn.close_on_drop();
         }
     }
 
@@ -155,16 +179,13 @@ impl Job {
         if self.stop.is_cancelled() {
             return Some(reply); // The caller left while we waited for the pool.
         }
-        let pid = match self.begin(conn).await {
-            Ok(pid) => pid,
-            Err(err) => {
-                reply.send(Err(err));
-                return None;
-            }
-        };
+        if let Err(err) = self.begin(conn).await {
+            reply.send(Err(err));
+            return None;
+        }
         let ran = {
             let statements = body(conn);
-            self.guarded(Some(pid), statements).await
+            self.guarded(statements, CLEANUP_GRACE).await
         };
         let (output, cancelled) = match ran {
             Guarded::Finished { output, cancelled } => (output, cancelled),
@@ -173,80 +194,77 @@ impl Job {
                 return Some(reply);
             }
         };
-        match output {
-            Ok(End::Commit(value)) if !cancelled && !self.stop.is_cancelled() => {
-                let committed = self.commit(conn).await;
-                reply.send(committed.map(|()| value));
-                None
-            }
-            Ok(End::Commit(_)) => {
-                // Too late, or nobody to tell: nothing is written.
-                reply.send(Err(self.deadline.exceeded(Stage::Db).into()));
-                self.rollback(conn).await;
-                None
-            }
+        let (value, check) = match output {
+            Ok(End::Commit(value)) => (value, None),
+            Ok(End::CommitVerified(value, check)) => (value, Some(check)),
             Ok(End::Rollback(value)) => {
                 reply.send(Ok(value));
                 self.rollback(conn).await;
-                None
+                return None;
             }
             Err(err) => {
                 reply.send(Err(classify(err, &self.deadline, Stage::Db)));
                 self.rollback(conn).await;
-                None
+                return None;
             }
+        };
+        if cancelled || self.stop.is_cancelled() {
+            // Too late, or nobody to tell: nothing is written.
+            reply.send(Err(self.deadline.exceeded(Stage::Db).into()));
+            self.rollback(conn).await;
+            return None;
         }
+        self.commit(conn, value, check, reply).await;
+        None
     }
 
-    /// `BEGIN` with this transaction's limits, in one round trip; returns the backend's
-    /// PID, which is what a cancel names.
-    async fn begin(&self, conn: &mut Conn) -> Result<i32, DbError> {
-        let sql = begin_sql(self.access, server_limit(self.deadline.remaining()));
+    /// `BEGIN` with this transaction's limit and marker, in one round trip.
+    async fn begin(&self, conn: &mut Conn) -> Result<(), DbError> {
+        let sql = begin_sql(
+            self.access,
+            server_limit(self.deadline.remaining()),
+            &self.marker,
+        );
         let begun = {
-            let statement = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(&mut **conn);
-            self.guarded(None, statement).await
+            let batch = sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut **conn);
+            self.guarded(batch, CLEANUP_GRACE).await
         };
-        let rows: Vec<PgRow> = match begun {
+        match begun {
             Guarded::Finished {
-                output: Ok(rows),
+                output: Ok(_),
                 cancelled: false,
-            } => rows,
+            } => Ok(()),
             Guarded::Finished {
                 output: Ok(_),
                 cancelled: true,
             } => {
                 self.rollback(conn).await;
-                return Err(self.deadline.exceeded(Stage::Db).into());
+                Err(self.deadline.exceeded(Stage::Db).into())
             }
             Guarded::Finished {
                 output: Err(err), ..
             } => {
                 self.settle(conn).await;
-                return Err(classify(err, &self.deadline, Stage::Db));
+                Err(classify(err, &self.deadline, Stage::Db))
             }
             Guarded::Abandoned => {
                 conn.close_on_drop();
-                return Err(self.deadline.exceeded(Stage::Db).into());
-            }
-        };
-        match rows.last().map(|row| row.try_get::<i32, _>(0)) {
-            Some(Ok(pid)) => Ok(pid),
-            Some(Err(err)) => {
-                self.rollback(conn).await;
-                Err(DbError::Query(err))
-            }
-            None => {
-                self.rollback(conn).await;
-                Err(DbError::Query(sqlx::Error::RowNotFound))
+                Err(self.deadline.exceeded(Stage::Db).into())
             }
         }
     }
 
     /// Runs `statement` to its end. If the deadline passes or the caller goes away
-    /// first, the statement is cancelled on the server (by `pid`) and read to its end
-    /// anyway, so the connection stays in step; only if even that takes longer than
-    /// [`CLEANUP_GRACE`] is it abandoned.
-    async fn guarded<F: Future>(&self, pid: Option<i32>, statement: F) -> Guarded<F::Output> {
+    /// first, the statement is cancelled on the server, again every [`RECANCEL_EVERY`]
+    /// until it comes back (the body may start another statement after a cancel found
+    /// the backend idle), and read to its end anyway, so the connection stays in step.
+    /// Only if even that takes until `give_up_after` past the first cancel is the
+    /// connection abandoned.
+    async fn guarded<F: Future>(
+        &self,
+        statement: F,
+        give_up_after: Duration,
+    ) -> Guarded<F::Output> {
         let mut statement = pin!(statement);
         tokio::select! {
             biased;
@@ -254,68 +272,137 @@ impl Job {
             () = tokio::time::sleep_until(self.deadline.instant()) => {}
             () = self.stop.cancelled() => {}
         }
-        if let Some(pid) = pid {
-            self.cancel_on_server(pid).await;
-        }
-        match tokio::time::timeout(CLEANUP_GRACE, statement).await {
-            Ok(output) => Guarded::Finished {
-                output,
-                cancelled: true,
-            },
-            Err(_) => {
-                tracing::warn!(
-                    pid,
-                    "a cancelled statement did not end; closing its connection"
-                );
-                Guarded::Abandoned
+        let give_up = Instant::now() + give_up_after;
+        loop {
+            // The statement is read while the cancel is on its way; a cancel in flight is
+            // awaited even when the statement ends first, so none is left behind.
+            let next = (Instant::now() + RECANCEL_EVERY).min(give_up);
+            let (output, ()) =
+                tokio::join!(timeout_at(next, &mut statement), self.cancel_on_server());
+            match output {
+                Ok(output) => {
+                    return Guarded::Finished {
+                        output,
+                        cancelled: true,
+                    };
+                }
+                Err(_) if Instant::now() >= give_up => {
+                    tracing::warn!(
+                        marker = %self.marker,
+                        "a cancelled statement did not end; closing its connection"
+                    );
+                    return Guarded::Abandoned;
+                }
+                Err(_) => {}
             }
         }
     }
 
-    /// `pg_cancel_backend(pid)`, sent from the side pool. We still hold the connection
-    /// and its statement has not come back, so `pid` is ours and busy with it; if the
-    /// statement ends in between, PostgreSQL ignores a cancel that reaches an idle
-    /// backend (and [`rollback`](Self::rollback) retries the one case it does not).
-    async fn cancel_on_server(&self, pid: i32) {
-        let sent = sqlx::query("SELECT pg_cancel_backend($1)")
-            .bind(pid)
-            .execute(&self.cancel_pool);
-        match tokio::time::timeout(CLEANUP_GRACE, sent).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(err)) => tracing::warn!(pid, error = %err, "pg_cancel_backend failed"),
-            Err(_) => tracing::warn!(pid, "pg_cancel_backend timed out"),
-        }
+    /// Cancels whatever the backend that carries this transaction's marker is running,
+    /// from the side pool. The marker ends with the transaction, so a cancel can never
+    /// reach a later transaction on the same connection; and a cancel whose own fate is
+    /// unknown (it failed, or did not answer in time) marks the connection for closing.
+    async fn cancel_on_server(&self) {
+        let sent = sqlx::query(
+            "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+        )
+        .bind(&self.marker)
+        .execute(&self.side_pool);
+        let failed = match timeout(CANCEL_TIMEOUT, sent).await {
+            Ok(Ok(_)) => return,
+            Ok(Err(err)) => err.to_string(),
+            Err(_) => "it timed out".to_owned(),
+        };
+        tracing::warn!(marker = %self.marker, failed, "a cancel's fate is unknown; the connection will be closed");
+        self.cancel_unsettled.store(true, Ordering::Relaxed);
     }
 
     /// COMMIT as a point of no return: refused without I/O when too little is left;
-    /// sent with `statement_timeout` = what is left (deferred work stops at the
-    /// deadline, and the transaction rolls back); its outcome awaited, not abandoned.
-    async fn commit(&self, conn: &mut Conn) -> Result<(), DbError> {
+    /// sent with `statement_timeout` = what is left and deferred work fired before it
+    /// under that limit (so slow deferred work stops at the deadline and rolls back);
+    /// cancelled at the deadline (which still aborts it before the commit record); its
+    /// outcome awaited, and answered only as the server or the table tells it.
+    async fn commit<T>(
+        &self,
+        conn: &mut Conn,
+        value: T,
+        check: Option<Check>,
+        reply: Answer<'_, T>,
+    ) {
         let left = self.deadline.remaining();
         if left < MIN_STEP {
+            reply.send(Err(self.deadline.exceeded(Stage::Db).into()));
             self.rollback(conn).await;
-            return Err(self.deadline.exceeded(Stage::Db).into());
+            return;
         }
         let sql = commit_sql(server_limit(left));
         let _no_return = self.deadline.point_of_no_return();
-        let outcome = timeout_at(
-            self.deadline.instant() + COMMIT_GRACE,
-            sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut **conn),
-        )
-        .await;
-        match outcome {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(err)) => {
-                // A failed COMMIT ends the transaction (rolled back); a failure of the
-                // SELECT before it would leave it open and aborted: settle finds out.
+        let sent = {
+            let batch = sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut **conn);
+            // Cancelled at the deadline, its outcome awaited for the grace at most.
+            self.guarded(batch, COMMIT_GRACE).await
+        };
+        match sent {
+            // Committed, even if a cancel arrived after the commit record (PostgreSQL
+            // holds interrupts from there on and completes the COMMIT).
+            Guarded::Finished { output: Ok(_), .. } => reply.send(Ok(value)),
+            Guarded::Finished {
+                output: Err(err), ..
+            } if proves_rollback(&err) => {
+                reply.send(Err(classify(err, &self.deadline, Stage::Db)));
                 self.settle(conn).await;
-                Err(classify(err, &self.deadline, Stage::Db))
             }
-            Err(_) => {
+            Guarded::Finished {
+                output: Err(err), ..
+            } => {
+                tracing::warn!(error = %err, "the connection failed during COMMIT");
+                conn.close_on_drop();
+                let learned = self.learn_outcome(check).await;
+                reply.send(learned.map(|()| value));
+            }
+            Guarded::Abandoned => {
                 tracing::warn!("no outcome for a COMMIT within the grace; closing its connection");
                 conn.close_on_drop();
+                reply.send(Err(DbError::OutcomeUnknown));
+            }
+        }
+    }
+
+    /// The outcome of a COMMIT whose connection failed, learned on another connection
+    /// within the grace: once no backend carries this transaction's marker, the
+    /// transaction has ended one way or the other, and `check` reads the table. Without
+    /// a check, or without an answer in time, the outcome is unknown.
+    async fn learn_outcome(&self, check: Option<Check>) -> Result<(), DbError> {
+        let Some(check) = check else {
+            return Err(DbError::OutcomeUnknown);
+        };
+        let learned = timeout_at(self.deadline.instant() + COMMIT_GRACE, async {
+            let mut side = self.side_pool.acquire().await?;
+            loop {
+                let running: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                )
+                .bind(&self.marker)
+                .fetch_one(&mut *side)
+                .await?;
+                if running == 0 {
+                    break;
+                }
+                tokio::time::sleep(OUTCOME_POLL).await;
+            }
+            check.run(&mut side).await
+        })
+        .await;
+        match learned {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(DbError::Unavailable(
+                "the connection was lost during COMMIT, which did not commit".to_owned(),
+            )),
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "cannot learn the outcome of a COMMIT");
                 Err(DbError::OutcomeUnknown)
             }
+            Err(_) => Err(DbError::OutcomeUnknown),
         }
     }
 
@@ -323,7 +410,7 @@ impl Job {
     /// statement ended can hit the `ROLLBACK` instead (57014): then it is sent again.
     async fn rollback(&self, conn: &mut Conn) {
         for _attempt in 0..2 {
-            let sent = tokio::time::timeout(
+            let sent = timeout(
                 CLEANUP_GRACE,
                 sqlx::raw_sql("ROLLBACK").execute(&mut **conn),
             )
@@ -341,7 +428,7 @@ impl Job {
     /// succeeds only outside an aborted transaction; in one it fails with 25P02 and a
     /// `ROLLBACK` follows. (A `ROLLBACK` sent blindly would make the server warn.)
     async fn settle(&self, conn: &mut Conn) {
-        let probe = tokio::time::timeout(
+        let probe = timeout(
             CLEANUP_GRACE,
             sqlx::raw_sql("SELECT 1").execute(&mut **conn),
         )
@@ -354,6 +441,27 @@ impl Job {
             _ => conn.close_on_drop(),
         }
     }
+}
+
+/// Whether an error answered to the COMMIT batch proves that nothing was committed. Only
+/// an error the server reports while the session goes on does: PostgreSQL reports
+/// nothing but `PANIC` once the commit record is written, so an `ERROR` came from a
+/// statement before it (the limit, deferred work, a serialization check) and the
+/// transaction is rolled back. A lost connection, a `FATAL` (the session was
+/// terminated, perhaps after the commit record), a protocol error or anything else
+/// proves nothing.
+fn proves_rollback(err: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = err else {
+        return false;
+    };
+    let Some(pg) = db.try_downcast_ref::<PgDatabaseError>() else {
+        return false;
+    };
+    let code = pg.code();
+    pg.severity() == PgSeverity::Error
+        && !code.starts_with("08")
+        && !code.starts_with("57P")
+        && !code.starts_with("XX")
 }
 
 /// The server-side limit for a step with `left` of the budget: a little less, so the

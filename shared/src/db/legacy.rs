@@ -36,7 +36,7 @@ impl Db {
         }
         let _count_late_statements = observed.filter(|_| !counted).map(LateCheck);
         let value = match body(&mut tx).await {
-            Ok(End::Commit(value)) => {
+            Ok(End::Commit(value) | End::CommitVerified(value, _)) => {
                 tx.commit().await.map_err(DbError::Query)?;
                 value
             }

@@ -7,10 +7,14 @@
 //! (its `DEADLINE_EXCEEDED` "may have succeeded"); this module earns it at the one
 //! dangerous moment, COMMIT: once COMMIT is on the wire the server may commit whatever
 //! the client does. So COMMIT is a point of no return: it is not started when too little
-//! budget is left, it carries its own server-side limit (what is left), and once it is
-//! sent its outcome is awaited (a little past the deadline at most, [`COMMIT_GRACE`])
-//! and answered truthfully: committed is success even if late, and an outcome that
-//! cannot be learned is a 500 that promises nothing, never a 504.
+//! budget is left; the deferred work that COMMIT would run without any time limit is
+//! fired just before it under the remaining time (`SET CONSTRAINTS ALL IMMEDIATE`); the
+//! batch is cancelled at the deadline, which still aborts it until the commit record is
+//! written; and its outcome is awaited (a little past the deadline at most,
+//! [`COMMIT_GRACE`]) and answered truthfully. Only an error the server reports in a
+//! session that goes on proves a rollback; when the connection is lost instead, the
+//! outcome is learned on another connection if the body gave an [`End::CommitVerified`]
+//! check, and is otherwise a 500 that promises nothing, never a 504.
 //!
 //! # The only way to run SQL
 //!
@@ -20,11 +24,11 @@
 //! 1. `db_pool`: waits for a pooled connection for at most the remaining time and at
 //!    most the pool's acquire timeout (the early-rejection threshold: a saturated or
 //!    unreachable database is a quick 503, not a slow 504);
-//! 2. `db`: sends `BEGIN` and sets `statement_timeout` and `lock_timeout` to what is
-//!    left *after* that wait, in the same round trip (which also asks for the backend's
-//!    PID); a budget that the wait used up starts no statement at all;
+//! 2. `db`: sends `BEGIN`, `SET LOCAL statement_timeout` to what is left *after* that
+//!    wait, and a marker naming the transaction (`application_name`), in one round trip
+//!    of utility statements; a budget that the wait used up starts no statement at all;
 //! 3. runs the body's statements: the server stops a statement that waits on a lock or
-//!    runs long at the deadline (SQLSTATE 55P03/57014, mapped to 504 `db`);
+//!    runs long at the deadline (SQLSTATE 57014, mapped to 504 `db`);
 //! 4. commits or rolls back, as the body says.
 //!
 //! A session-level `statement_timeout` of the largest budget is set on every pooled
@@ -40,19 +44,23 @@
 //! open. So the connection is owned by a spawned task (`job.rs`) that never drops a
 //! statement: when the caller goes away, or the deadline passes before the server's own
 //! limit has fired, it cancels the statement on the server (`pg_cancel_backend` of the
-//! PID it holds, from a small side pool), keeps reading until the statement's error
-//! arrives, rolls back and returns the connection in step. The caller gets its answer
-//! as soon as that answer is known; the cleanup finishes after.
+//! backend carrying the transaction's marker, from a small side pool), again until the
+//! statement comes back, keeps reading until its error arrives, rolls back and returns
+//! the connection in step. The caller gets its answer as soon as that answer is known;
+//! the cleanup finishes after.
 //!
 //! The statements of one transaction share its deadline: the server-side limit is
-//! per statement in PostgreSQL 15, so a later statement could run past the deadline
-//! on its own limit; the task's cancel at the deadline is what ends it there.
+//! per statement in PostgreSQL, so a later statement could run past the deadline on
+//! its own limit; the task's cancel at the deadline is what ends it there.
 
 mod error;
 mod job;
 mod legacy;
 mod sql;
 
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -81,10 +89,68 @@ pub use sql::{Access, begin_sql, commit_sql};
 /// ```
 #[derive(Debug)]
 pub enum End<T> {
-    /// Commit the transaction, then return the value (if the commit succeeds).
+    /// Commit the transaction, then return the value (if the commit succeeds). Should
+    /// the connection be lost once COMMIT is sent, the answer is
+    /// [`DbError::OutcomeUnknown`].
     Commit(T),
+    /// Commit, and should the connection be lost once COMMIT is sent, learn whether it
+    /// committed by running the [`Check`] on another connection (within
+    /// [`COMMIT_GRACE`] past the deadline) instead of answering that the outcome is
+    /// unknown.
+    CommitVerified(T, Check),
     /// Roll the transaction back and return the value (a read, or nothing to write).
     Rollback(T),
+}
+
+/// A read that tells whether a transaction committed (`true`), for a COMMIT whose
+/// connection was lost: typically "does the row I inserted exist", by a key the body
+/// knows. It runs only once the transaction has ended on the server.
+///
+/// ```
+/// use shared::db::{Check, End};
+///
+/// let id: i64 = 42; // returned by the body's INSERT
+/// let check = Check::new(move |conn| {
+///     Box::pin(
+///         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM orders WHERE id = $1)")
+///             .bind(id)
+///             .fetch_one(conn),
+///     )
+/// });
+/// let end = End::CommitVerified(id, check);
+/// ```
+pub struct Check(Box<dyn CheckFn>);
+
+trait CheckFn:
+    for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<bool, sqlx::Error>> + Send
+{
+}
+
+impl<F> CheckFn for F where
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<bool, sqlx::Error>> + Send
+{
+}
+
+impl Check {
+    /// The check `read`: `true` when the transaction's writes are in the table.
+    pub fn new<F>(read: F) -> Self
+    where
+        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<bool, sqlx::Error>>
+            + Send
+            + 'static,
+    {
+        Self(Box::new(read))
+    }
+
+    async fn run(self, conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+        (self.0)(conn).await
+    }
+}
+
+impl std::fmt::Debug for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Check")
+    }
 }
 
 /// The body of a transaction: its statements on the connection, as one future.
@@ -133,6 +199,40 @@ pub struct DbConfig {
     pub max_budget: Duration,
 }
 
+/// The `application_name` of the side pool's sessions (cancels, outcome checks).
+const SIDE_SESSION: &str = "deadline-side";
+
+/// Makes the marker that names one transaction in `pg_stat_activity`: the session's
+/// application name, a random word per pool (two replicas share the database) and a
+/// counter. Letters, digits and `-` only, since it is formatted into SQL, and short of
+/// PostgreSQL's 63-byte limit on names.
+#[derive(Debug)]
+struct Markers {
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl Markers {
+    fn new(application_name: Option<&str>) -> Self {
+        let name: String = application_name
+            .unwrap_or("deadline")
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .take(32)
+            .collect();
+        let random = RandomState::new().hash_one(std::process::id()) as u32;
+        Self {
+            prefix: format!("{name}-{random:08x}"),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{}-{n:x}", self.prefix)
+    }
+}
+
 /// How much longer than the largest budget an idle transaction may live.
 const IDLE_IN_TRANSACTION_SLACK: Duration = Duration::from_secs(1);
 
@@ -161,8 +261,11 @@ const IDLE_IN_TRANSACTION_SLACK: Duration = Duration::from_secs(1);
 #[derive(Clone, Debug)]
 pub struct Db {
     pool: PgPool,
-    /// Sends `pg_cancel_backend`; separate so a saturated main pool cannot block it.
-    cancel_pool: PgPool,
+    /// Sends cancels and learns outcomes; separate so a saturated main pool cannot
+    /// block it.
+    side_pool: PgPool,
+    /// Names each transaction in `pg_stat_activity`.
+    markers: Arc<Markers>,
     /// The plain connection settings, for migrations (no per-session limits).
     options: PgConnectOptions,
     config: DbConfig,
@@ -214,13 +317,14 @@ impl Db {
             .max_connections(config.max_connections)
             .acquire_timeout(DeadlineMode::LEGACY_TIMEOUT)
             .connect_lazy_with(pool_options);
-        let cancel_pool = PgPoolOptions::new()
+        let side_pool = PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(1))
-            .connect_lazy_with(options.clone());
+            .connect_lazy_with(options.clone().application_name(SIDE_SESSION));
         Ok(Self {
             pool,
-            cancel_pool,
+            side_pool,
+            markers: Arc::new(Markers::new(options.get_application_name())),
             options,
             config,
             metrics,
@@ -254,7 +358,7 @@ impl Db {
     /// ```
     pub async fn close(&self) {
         self.pool.close().await;
-        self.cancel_pool.close().await;
+        self.side_pool.close().await;
     }
 
     /// Connections checked out right now.
@@ -363,12 +467,14 @@ impl Db {
         let _stop_when_dropped = stop.clone().drop_guard();
         let job = Job {
             pool: self.pool.clone(),
-            cancel_pool: self.cancel_pool.clone(),
+            side_pool: self.side_pool.clone(),
             metrics: self.metrics.clone(),
             acquire_timeout: self.config.acquire_timeout,
             deadline: deadline.clone(),
             access,
+            marker: self.markers.next(),
             stop,
+            cancel_unsettled: AtomicBool::new(false),
         };
         tokio::spawn(job.run(body, reply).in_current_span());
         // The job always answers; no answer means it panicked.

@@ -1,6 +1,8 @@
-//! The SQL that opens and commits a transaction with its server-side limits: two
-//! simple-query batches, each one round trip. Kept apart from the task that sends them
-//! so that `cargo xtask cost` can measure exactly these statements with pgbench.
+//! The SQL that opens and commits a transaction with its server-side limit: two
+//! simple-query batches, each one round trip, made only of utility statements (`SET`
+//! needs no snapshot and no plan, so the envelope costs next to nothing; a `SELECT
+//! set_config(...)` would cost both). Kept apart from the task that sends them so that
+//! `cargo xtask cost` measures exactly these statements with pgbench.
 
 /// Read-write or read-only: whether the transaction is opened `READ ONLY`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -11,36 +13,47 @@ pub enum Access {
     ReadOnly,
 }
 
-/// The batch that opens a transaction: `BEGIN`, the backend's PID (what a cancel names)
-/// and both limits, in one round trip. Public so that `cargo xtask cost` measures the
-/// very SQL the service sends.
+/// The batch that opens a transaction: `BEGIN`, the statement limit, and the marker
+/// that names this transaction in `pg_stat_activity` (a cancel finds the backend by it,
+/// and cannot reach a later transaction of the same connection: `SET LOCAL` ends with
+/// the transaction).
+///
+/// `statement_timeout` also bounds lock waits (a statement waiting on a lock is still
+/// running), so no `lock_timeout` is set beside it. `marker` must be a plain word (it is
+/// formatted into the SQL); [`Db`](super::Db) makes it from letters, digits and `-`.
 ///
 /// ```
 /// use shared::db::{Access, begin_sql};
-/// assert!(begin_sql(Access::ReadOnly, 640).starts_with("BEGIN READ ONLY; SELECT pg_backend_pid()"));
+/// assert_eq!(
+///     begin_sql(Access::ReadOnly, 640, "app-1f-7"),
+///     "BEGIN READ ONLY; SET LOCAL statement_timeout = 640; SET LOCAL application_name = 'app-1f-7'"
+/// );
 /// ```
-pub fn begin_sql(access: Access, limit_ms: u128) -> String {
+pub fn begin_sql(access: Access, limit_ms: u128, marker: &str) -> String {
     let mode = match access {
         Access::ReadWrite => "",
         Access::ReadOnly => " READ ONLY",
     };
-    // A simple query takes no bind parameters; the values are integers we format.
+    // A simple query takes no bind parameters; the values are an integer and a word we make.
     format!(
-        "BEGIN{mode}; SELECT pg_backend_pid(), \
-         set_config('statement_timeout', '{limit_ms}', true), \
-         set_config('lock_timeout', '{limit_ms}', true)"
+        "BEGIN{mode}; SET LOCAL statement_timeout = {limit_ms}; \
+         SET LOCAL application_name = '{marker}'"
     )
 }
 
-/// The batch that commits with the limits re-set to what is left (deferred work stops
-/// at the deadline). Public for the same reason as [`begin_sql`].
+/// The batch that commits: the limit re-set to what is left, then the deferred work
+/// (deferred constraints and constraint triggers) fired as an ordinary statement under
+/// that limit, then `COMMIT`. PostgreSQL switches the statement timer off before it
+/// commits, so deferred work left to `COMMIT` itself would run unbounded; fired by
+/// `SET CONSTRAINTS ALL IMMEDIATE` it is stopped at the deadline and the transaction
+/// rolls back.
 ///
 /// ```
-/// assert!(shared::db::commit_sql(90).ends_with("; COMMIT"));
+/// assert_eq!(
+///     shared::db::commit_sql(90),
+///     "SET LOCAL statement_timeout = 90; SET CONSTRAINTS ALL IMMEDIATE; COMMIT"
+/// );
 /// ```
 pub fn commit_sql(limit_ms: u128) -> String {
-    format!(
-        "SELECT set_config('statement_timeout', '{limit_ms}', true), \
-         set_config('lock_timeout', '{limit_ms}', true); COMMIT"
-    )
+    format!("SET LOCAL statement_timeout = {limit_ms}; SET CONSTRAINTS ALL IMMEDIATE; COMMIT")
 }
