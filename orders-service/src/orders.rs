@@ -10,7 +10,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use shared::db::{Db, DbError, End};
+use shared::db::{Check, Db, DbError, End};
 use shared::{Deadline, Problem};
 use sqlx::FromRow;
 
@@ -189,7 +189,10 @@ pub async fn place_order(
                     .fetch_optional(&mut *conn)
                     .await?;
                 Ok(match row {
-                    Some(row) if row.stock_taken => End::Commit(Attempt::Created(row.order)),
+                    Some(row) if row.stock_taken => {
+                        let written = order_exists(row.order.id);
+                        End::CommitVerified(Attempt::Created(row.order), written)
+                    }
                     Some(_) => End::Rollback(Attempt::OutOfStock),
                     None => {
                         // The key is taken by a committed order; a new statement sees it.
@@ -217,13 +220,59 @@ pub async fn place_order(
         {
             Ok(Placed::Replayed(existing))
         }
-        Attempt::KeyTaken(Some(_)) => Err(Problem::unprocessable(
-            "this Idempotency-Key was already used for a different order",
-        )),
+        Attempt::KeyTaken(Some(_)) => Err(key_reused()),
         Attempt::KeyTaken(None) => Err(Problem::internal(
             "an Idempotency-Key conflicted, but its order could not be read",
         )),
     }
+}
+
+/// Whether order `id` is in the table: how a COMMIT whose connection was lost learns
+/// its outcome (the id is the one the INSERT returned, so the row exists only if that
+/// transaction committed).
+fn order_exists(id: i64) -> Check {
+    Check::new(move |conn| {
+        Box::pin(
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM orders WHERE id = $1)")
+                .bind(id)
+                .fetch_one(conn),
+        )
+    })
+}
+
+/// What an `Idempotency-Key` already stands for: a replay of the same order is answered
+/// with the stored one, before any downstream call (the downstreams may be slow or down
+/// now, and a replay must not be refused with "nothing written" about an order that
+/// exists); the same key for a different order is the client's mistake.
+pub async fn find_replay(
+    db: &Db,
+    deadline: &Deadline,
+    order: &NewOrder,
+    key: &str,
+) -> Result<Option<Order>, Problem> {
+    let key = key.to_owned();
+    let existing: Option<Order> = db
+        .read(deadline, move |conn| {
+            Box::pin(
+                sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT {ORDER_COLUMNS} FROM orders WHERE idempotency_key = $1"
+                )))
+                .bind(key)
+                .fetch_optional(conn),
+            )
+        })
+        .await?;
+    match existing {
+        Some(existing) if existing.sku == order.sku && existing.quantity == order.quantity => {
+            Ok(Some(existing))
+        }
+        Some(_) => Err(key_reused()),
+        None => Ok(None),
+    }
+}
+
+fn key_reused() -> Problem {
+    Problem::unprocessable("this Idempotency-Key was already used for a different order")
 }
 
 /// The order with `id`, if any.

@@ -11,8 +11,9 @@ use crate::orders::{self, NewOrderRequest, Order, Placed};
 
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
-/// Validates, prices the order through the catalog, asks the configured prechecks, and
-/// places it: each step under what is left of the request's budget.
+/// Validates, answers a replay from the table, prices the order through the catalog,
+/// asks the configured prechecks, and places it: each step under what is left of the
+/// request's budget.
 pub(super) async fn create_order(
     State(state): State<AppState>,
     deadline: Deadline,
@@ -24,6 +25,11 @@ pub(super) async fn create_order(
         .get(IDEMPOTENCY_KEY)
         .map(|value| orders::validate_key(value.as_bytes()))
         .transpose()?;
+    if let Some(key) = &key
+        && let Some(existing) = orders::find_replay(&state.db, &deadline, &order, key).await?
+    {
+        return Ok(created(existing, true));
+    }
     let item = state.catalog.item(&deadline, &order.sku).await?;
     state.prechecks.pass(&deadline, &order).await?;
     let placed = orders::place_order(

@@ -1,0 +1,316 @@
+//! The edges of "201 means written; 504, 503 and 502 mean nothing was written"
+//! (docs/design.md §5): a replay, a connection lost during COMMIT, deferred work at
+//! COMMIT, and a statement begun after the deadline. Each is held against the `orders`
+//! table and `pg_stat_activity`.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::{MS, TestApp, json_of, own_cluster, sleep_on_server, spawn_app, spawn_app_on};
+use reqwest::StatusCode;
+use serde_json::json;
+use shared::Deadline;
+use shared::db::{DbError, End};
+use sqlx::Connection as _;
+use test_support::wait_until;
+use tokio::time::Instant;
+
+async fn rows_with_key(app: &TestApp, key: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM orders WHERE idempotency_key = $1")
+        .bind(key)
+        .fetch_one(&app.side)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_replay_answers_its_stored_order_before_any_downstream_call() {
+    let app = spawn_app().await;
+    let order = json!({"sku": "SKU-00031", "quantity": 1});
+    let first = app
+        .post_order(order.clone(), Some(2000), Some("k-replay"))
+        .await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first = json_of(first).await;
+
+    // The catalog is now far slower than the replay's budget: a replay that priced the
+    // order again would answer 504 "nothing written" about an order that exists.
+    app.slow_catalog(1000);
+    let calls_before = app.catalog_calls();
+    let started = Instant::now();
+    let replay = app.post_order(order, Some(300), Some("k-replay")).await;
+    let took = started.elapsed();
+
+    assert_eq!(replay.status(), StatusCode::CREATED, "took {took:?}");
+    assert_eq!(
+        replay.headers()["idempotent-replayed"],
+        "true",
+        "the replay says so"
+    );
+    assert_eq!(json_of(replay).await["id"], first["id"]);
+    assert_eq!(app.catalog_calls(), calls_before, "no downstream call");
+    assert_eq!(rows_with_key(&app, "k-replay").await, 1);
+}
+
+#[tokio::test]
+async fn deferred_work_at_commit_is_stopped_at_the_deadline_and_writes_nothing() {
+    let app = spawn_app().await;
+    // One second of deferred work on every new order: PostgreSQL runs it inside COMMIT,
+    // where `statement_timeout` does not apply.
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON orders \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
+    )
+    .execute(&app.side)
+    .await
+    .unwrap();
+    let rows_before = app.order_rows().await;
+
+    let started = Instant::now();
+    let response = app.order("SKU-00032", 1, Some(400)).await;
+    let took = started.elapsed();
+
+    assert_eq!(
+        response.status(),
+        StatusCode::GATEWAY_TIMEOUT,
+        "took {took:?}"
+    );
+    assert_eq!(json_of(response).await["stage"], "db");
+    // The target is the deadline + 60 ms; the bound leaves a loaded 2-core machine room
+    // while staying far below the trigger's second.
+    assert!(took < MS(400 + 200), "answered after {took:?}");
+    wait_until("the service runs no statement", MS(3000), || async {
+        app.service_statements_in_flight().await == 0
+    })
+    .await;
+    assert_eq!(app.order_rows().await, rows_before, "nothing written");
+}
+
+#[tokio::test]
+async fn a_connection_lost_during_commit_is_answered_with_what_the_table_says() {
+    // A cluster of its own: a synchronous standby that never answers makes every
+    // commit on the server wait.
+    let (_cluster, database) = own_cluster().await;
+    // The throwaway cluster turns synchronous_commit off for speed; this database's
+    // sessions turn it back on.
+    let mut admin = sqlx::PgConnection::connect(&database.url).await.unwrap();
+    sqlx::query("ALTER DATABASE postgres SET synchronous_commit = on")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let app = spawn_app_on(database, |_| {}).await;
+    // Two statements: ALTER SYSTEM cannot run inside the implicit transaction of a batch.
+    for sql in [
+        "ALTER SYSTEM SET synchronous_standby_names = 'ghost'",
+        "SELECT pg_reload_conf()",
+    ] {
+        sqlx::query(sql).execute(&app.side).await.unwrap();
+    }
+
+    // The reload reaches each backend at its next command; wait until a fresh session has it.
+    wait_until("the standby setting is in force", MS(3000), || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT setting FROM pg_settings WHERE name = 'synchronous_standby_names'",
+        )
+        .fetch_one(&app.side)
+        .await
+        .unwrap()
+            == "ghost"
+    })
+    .await;
+    let order = app.post_order(
+        json!({"sku": "SKU-00033", "quantity": 1}),
+        Some(2000),
+        Some("k-lost"),
+    );
+    // The COMMIT record is written locally; the backend waits for the standby. Then the
+    // connection is lost, as in a failover or a network cut.
+    let terminate = async {
+        wait_until("a COMMIT waits for the standby", MS(1500), || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+            )
+            .fetch_one(&app.side)
+            .await
+            .unwrap()
+                == 1
+        })
+        .await;
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+        )
+        .execute(&app.side)
+        .await
+        .unwrap();
+    };
+    let (response, ()) = tokio::join!(order, terminate);
+
+    let status = response.status();
+    let body = json_of(response).await;
+    assert_eq!(
+        rows_with_key(&app, "k-lost").await,
+        1,
+        "the order is in the table"
+    );
+    // The row exists, so "nothing written" (502/503/504) would be a lie; the service
+    // learns the outcome from the table and answers it.
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+#[tokio::test]
+async fn a_statement_begun_after_the_deadline_does_not_run_on() {
+    let app = spawn_app().await;
+    // `keep_busy()` runs for 5 s and writes its first and its latest moment, every 10 ms,
+    // into two sequences: sequences are not transactional, so what it wrote survives the
+    // cancel and its rollback, and the table tells how long it really ran.
+    sqlx::raw_sql(
+        "CREATE SEQUENCE busy_from; CREATE SEQUENCE busy_until; \
+         CREATE FUNCTION now_ms() RETURNS bigint LANGUAGE sql AS \
+             $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint $$; \
+         CREATE FUNCTION keep_busy() RETURNS void LANGUAGE plpgsql AS $$ \
+         BEGIN \
+             PERFORM setval('busy_from', now_ms()); \
+             FOR i IN 1..500 LOOP \
+                 PERFORM setval('busy_until', now_ms()); \
+                 PERFORM pg_sleep(0.01); \
+             END LOOP; \
+         END $$;",
+    )
+    .execute(&app.side)
+    .await
+    .unwrap();
+    let deadline = Deadline::after(MS(1000));
+    let late = deadline.instant() + MS(50);
+    let result = app
+        .state
+        .db
+        .transaction(&deadline, move |conn| {
+            Box::pin(async move {
+                sqlx::query("SELECT 1").execute(&mut *conn).await?;
+                // The body is held up between two statements past the deadline (a slow
+                // network, a busy executor): a cancel sent at the deadline finds the
+                // backend idle, and PostgreSQL ignores it.
+                tokio::time::sleep_until(late).await;
+                sqlx::query("SELECT keep_busy()")
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(End::Rollback(()))
+            })
+        })
+        .await;
+    assert!(
+        matches!(result, Err(DbError::Deadline(_))),
+        "expected a deadline error, got {result:?}"
+    );
+    wait_until("the service runs no statement", MS(6000), || async {
+        app.service_statements_in_flight().await == 0
+    })
+    .await;
+    let ran: i64 = sqlx::query_scalar(
+        "SELECT (SELECT last_value FROM busy_until) - (SELECT last_value FROM busy_from)",
+    )
+    .fetch_one(&app.side)
+    .await
+    .unwrap();
+    // Its own server-side limit is the one set at BEGIN, about a second: only a cancel
+    // sent after it started stops it near the deadline.
+    assert!(ran < 300, "the late statement ran {ran} ms");
+}
+
+/// Stops a process (SIGSTOP) until dropped (SIGCONT), so a failing test cannot leave it
+/// stopped.
+struct Stopped(String);
+
+impl Stopped {
+    fn process(pid: &str) -> Self {
+        let status = std::process::Command::new("kill")
+            .args(["-STOP", pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -STOP {pid}");
+        Self(pid.to_owned())
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0])
+            .status();
+    }
+}
+
+/// The service's sessions, read on `conn` (opened while the server still took
+/// connections).
+async fn service_sessions(conn: &mut sqlx::PgConnection) -> BTreeSet<i32> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' \
+         AND pid <> pg_backend_pid() AND application_name <> 'test-side'",
+    )
+    .fetch_all(conn)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect()
+}
+
+#[tokio::test]
+async fn a_cancel_whose_fate_is_unknown_costs_the_connection() {
+    // A cluster of its own: its postmaster is stopped for a while.
+    let (_cluster, database) = own_cluster().await;
+    let app = spawn_app_on(database, |_| {}).await;
+    // The test's own session, opened now: no new one can be opened while the postmaster
+    // is stopped.
+    let mut watch = app.side_connection().await;
+    let data: String = sqlx::query_scalar("SHOW data_directory")
+        .fetch_one(&mut watch)
+        .await
+        .unwrap();
+    let postmaster = std::fs::read_to_string(format!("{data}/postmaster.pid")).unwrap();
+    let postmaster = postmaster.lines().next().unwrap().trim().to_owned();
+
+    // The service's pool has an open session; its side pool (cancels) has none yet, and
+    // with the postmaster stopped it cannot open one: a cancel sent now gets no answer.
+    assert_eq!(
+        app.order("SKU-00035", 1, Some(2000)).await.status(),
+        StatusCode::CREATED
+    );
+    let before = service_sessions(&mut watch).await;
+    let stopped = Stopped::process(&postmaster);
+
+    // A caller that goes away mid-statement: the service cancels the statement.
+    let deadline = Deadline::after(MS(1000));
+    let gone = tokio::time::timeout(MS(100), sleep_on_server(&app.state.db, &deadline)).await;
+    assert!(gone.is_err(), "the caller left first");
+    let ran_on = service_sessions(&mut watch).await;
+    // The statement ends at its own limit (about 1 s); the cancel is still unanswered.
+    let watch = tokio::sync::Mutex::new(watch);
+    wait_until("the statement has ended", MS(3000), || async {
+        let running: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(5)' AND state = 'active'",
+        )
+        .fetch_one(&mut *watch.lock().await)
+        .await
+        .unwrap();
+        running == 0
+    })
+    .await;
+    drop(stopped);
+
+    // The connection the unanswered cancel was aimed at is closed, not returned: had it
+    // been, that cancel could still land on the next transaction run on it.
+    wait_until("the session is closed", MS(3000), || async {
+        service_sessions(&mut *watch.lock().await)
+            .await
+            .is_disjoint(&before)
+    })
+    .await;
+    assert_eq!(ran_on, before, "the statement ran on the pooled session");
+    assert_eq!(
+        app.order("SKU-00035", 1, Some(2000)).await.status(),
+        StatusCode::CREATED
+    );
+}
