@@ -34,8 +34,8 @@ async fn price(
     let path = format!("/catalog/{sku}");
     let item: Value = (catalog.get_json(&deadline, &path).await)
         .map_err(|err| err.into_problem(catalog.downstream()))?;
-    // The pool wait and the statement share the rest: statement_timeout and lock_timeout
-    // are what is left after the wait, so PostgreSQL stops at the deadline too.
+    // The pool wait and the statement share the rest: statement_timeout is what is left
+    // after the wait, so PostgreSQL stops at the deadline too.
     let checked_at: String = db
         .read(&deadline, |conn| {
             Box::pin(sqlx::query_scalar("SELECT now()::text").fetch_one(conn))

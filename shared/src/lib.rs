@@ -36,8 +36,8 @@
 //!   client that spends only the remaining budget on pool wait + request + body, for
 //!   any request (`CallRequest`) to a downstream named by configuration.
 //! - `db` (feature `sqlx`): PostgreSQL helpers: pool acquire bounded by the budget,
-//!   transactions whose `statement_timeout` and `lock_timeout` come from the remaining
-//!   time.
+//!   transactions whose `statement_timeout` comes from the remaining time, and a COMMIT
+//!   whose answer is always true about the table.
 //! - `metrics` (feature `metrics`): the Prometheus families of the contract; with `axum`,
 //!   the HTTP middleware and `GET /metrics`.
 //! - `clap` (feature): `clap::ValueEnum` for the enums that are settings.
