@@ -89,11 +89,11 @@ async fn deferred_work_at_commit_is_stopped_at_the_deadline_and_writes_nothing()
     assert_eq!(app.order_rows().await, rows_before, "nothing written");
 }
 
-#[tokio::test]
-async fn a_connection_lost_during_commit_is_answered_with_what_the_table_says() {
-    // A cluster of its own: a synchronous standby that never answers makes every
-    // commit on the server wait.
-    let (_cluster, database) = own_cluster().await;
+/// An app on a cluster of its own where a synchronous standby that never answers makes
+/// every COMMIT wait after its commit record is written. Keep the cluster alive as long
+/// as the app.
+async fn app_whose_commits_wait() -> (test_support::PgCluster, TestApp) {
+    let (cluster, database) = own_cluster().await;
     // The throwaway cluster turns synchronous_commit off for speed; this database's
     // sessions turn it back on.
     let mut admin = sqlx::PgConnection::connect(&database.url).await.unwrap();
@@ -109,7 +109,6 @@ async fn a_connection_lost_during_commit_is_answered_with_what_the_table_says() 
     ] {
         sqlx::query(sql).execute(&app.side).await.unwrap();
     }
-
     // The reload reaches each backend at its next command; wait until a fresh session has it.
     wait_until("the standby setting is in force", MS(3000), || async {
         sqlx::query_scalar::<_, String>(
@@ -121,32 +120,39 @@ async fn a_connection_lost_during_commit_is_answered_with_what_the_table_says() 
             == "ghost"
     })
     .await;
+    (cluster, app)
+}
+
+/// Waits until a COMMIT waits for the standby, then terminates its session: the
+/// connection is lost after the commit record, as in a failover or a network cut.
+async fn lose_the_waiting_commit(app: &TestApp) {
+    wait_until("a COMMIT waits for the standby", MS(1500), || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+        )
+        .fetch_one(&app.side)
+        .await
+        .unwrap()
+            == 1
+    })
+    .await;
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+    )
+    .execute(&app.side)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_connection_lost_during_commit_is_answered_with_what_the_table_says() {
+    let (_cluster, app) = app_whose_commits_wait().await;
     let order = app.post_order(
         json!({"sku": "SKU-00033", "quantity": 1}),
         Some(2000),
         Some("k-lost"),
     );
-    // The COMMIT record is written locally; the backend waits for the standby. Then the
-    // connection is lost, as in a failover or a network cut.
-    let terminate = async {
-        wait_until("a COMMIT waits for the standby", MS(1500), || async {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
-            )
-            .fetch_one(&app.side)
-            .await
-            .unwrap()
-                == 1
-        })
-        .await;
-        sqlx::query(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
-        )
-        .execute(&app.side)
-        .await
-        .unwrap();
-    };
-    let (response, ()) = tokio::join!(order, terminate);
+    let (response, ()) = tokio::join!(order, lose_the_waiting_commit(&app));
 
     let status = response.status();
     let body = json_of(response).await;
@@ -158,6 +164,33 @@ async fn a_connection_lost_during_commit_is_answered_with_what_the_table_says() 
     // The row exists, so "nothing written" (502/503/504) would be a lie; the service
     // learns the outcome from the table and answers it.
     assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+#[tokio::test]
+async fn a_lost_commit_without_a_check_promises_nothing() {
+    let (_cluster, app) = app_whose_commits_wait().await;
+    let deadline = Deadline::after(MS(2000));
+    let commit = app.state.db.transaction(&deadline, |conn| {
+        Box::pin(async move {
+            sqlx::query("UPDATE inventory SET available = available - 1 WHERE sku = 'SKU-00036'")
+                .execute(&mut *conn)
+                .await?;
+            Ok(End::Commit(()))
+        })
+    });
+    let (result, ()) = tokio::join!(commit, lose_the_waiting_commit(&app));
+    // The stock was taken (the commit record was written), and without a way to read
+    // that back the only true answer is that the outcome is unknown: never "nothing
+    // written".
+    assert!(
+        matches!(result, Err(DbError::OutcomeUnknown)),
+        "expected outcome-unknown, got {result:?}"
+    );
+    let stock: i32 = sqlx::query_scalar("SELECT available FROM inventory WHERE sku = 'SKU-00036'")
+        .fetch_one(&app.side)
+        .await
+        .unwrap();
+    assert_eq!(stock, 100_000_000 - 1, "the commit happened");
 }
 
 #[tokio::test]
