@@ -124,8 +124,6 @@ impl Application {
             DbConfig {
                 max_connections: config.db_pool_max_connections,
                 acquire_timeout: Config::ms(config.db_pool_acquire_timeout_ms),
-                mode: config.deadline_mode,
-                max_budget: Config::ms(config.deadline_max_ms),
             },
             Some(metrics.db().clone()),
         )

@@ -2,10 +2,10 @@
 
 mod common;
 
-use common::{MS, json_of, own_cluster, sleep_on_server, spawn_app, spawn_app_on};
+use common::{MS, json_of, own_cluster, sleep_on_server, spawn_app, spawn_app_on, spawn_app_with};
 use futures_util::future::join_all;
 use reqwest::StatusCode;
-use shared::{Deadline, Stage};
+use shared::{Deadline, DeadlineMode, Stage};
 use test_support::wait_until;
 use tokio::time::Instant;
 
@@ -89,4 +89,77 @@ async fn ten_identical_retries_at_once_make_one_order() {
     assert_eq!(ids.len(), 1, "every retry got the same order");
     assert_eq!(app.order_rows().await, 1);
     assert_eq!(app.stock("SKU-00010").await, before - 2);
+}
+
+#[tokio::test]
+async fn a_body_that_panics_leaves_no_transaction_open() {
+    let app = spawn_app().await;
+    let deadline = Deadline::after(MS(2000));
+    let result = app
+        .state
+        .db
+        .transaction(&deadline, |conn| {
+            Box::pin(async move {
+                sqlx::query(
+                    "UPDATE inventory SET available = available - 1 WHERE sku = 'SKU-00041'",
+                )
+                .execute(&mut *conn)
+                .await?;
+                panic!("a bug in the body, mid-transaction");
+                #[allow(unreachable_code)]
+                Ok(shared::db::End::Commit(()))
+            })
+        })
+        .await;
+    assert!(result.is_err(), "{result:?}");
+    // The connection must not go back to the pool inside the open transaction (holding
+    // the row lock, handed to the next request): it is closed, and the server ends it.
+    wait_until("no session is idle in transaction", MS(500), || async {
+        app.backends_in_state("idle in transaction").await == 0
+            && app.backends_in_state("idle in transaction (aborted)").await == 0
+    })
+    .await;
+    assert_eq!(
+        app.order("SKU-00041", 1, Some(1000)).await.status(),
+        StatusCode::CREATED
+    );
+}
+
+#[tokio::test]
+async fn the_database_limits_follow_the_mode_in_force_not_the_one_at_start_up() {
+    // Started in propagate (the default), switched to legacy: legacy now runs as code
+    // without the technique, with no server-side limit left over from start-up.
+    let app = spawn_app_with(|config| config.deadline_max_ms = 300).await;
+    let switched = app
+        .client
+        .put(format!("{}/admin/mode", app.admin))
+        .json(&serde_json::json!({"mode": "legacy"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(switched.status(), StatusCode::OK);
+    let deadline = Deadline::after(MS(300)).with_mode(DeadlineMode::Legacy);
+    let slept = app
+        .state
+        .db
+        .read(&deadline, |conn| {
+            Box::pin(async move {
+                sqlx::query("SELECT pg_sleep(0.6)")
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .await;
+    assert!(slept.is_ok(), "a legacy statement was cut: {slept:?}");
+
+    // And back to propagate: the limit comes from the request's budget again.
+    let deadline = Deadline::after(MS(300));
+    let started = Instant::now();
+    let cut = sleep_on_server(&app.state.db, &deadline).await;
+    assert!(
+        matches!(cut, Err(shared::db::DbError::Deadline(_))),
+        "{cut:?}"
+    );
+    assert!(started.elapsed() < MS(1000), "took {:?}", started.elapsed());
 }

@@ -31,7 +31,9 @@ fn bench(c: &mut Criterion) {
     group.bench_function("task_and_channel", |b| {
         b.to_async(&runtime).iter(|| async {
             let (reply, answer) = oneshot::channel();
-            tokio::spawn(async move { drop(reply.send(body().await)) });
+            tokio::spawn(async move {
+                let _ = reply.send(body().await);
+            });
             answer.await.unwrap()
         })
     });
@@ -43,7 +45,9 @@ fn bench(c: &mut Criterion) {
             tokio::spawn(async move {
                 tokio::select! {
                     biased;
-                    value = body() => drop(reply.send(value)),
+                    value = body() => {
+                        let _ = reply.send(value);
+                    }
                     () = stop.cancelled() => {}
                 }
             });

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use shared::client::{AdmissionMode, BudgetedClient, ClientConfig};
 use shared::db::{Db, DbConfig};
 use shared::server::{ServerOptions, serve, shutdown_signal};
-use shared::{Deadline, DeadlineLayer, DeadlineMode, DeadlinePolicy, Problem, stage::Downstream};
+use shared::{Deadline, DeadlineLayer, DeadlinePolicy, Problem, stage::Downstream};
 
 // The layer put the request's `Deadline` into it; handlers take it as an argument and
 // hand it to every step, so each step gets only what is left.
@@ -63,8 +63,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let db = DbConfig {
         max_connections: 10,
         acquire_timeout: Duration::from_millis(250),
-        mode: DeadlineMode::Propagate,
-        max_budget: policy.max, // the per-connection statement_timeout backstop
     };
     let url = std::env::var("DATABASE_URL")?;
     let db = Db::connect_lazy(&url, db, Some(metrics.db().clone()))?;

@@ -7,10 +7,12 @@
 //! made sure of).
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgDatabaseError, PgPool, PgSeverity};
 use sqlx::{AssertSqlSafe, Postgres};
@@ -133,9 +135,23 @@ impl Job {
             deadline: &self.deadline,
         };
         let reply = self.transact(&mut conn, body, answer);
-        if let Some(Answer { reply, .. }) = Instrument::instrument(reply, span).await {
-            // The caller went away before an answer was decided; nobody reads this.
-            drop(reply.send(Err(self.deadline.exceeded(Stage::Db).into())));
+        // A body that panics mid-transaction must not hand its connection back with the
+        // transaction open (holding its locks, for the next request to run in): the
+        // panic is caught here, where the connection is still ours to close. The caller
+        // then reads a closed channel.
+        match AssertUnwindSafe(Instrument::instrument(reply, span))
+            .catch_unwind()
+            .await
+        {
+            Ok(Some(Answer { reply, .. })) => {
+                // The caller went away before an answer was decided; nobody reads this.
+                drop(reply.send(Err(self.deadline.exceeded(Stage::Db).into())));
+            }
+            Ok(None) => {}
+            Err(_) => {
+                tracing::error!("a transaction's body panicked; closing its connection");
+                conn.close_on_drop();
+            }
         }
         if self.cancel_unsettled.load(Ordering::Relaxed) {
             conn.close_on_drop();

@@ -31,8 +31,10 @@
 //!    runs long at the deadline (SQLSTATE 57014, mapped to 504 `db`);
 //! 4. commits or rolls back, as the body says.
 //!
-//! A session-level `statement_timeout` of the largest budget is set on every pooled
-//! connection at connect time, as a backstop for anything that escapes the above.
+//! No limit is set per connection: the mode switches at run time, and a connection
+//! serves requests of every mode. What a per-connection backstop would catch, a
+//! transaction left open, cannot happen: the task that owns the connection closes it,
+//! rather than return it, when the body panics or a statement will not end.
 //!
 //! # Why each transaction runs on a task of its own
 //!
@@ -176,13 +178,11 @@ impl<T, F> Body<T> for F where
 ///
 /// ```
 /// use std::time::Duration;
-/// use shared::{DeadlineMode, db::DbConfig};
+/// use shared::db::DbConfig;
 ///
 /// let config = DbConfig {
 ///     max_connections: 10,
 ///     acquire_timeout: Duration::from_millis(250), // DB_POOL_ACQUIRE_TIMEOUT_MS: 503 `db_pool` after
-///     mode: DeadlineMode::Propagate,
-///     max_budget: Duration::from_millis(2000), // DEADLINE_MAX_MS: the session backstop
 /// };
 /// ```
 #[derive(Clone, Copy, Debug)]
@@ -191,12 +191,6 @@ pub struct DbConfig {
     pub max_connections: u32,
     /// The longest a request waits for a connection (`DB_POOL_ACQUIRE_TIMEOUT_MS`).
     pub acquire_timeout: Duration,
-    /// The mode at start-up: it decides the per-connection backstops (propagate only),
-    /// which stay for the pool's life. Each request then runs in its deadline's mode.
-    pub mode: DeadlineMode,
-    /// The largest budget any request gets (`DEADLINE_MAX_MS`): no statement or
-    /// transaction may legitimately take longer.
-    pub max_budget: Duration,
 }
 
 /// The `application_name` of the side pool's sessions (cancels, outcome checks).
@@ -233,22 +227,17 @@ impl Markers {
     }
 }
 
-/// How much longer than the largest budget an idle transaction may live.
-const IDLE_IN_TRANSACTION_SLACK: Duration = Duration::from_secs(1);
-
 /// The pool plus the mode it runs in. Cheap to clone.
 ///
 /// ```no_run
 /// use std::time::Duration;
 /// use shared::db::{Db, DbConfig};
-/// use shared::{Deadline, DeadlineMode};
+/// use shared::Deadline;
 ///
 /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let config = DbConfig {
 ///     max_connections: 10,
 ///     acquire_timeout: Duration::from_millis(250),
-///     mode: DeadlineMode::Propagate,
-///     max_budget: Duration::from_secs(2),
 /// };
 /// let db = Db::connect_lazy("postgres://app@127.0.0.1/app", config, None)?;
 /// let deadline = Deadline::after(Duration::from_millis(300));
@@ -278,15 +267,13 @@ impl Db {
     ///
     /// ```no_run
     /// # use std::time::Duration;
-    /// use shared::{DeadlineMode, db::{Db, DbConfig}, metrics::Metrics};
+    /// use shared::{db::{Db, DbConfig}, metrics::Metrics};
     ///
     /// # #[tokio::main] async fn main() -> Result<(), sqlx::Error> {
     /// let metrics = Metrics::new("orders-service");
     /// let config = DbConfig {
     ///     max_connections: 10,
     ///     acquire_timeout: Duration::from_millis(250),
-    ///     mode: DeadlineMode::Propagate,
-    ///     max_budget: Duration::from_secs(2),
     /// };
     /// // Nothing is connected yet: a database that is down is a 503 per request, not a crash.
     /// let db = Db::connect_lazy("postgres://app@127.0.0.1/app", config, Some(metrics.db().clone()))?;
@@ -298,25 +285,15 @@ impl Db {
         metrics: Option<DbMetrics>,
     ) -> Result<Self, sqlx::Error> {
         let options: PgConnectOptions = url.parse()?;
-        // The pool's own acquire limit is legacy's: propagate bounds each acquire by
-        // `min(acquire_timeout, remaining)` itself, and the mode can switch at run time.
-        let pool_options = match config.mode {
-            // Backstops, set once per connection in its startup packet (no per-request
-            // cost): no statement outlives the largest budget, and a transaction left
-            // open by a bug is ended a second after any budget could.
-            DeadlineMode::Propagate => options.clone().options([
-                ("statement_timeout", millis(config.max_budget)),
-                (
-                    "idle_in_transaction_session_timeout",
-                    millis(config.max_budget + IDLE_IN_TRANSACTION_SLACK),
-                ),
-            ]),
-            DeadlineMode::Observe | DeadlineMode::Legacy => options.clone(),
-        };
+        // No per-connection limits: the mode can switch at run time, and a connection
+        // outlives many requests of either mode. Each propagate transaction sets its own
+        // limit; legacy sets none, as code without the technique would. The pool's own
+        // acquire limit is legacy's: propagate bounds each acquire by
+        // `min(acquire_timeout, remaining)` itself.
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(DeadlineMode::LEGACY_TIMEOUT)
-            .connect_lazy_with(pool_options);
+            .connect_lazy_with(options.clone());
         let side_pool = PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(1))
@@ -491,8 +468,4 @@ where
     F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<End<T>, sqlx::Error>>,
 {
     body
-}
-
-fn millis(duration: Duration) -> String {
-    duration.as_millis().to_string()
 }
