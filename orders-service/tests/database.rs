@@ -163,3 +163,24 @@ async fn the_database_limits_follow_the_mode_in_force_not_the_one_at_start_up() 
     );
     assert!(started.elapsed() < MS(1000), "took {:?}", started.elapsed());
 }
+
+#[tokio::test]
+async fn the_limit_in_force_on_the_server_is_what_is_left_of_the_budget() {
+    let app = spawn_app().await;
+    let deadline = Deadline::after(MS(500));
+    // Read back from the server, inside the transaction: the limit PostgreSQL applies,
+    // not the one the service meant to set.
+    let setting: String = app
+        .state
+        .db
+        .read(&deadline, |conn| {
+            Box::pin(sqlx::query_scalar("SHOW statement_timeout").fetch_one(conn))
+        })
+        .await
+        .unwrap();
+    let ms: u64 = setting
+        .strip_suffix("ms")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("statement_timeout is {setting:?}"));
+    assert!((300..500).contains(&ms), "statement_timeout is {ms} ms");
+}
