@@ -331,3 +331,59 @@ async fn the_admin_api_says_what_is_wrong_with_a_bad_body() {
         "a bad body changes nothing"
     );
 }
+
+/// A spent budget is a 504 at once, whichever header carried it: never admission's
+/// 503, whose `Retry-After` would tell a caller with no time left to come back later.
+/// Admission has an estimate here (an order went through), so before any budget check
+/// it would refuse every call with less than that left.
+#[tokio::test]
+async fn a_spent_budget_is_a_504_whichever_header_carried_it() {
+    let app = spawn_app().await;
+    assert_eq!(
+        app.order(SKU, 1, Some(BUDGET_MS)).await.status(),
+        StatusCode::CREATED
+    );
+    assert!(estimate(&app) > Duration::ZERO);
+    let spent = [
+        ("x-request-timeout-ms", "0"),
+        ("x-request-timeout-ms", "3"),
+        ("grpc-timeout", "0m"),
+        ("grpc-timeout", "2000u"),
+        ("x-envoy-expected-rq-timeout-ms", "0"),
+    ];
+    let before = app.catalog_calls();
+    // Several of each: the first refused call of an interval would be admission's probe.
+    for (header, value) in spent.iter().cycle().take(3 * spent.len()) {
+        let started = Instant::now();
+        let response = app
+            .client
+            .post(format!("{}/api/orders", app.base))
+            .header(*header, *value)
+            .json(&json!({"sku": SKU, "quantity": 1}))
+            .send()
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        assert_eq!(
+            response.status(),
+            StatusCode::GATEWAY_TIMEOUT,
+            "{header}: {value}"
+        );
+        assert!(response.headers().get("retry-after").is_none());
+        let body = json_of(response).await;
+        assert_eq!(body["stage"], "catalog", "{header}: {value}: {body}");
+        assert!(
+            took < Duration::from_secs(1),
+            "{header}: {value} took {took:?}"
+        );
+    }
+    assert_eq!(app.catalog_calls(), before, "nothing was sent");
+    assert_eq!(
+        counter(
+            &app,
+            "http_client_admission_rejections_total",
+            PREDICTED_LATE
+        ),
+        0.0
+    );
+}

@@ -311,31 +311,38 @@ async fn a_post_arrives_with_its_method_body_headers_and_a_smaller_budget() {
     assert!(rx.try_recv().is_err(), "nothing was sent");
 }
 
-#[tokio::test]
-async fn a_full_inventory_bulkhead_refuses_with_503_in_the_inventory_pool_stage() {
-    let metrics = Metrics::new("test");
+/// An `inventory` client with one slot and no room in its queue, and a call in a task
+/// of its own holding that slot at a downstream that does not answer; `admission` as
+/// given. Keep the returned server and task alive for as long as the slot must be held.
+async fn full_inventory(
+    metrics: &Metrics,
+    admission: AdmissionMode,
+) -> (BudgetedClient, Running, tokio::task::JoinHandle<()>) {
     let started = Arc::new(tokio::sync::Notify::new());
-    let (url, _downstream) = serve_on_port_0(slow_downstream(Arc::clone(&started))).await;
+    let (url, downstream) = serve_on_port_0(slow_downstream(Arc::clone(&started))).await;
     let config = ClientConfig {
         pending_max: 0,
-        ..named_client(inventory(), &url, 1, &metrics)
-            .config()
-            .clone()
+        admission,
+        ..named_client(inventory(), &url, 1, metrics).config().clone()
     };
     let client = BudgetedClient::new(config, Some(metrics.client().clone())).unwrap();
-
-    // One call holds the only slot; the downstream has it, so the slot is taken.
     let holder = {
         let client = client.clone();
         tokio::spawn(async move {
-            client
-                .request(Method::POST, "/check")
-                .send(&Deadline::after(Duration::from_secs(5)))
-                .await
+            let held = client.request(Method::POST, "/check").health_check();
+            let _ = held.send(&Deadline::after(Duration::from_secs(5))).await;
         })
     };
+    // The downstream has the call, so the slot is taken.
     started.notified().await;
     assert_eq!(client.bulkhead().active(), 1);
+    (client, downstream, holder)
+}
+
+#[tokio::test]
+async fn a_full_inventory_bulkhead_refuses_with_503_in_the_inventory_pool_stage() {
+    let metrics = Metrics::new("test");
+    let (client, _downstream, holder) = full_inventory(&metrics, AdmissionMode::Off).await;
 
     let err = client
         .request(Method::POST, "/check")
@@ -356,5 +363,50 @@ async fn a_full_inventory_bulkhead_refuses_with_503_in_the_inventory_pool_stage(
         r#"client="inventory",reason="queue_full""#,
     );
     assert_eq!(rejected, Some(1.0));
+    holder.abort();
+}
+
+/// A budget no larger than the reserve is spent: the answer is 504 at once, before
+/// admission or the bulkhead can answer 503. A 503 says "try again later", which
+/// is true only of a call that still had time; a spent one has no later.
+#[tokio::test]
+async fn a_spent_budget_is_a_504_even_where_admission_and_the_queue_would_refuse() {
+    let metrics = Metrics::new("test");
+    let (client, _downstream, holder) = full_inventory(&metrics, AdmissionMode::Predict).await;
+    let reserve = client.config().reserve;
+    // Recent calls took 10 s: admission refuses (or probes) anything with less.
+    let admission = client.admission().expect("admission is on");
+    admission.record(tokio::time::Instant::now(), Duration::from_secs(10), false);
+
+    let answer = |err: CallError| {
+        let response = axum::response::IntoResponse::into_response(err.into_problem(inventory()));
+        (
+            response.status(),
+            response.headers().get(header::RETRY_AFTER).cloned(),
+        )
+    };
+    for budget in [Duration::ZERO, MS(1), reserve] {
+        for request in [
+            client.request(Method::POST, "/check"),
+            client.request(Method::POST, "/check").health_check(),
+        ] {
+            let err = request.send(&Deadline::after(budget)).await.unwrap_err();
+            assert!(matches!(err, CallError::Deadline(_)), "{budget:?}: {err:?}");
+            assert_eq!(
+                answer(err),
+                (StatusCode::GATEWAY_TIMEOUT, None),
+                "{budget:?}"
+            );
+        }
+    }
+    // A call that still has time is refused as before: 503 with Retry-After.
+    let err = client
+        .request(Method::POST, "/check")
+        .send(&Deadline::after(Duration::from_secs(1)))
+        .await
+        .unwrap_err();
+    let (status, retry_after) = answer(err);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(retry_after.is_some());
     holder.abort();
 }
