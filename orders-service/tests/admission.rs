@@ -387,3 +387,47 @@ async fn a_spent_budget_is_a_504_whichever_header_carried_it() {
         0.0
     );
 }
+
+/// Open arrivals for `period`: `rate` orders a second, each with `budget_ms`. Returns
+/// once every answer is in.
+async fn arrivals(app: &TestApp, period: Duration, rate: u32, budget_ms: u64) {
+    let mut ticks = tokio::time::interval(Duration::from_secs(1) / rate);
+    let end = Instant::now() + period;
+    let mut sent = Vec::new();
+    while ticks.tick().await < end {
+        let request = app
+            .client
+            .post(format!("{}/api/orders", app.base))
+            .header("X-Request-Timeout-Ms", budget_ms)
+            .json(&json!({"sku": SKU, "quantity": 1}));
+        sent.push(tokio::spawn(request.send()));
+    }
+    for answer in sent {
+        let _ = answer.await;
+    }
+}
+
+/// Deep in a call chain, callers near the end of their budget are normal. Mixed in
+/// with the usual ones, they must not reopen admission to a catalog that is still
+/// slow: one with 25 ms cannot learn anything about a catalog taking a second, so it
+/// may not probe, and its cut call may not pull the estimate down.
+#[tokio::test]
+async fn callers_with_a_few_ms_left_do_not_reopen_admission_to_a_slow_catalog() {
+    let app = spawn_app().await;
+    learn_slow_catalog(&app).await;
+
+    let before = app.catalog_calls();
+    let started = Instant::now();
+    let period = Duration::from_secs(8);
+    tokio::join!(
+        arrivals(&app, period, 60, BUDGET_MS),
+        arrivals(&app, period, 8, 25),
+    );
+    let per_s = (app.catalog_calls() - before) as f64 / started.elapsed().as_secs_f64();
+    let probes_per_s = 1.0 / PROBE_INTERVAL.as_secs_f64();
+    eprintln!("the catalog received {per_s:.1} calls/s ({probes_per_s} probes/s)");
+    assert!(
+        per_s <= 2.0 * probes_per_s,
+        "the catalog received {per_s:.1} calls/s; probes alone are {probes_per_s}/s"
+    );
+}
