@@ -431,3 +431,58 @@ async fn callers_with_a_few_ms_left_do_not_reopen_admission_to_a_slow_catalog() 
         "the catalog received {per_s:.1} calls/s; probes alone are {probes_per_s}/s"
     );
 }
+
+/// Legacy's calls wait for a catalog slot with no limit, and go on waiting after a
+/// switch to propagate. They were promised no limit; the orders that follow must not
+/// find propagate's queue full of them (503 `queue_full`), but wait their turn.
+#[tokio::test]
+async fn after_a_switch_from_legacy_its_waiters_do_not_fill_the_queue() {
+    const DELAY_MS: u64 = 200;
+    const LEGACY_ORDERS: usize = 4;
+    let app = spawn_app_with(|c| {
+        c.deadline_mode = DeadlineMode::Legacy;
+        c.catalog_pool_max_connections = 1;
+        c.catalog_pool_pending_max = 1;
+        // Long enough to wait for every legacy call ahead, with room to spare.
+        c.catalog_pool_acquire_timeout_ms = 10 * DELAY_MS * LEGACY_ORDERS as u64;
+        c.deadline_max_ms = 20 * DELAY_MS * LEGACY_ORDERS as u64;
+    })
+    .await;
+    app.slow_catalog(DELAY_MS);
+    let bulkhead = app.state.catalog.http().bulkhead();
+
+    let legacy = futures_util::future::join_all(
+        (0..LEGACY_ORDERS).map(|_| async { app.order(SKU, 1, None).await.status() }),
+    );
+    let switched = async {
+        wait_until(
+            "the legacy calls queue",
+            Duration::from_secs(10),
+            || async { bulkhead.pending() == LEGACY_ORDERS - 1 },
+        )
+        .await;
+        assert_eq!(
+            put_mode(&app, r#"{"mode":"propagate"}"#).await.status(),
+            StatusCode::OK
+        );
+        // Behind the legacy waiters, over a queue limit of 1.
+        let budget = 20 * DELAY_MS * LEGACY_ORDERS as u64;
+        let response = app.order(SKU, 1, Some(budget)).await;
+        let status = response.status();
+        (status, json_of(response).await)
+    };
+    let (legacy, (status, body)) = tokio::join!(legacy, switched);
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert!(
+        legacy.iter().all(|s| *s == StatusCode::CREATED),
+        "{legacy:?}"
+    );
+    assert_eq!(
+        counter(
+            &app,
+            "http_client_pool_rejections_total",
+            r#"client="catalog",reason="queue_full""#
+        ),
+        0.0
+    );
+}
