@@ -486,3 +486,73 @@ async fn after_a_switch_from_legacy_its_waiters_do_not_fill_the_queue() {
         0.0
     );
 }
+
+/// This machine's address on its default route, if it has one: a client connecting
+/// from it is not a loopback client. (Connecting a UDP socket sends nothing.)
+fn non_loopback_address() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// Whoever reaches the admin API can switch the protection off, so it answers
+/// loopback clients only: over real HTTP, a client connecting from this machine's
+/// network address gets 403, until `ORDERS_ADMIN_ALLOW_REMOTE` lets it in.
+#[tokio::test]
+async fn the_admin_api_refuses_clients_that_are_not_on_loopback() {
+    let Some(ip) = non_loopback_address() else {
+        eprintln!("SKIPPED: this machine has no non-loopback address to connect from");
+        return;
+    };
+    for allow_remote in [false, true] {
+        let app = spawn_app_with(|c| {
+            c.admin_addr = "0.0.0.0:0".parse().unwrap();
+            c.admin_allow_remote = allow_remote;
+        })
+        .await;
+        let port = app.admin.rsplit(':').next().unwrap();
+        let remote = format!("http://{ip}:{port}/admin/mode");
+        let get = app.client.get(&remote).send().await.unwrap();
+        let put = put_mode_at(&app, &remote).await;
+        let local = app.client.get(format!("{}/admin/mode", app.admin)).send();
+        assert_eq!(local.await.unwrap().status(), StatusCode::OK);
+        if allow_remote {
+            assert_eq!(
+                (get.status(), put.status()),
+                (StatusCode::OK, StatusCode::OK)
+            );
+            continue;
+        }
+        for response in [get, put] {
+            assert_eq!(response.status(), StatusCode::FORBIDDEN);
+            assert_eq!(
+                response.headers()["content-type"],
+                "application/problem+json"
+            );
+            let body = json_of(response).await;
+            assert!(
+                body["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains("ORDERS_ADMIN_ALLOW_REMOTE"),
+                "{body}"
+            );
+        }
+        assert_eq!(
+            app.state.mode.get(),
+            DeadlineMode::Propagate,
+            "nothing changed"
+        );
+    }
+}
+
+async fn put_mode_at(app: &TestApp, url: &str) -> reqwest::Response {
+    app.client
+        .put(url)
+        .header("content-type", "application/json")
+        .body(r#"{"mode":"legacy"}"#)
+        .send()
+        .await
+        .expect("admin request sent")
+}
