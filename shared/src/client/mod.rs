@@ -32,7 +32,9 @@
 //! client behaves like code written without the technique: an unbounded queue, no
 //! budget header, and a fixed 30 s reqwest timeout that covers the request but not the
 //! time spent queueing for a slot. [`DeadlineMode::Observe`] waits and times out like
-//! legacy but sends the budget header and counts each refusal propagate would make.
+//! legacy but sends the budget header, with `X-Deadline-Mode: observe` so that a
+//! downstream which honours it observes too (see [`crate::header::mode`]), and counts
+//! each refusal propagate would make.
 
 pub mod admission;
 mod bulkhead;
