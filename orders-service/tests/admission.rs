@@ -24,6 +24,15 @@ fn counter(app: &TestApp, name: &str, labels: &str) -> f64 {
     metric_value(&app.metrics(), name, labels).unwrap_or(0.0)
 }
 
+/// Catalog calls admission refused as predicted late.
+fn predicted_late(app: &TestApp) -> f64 {
+    counter(
+        app,
+        "http_client_admission_rejections_total",
+        PREDICTED_LATE,
+    )
+}
+
 fn estimate(app: &TestApp) -> Duration {
     app.state
         .catalog
@@ -128,13 +137,7 @@ async fn a_catalog_slower_than_every_budget_gets_few_calls_and_callers_a_fast_50
     times.sort();
     let median = times[times.len() / 2];
     assert!(median < MS(50), "a refusal takes {median:?} (median)");
-    assert!(
-        counter(
-            &app,
-            "http_client_admission_rejections_total",
-            PREDICTED_LATE
-        ) >= 360.0
-    );
+    assert!(predicted_late(&app) >= 360.0);
     assert!(
         metric_value(
             &app.metrics(),
@@ -167,14 +170,7 @@ async fn a_healthy_catalog_is_never_refused() {
         .filter(|(s, ..)| *s == StatusCode::CREATED)
         .count();
     assert_eq!(created, 300);
-    assert_eq!(
-        counter(
-            &app,
-            "http_client_admission_rejections_total",
-            PREDICTED_LATE
-        ),
-        0.0
-    );
+    assert_eq!(predicted_late(&app), 0.0);
     assert!(estimate(&app) < MS(BUDGET_MS / 2), "{:?}", estimate(&app));
 }
 
@@ -195,14 +191,7 @@ async fn observe_refuses_nothing_and_counts_what_propagate_would_refuse() {
             .iter()
             .all(|(s, ..)| *s != StatusCode::SERVICE_UNAVAILABLE)
     );
-    assert_eq!(
-        counter(
-            &app,
-            "http_client_admission_rejections_total",
-            PREDICTED_LATE
-        ),
-        0.0
-    );
+    assert_eq!(predicted_late(&app), 0.0);
     let counted = counter(
         &app,
         "deadline_would_refuse_total",
@@ -378,14 +367,7 @@ async fn a_spent_budget_is_a_504_whichever_header_carried_it() {
         );
     }
     assert_eq!(app.catalog_calls(), before, "nothing was sent");
-    assert_eq!(
-        counter(
-            &app,
-            "http_client_admission_rejections_total",
-            PREDICTED_LATE
-        ),
-        0.0
-    );
+    assert_eq!(predicted_late(&app), 0.0);
 }
 
 /// Open arrivals for `period`: `rate` orders a second, each with `budget_ms`. Returns
