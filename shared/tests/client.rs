@@ -410,3 +410,67 @@ async fn a_spent_budget_is_a_504_even_where_admission_and_the_queue_would_refuse
     assert!(retry_after.is_some());
     holder.abort();
 }
+
+/// A downstream that sends its headers at once and then never its body: the call keeps
+/// its slot while the body is awaited (a slot freed at the headers would let more calls
+/// pile onto a downstream still busy with this one), and the deadline covers the body,
+/// so the call ends at its budget, closing the connection.
+#[tokio::test]
+async fn a_body_that_never_comes_holds_the_slot_and_is_cut_at_the_deadline() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let headers_sent = Arc::new(tokio::sync::Notify::new());
+    let server = tokio::spawn({
+        let headers_sent = Arc::clone(&headers_sent);
+        async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                let mut byte = [0u8; 1];
+                socket.read_exact(&mut byte).await.unwrap();
+                head.push(byte[0]);
+            }
+            let answer =
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n";
+            socket.write_all(answer).await.unwrap();
+            headers_sent.notify_one();
+            // No body: wait until the client closes the connection.
+            let mut rest = Vec::new();
+            let _ = socket.read_to_end(&mut rest).await;
+        }
+    });
+    let metrics = Metrics::new("test");
+    let client = named_client(inventory(), &url, 1, &metrics);
+    let deadline = Deadline::after(MS(300));
+    let call = tokio::spawn({
+        let (client, deadline) = (client.clone(), deadline.clone());
+        async move { client.get_bytes(&deadline, "/stock").await }
+    });
+    headers_sent.notified().await;
+    // Read the slot first, the clock second: a free slot seen before the deadline is a
+    // slot freed before the body came.
+    loop {
+        let active = client.bulkhead().active();
+        if tokio::time::Instant::now() >= deadline.instant() {
+            break;
+        }
+        assert_eq!(
+            active, 1,
+            "the slot was freed while the body was still to come"
+        );
+        tokio::time::sleep(MS(5)).await;
+    }
+    // Bounded, so that a deadline that misses the body fails here instead of hanging.
+    let result = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("the call ends at its deadline, body or not")
+        .unwrap();
+    assert!(matches!(result, Err(CallError::Deadline(_))), "{result:?}");
+    assert_eq!(client.bulkhead().active(), 0);
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the client closed the connection")
+        .unwrap();
+}
