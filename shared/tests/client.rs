@@ -474,3 +474,60 @@ async fn a_body_that_never_comes_holds_the_slot_and_is_cut_at_the_deadline() {
         .expect("the client closed the connection")
         .unwrap();
 }
+
+/// Only a refused connection is retried: it carried no byte of the request. A 500
+/// came from a downstream that may have acted on the call, so it is passed on as a
+/// failure after exactly one request, for a `POST` as for any call.
+#[tokio::test]
+async fn a_500_is_not_retried_and_a_refused_connection_is_retried_once() {
+    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let failing = Router::new().route(
+        "/check",
+        axum::routing::post({
+            let hits = Arc::clone(&hits);
+            move || async move {
+                hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                (StatusCode::INTERNAL_SERVER_ERROR, "broken")
+            }
+        }),
+    );
+    let (url, _downstream) = serve_on_port_0(failing).await;
+    let metrics = Metrics::new("test");
+    let retries = |metrics: &Metrics| {
+        metric_value(
+            &metrics.render(),
+            "http_client_retries_total",
+            r#"client="inventory""#,
+        )
+    };
+    let client = named_client(inventory(), &url, 4, &metrics);
+    let err = client
+        .request(Method::POST, "/check")
+        .json(&serde_json::json!({"sku": "SKU-00001", "quantity": 1}))
+        .send(&Deadline::after(Duration::from_secs(5)))
+        .await
+        .expect_err("the downstream answers 500");
+    assert_eq!(
+        err.into_problem(inventory()).status(),
+        StatusCode::BAD_GATEWAY
+    );
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(retries(&metrics), Some(0.0));
+
+    // A port nobody listens on refuses the connection: one retry, then 502.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let refused_url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let metrics = Metrics::new("test");
+    let client = named_client(inventory(), &refused_url, 4, &metrics);
+    let err = client
+        .request(Method::POST, "/check")
+        .send(&Deadline::after(Duration::from_secs(5)))
+        .await
+        .expect_err("nobody listens");
+    assert_eq!(
+        err.into_problem(inventory()).status(),
+        StatusCode::BAD_GATEWAY
+    );
+    assert_eq!(retries(&metrics), Some(1.0));
+}
