@@ -19,7 +19,10 @@ pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
         .route("/healthz", get(|| async { "ok" }));
     // The public API takes no bodies at all.
     let routes = shared::json::limit_bodies(routes, 1024);
-    shared::ingress::instrument(routes, DeadlineLayer::new(policy), &metrics)
+    // Only orders-service calls the catalog: when it observes, the catalog observes
+    // that call too instead of refusing it (docs/design.md §4.3).
+    let layer = DeadlineLayer::new(policy).honour_mode_header(true);
+    shared::ingress::instrument(routes, layer, &metrics)
 }
 
 /// One catalog item, after the injected faults.

@@ -149,6 +149,18 @@ pub struct Config {
     )]
     pub mcp_allowed_hosts: Vec<String>,
 
+    /// Browser origins `/mcp` answers, comma separated: `scheme://host:port`, `:*` for
+    /// any port, or `null`. A request with any other `Origin` is 403; one without
+    /// `Origin` (not sent by a browser) is served.
+    #[arg(
+        long,
+        env = "MCP_ALLOWED_ORIGINS",
+        value_delimiter = ',',
+        value_parser = parse_origin,
+        default_value = "http://localhost:*,http://127.0.0.1:*,http://[::1]:*"
+    )]
+    pub mcp_allowed_origins: Vec<String>,
+
     /// How long a client may take to send its request headers before it is dropped.
     #[arg(long, env = "HEADER_READ_TIMEOUT_MS", default_value_t = 5000,
           value_parser = clap::value_parser!(u64).range(1..=600_000))]
@@ -157,6 +169,33 @@ pub struct Config {
     /// Log format: readable text, or JSON lines.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+/// Reads one allowed origin (clap's value parser for `MCP_ALLOWED_ORIGINS`): `null`, or
+/// `scheme://host` and a port, `:*` meaning any. The port must be given: an origin
+/// without one stands for its scheme's default port, and an entry that is unclear about
+/// it would be read differently by different versions of the MCP library.
+pub fn parse_origin(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    if value == "null" {
+        return Ok(value.to_owned());
+    }
+    let bad = || {
+        format!("{value:?} is not an origin like https://app.example.com:443 or http://localhost:*")
+    };
+    let (base, any_port) = match value.strip_suffix(":*") {
+        Some(base) => (base, true),
+        None => (value, false),
+    };
+    let uri: http::Uri = base.parse().map_err(|_| bad())?;
+    let authority = uri.authority().ok_or_else(bad)?;
+    let only_an_origin = uri.scheme().is_some()
+        && !authority.as_str().contains('@')
+        && base.ends_with(authority.as_str());
+    if !only_an_origin || any_port == authority.port().is_some() {
+        return Err(bad());
+    }
+    Ok(value.to_owned())
 }
 
 impl Config {
@@ -173,5 +212,41 @@ impl Config {
 
     pub(crate) fn ms(value: u64) -> Duration {
         Duration::from_millis(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allowed_origins_need_a_scheme_a_host_and_a_port() {
+        for good in [
+            "https://app.example.com:443",
+            "http://localhost:*",
+            "http://[::1]:8080",
+            "null",
+        ] {
+            assert_eq!(parse_origin(good).as_deref(), Ok(good));
+        }
+        for bad in [
+            "app.example.com:443",
+            "https://app.example.com",
+            "https://app.example.com:443/",
+            "https://app.example.com:443/path",
+            "https://user@app.example.com:443",
+            "https://app.example.com:443:*",
+            "*",
+            "",
+        ] {
+            assert!(parse_origin(bad).is_err(), "{bad:?} accepted");
+        }
+        let err = Config::try_parse_from([
+            "orders-service",
+            "--mcp-allowed-origins=https://ok.example.com:443,https://bad.example.com",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("bad.example.com"), "{err}");
     }
 }

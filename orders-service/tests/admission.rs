@@ -24,6 +24,15 @@ fn counter(app: &TestApp, name: &str, labels: &str) -> f64 {
     metric_value(&app.metrics(), name, labels).unwrap_or(0.0)
 }
 
+/// Catalog calls admission refused as predicted late.
+fn predicted_late(app: &TestApp) -> f64 {
+    counter(
+        app,
+        "http_client_admission_rejections_total",
+        PREDICTED_LATE,
+    )
+}
+
 fn estimate(app: &TestApp) -> Duration {
     app.state
         .catalog
@@ -128,13 +137,7 @@ async fn a_catalog_slower_than_every_budget_gets_few_calls_and_callers_a_fast_50
     times.sort();
     let median = times[times.len() / 2];
     assert!(median < MS(50), "a refusal takes {median:?} (median)");
-    assert!(
-        counter(
-            &app,
-            "http_client_admission_rejections_total",
-            PREDICTED_LATE
-        ) >= 360.0
-    );
+    assert!(predicted_late(&app) >= 360.0);
     assert!(
         metric_value(
             &app.metrics(),
@@ -167,14 +170,7 @@ async fn a_healthy_catalog_is_never_refused() {
         .filter(|(s, ..)| *s == StatusCode::CREATED)
         .count();
     assert_eq!(created, 300);
-    assert_eq!(
-        counter(
-            &app,
-            "http_client_admission_rejections_total",
-            PREDICTED_LATE
-        ),
-        0.0
-    );
+    assert_eq!(predicted_late(&app), 0.0);
     assert!(estimate(&app) < MS(BUDGET_MS / 2), "{:?}", estimate(&app));
 }
 
@@ -195,14 +191,7 @@ async fn observe_refuses_nothing_and_counts_what_propagate_would_refuse() {
             .iter()
             .all(|(s, ..)| *s != StatusCode::SERVICE_UNAVAILABLE)
     );
-    assert_eq!(
-        counter(
-            &app,
-            "http_client_admission_rejections_total",
-            PREDICTED_LATE
-        ),
-        0.0
-    );
+    assert_eq!(predicted_late(&app), 0.0);
     let counted = counter(
         &app,
         "deadline_would_refuse_total",
@@ -330,4 +319,222 @@ async fn the_admin_api_says_what_is_wrong_with_a_bad_body() {
         "propagate",
         "a bad body changes nothing"
     );
+}
+
+/// A spent budget is a 504 at once, whichever header carried it: never admission's
+/// 503, whose `Retry-After` would tell a caller with no time left to come back later.
+/// Admission has an estimate here (an order went through), so before any budget check
+/// it would refuse every call with less than that left.
+#[tokio::test]
+async fn a_spent_budget_is_a_504_whichever_header_carried_it() {
+    let app = spawn_app().await;
+    assert_eq!(
+        app.order(SKU, 1, Some(BUDGET_MS)).await.status(),
+        StatusCode::CREATED
+    );
+    assert!(estimate(&app) > Duration::ZERO);
+    let spent = [
+        ("x-request-timeout-ms", "0"),
+        ("x-request-timeout-ms", "3"),
+        ("grpc-timeout", "0m"),
+        ("grpc-timeout", "2000u"),
+        ("x-envoy-expected-rq-timeout-ms", "0"),
+    ];
+    let before = app.catalog_calls();
+    // Several of each: the first refused call of an interval would be admission's probe.
+    for (header, value) in spent.iter().cycle().take(3 * spent.len()) {
+        let started = Instant::now();
+        let response = app
+            .client
+            .post(format!("{}/api/orders", app.base))
+            .header(*header, *value)
+            .json(&json!({"sku": SKU, "quantity": 1}))
+            .send()
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        assert_eq!(
+            response.status(),
+            StatusCode::GATEWAY_TIMEOUT,
+            "{header}: {value}"
+        );
+        assert!(response.headers().get("retry-after").is_none());
+        let body = json_of(response).await;
+        assert_eq!(body["stage"], "catalog", "{header}: {value}: {body}");
+        assert!(
+            took < Duration::from_secs(1),
+            "{header}: {value} took {took:?}"
+        );
+    }
+    assert_eq!(app.catalog_calls(), before, "nothing was sent");
+    assert_eq!(predicted_late(&app), 0.0);
+}
+
+/// Open arrivals for `period`: `rate` orders a second, each with `budget_ms`. Returns
+/// once every answer is in.
+async fn arrivals(app: &TestApp, period: Duration, rate: u32, budget_ms: u64) {
+    let mut ticks = tokio::time::interval(Duration::from_secs(1) / rate);
+    let end = Instant::now() + period;
+    let mut sent = Vec::new();
+    while ticks.tick().await < end {
+        let request = app
+            .client
+            .post(format!("{}/api/orders", app.base))
+            .header("X-Request-Timeout-Ms", budget_ms)
+            .json(&json!({"sku": SKU, "quantity": 1}));
+        sent.push(tokio::spawn(request.send()));
+    }
+    for answer in sent {
+        let _ = answer.await;
+    }
+}
+
+/// Deep in a call chain, callers near the end of their budget are normal. Mixed in
+/// with the usual ones, they must not reopen admission to a catalog that is still
+/// slow: one with 25 ms cannot learn anything about a catalog taking a second, so it
+/// may not probe, and its cut call may not pull the estimate down.
+#[tokio::test]
+async fn callers_with_a_few_ms_left_do_not_reopen_admission_to_a_slow_catalog() {
+    let app = spawn_app().await;
+    learn_slow_catalog(&app).await;
+
+    let before = app.catalog_calls();
+    let started = Instant::now();
+    let period = Duration::from_secs(8);
+    tokio::join!(
+        arrivals(&app, period, 60, BUDGET_MS),
+        arrivals(&app, period, 8, 25),
+    );
+    let per_s = (app.catalog_calls() - before) as f64 / started.elapsed().as_secs_f64();
+    let probes_per_s = 1.0 / PROBE_INTERVAL.as_secs_f64();
+    eprintln!("the catalog received {per_s:.1} calls/s ({probes_per_s} probes/s)");
+    assert!(
+        per_s <= 2.0 * probes_per_s,
+        "the catalog received {per_s:.1} calls/s; probes alone are {probes_per_s}/s"
+    );
+}
+
+/// Legacy's calls wait for a catalog slot with no limit, and go on waiting after a
+/// switch to propagate. They were promised no limit; the orders that follow must not
+/// find propagate's queue full of them (503 `queue_full`), but wait their turn.
+#[tokio::test]
+async fn after_a_switch_from_legacy_its_waiters_do_not_fill_the_queue() {
+    const DELAY_MS: u64 = 200;
+    const LEGACY_ORDERS: usize = 4;
+    let app = spawn_app_with(|c| {
+        c.deadline_mode = DeadlineMode::Legacy;
+        c.catalog_pool_max_connections = 1;
+        c.catalog_pool_pending_max = 1;
+        // Long enough to wait for every legacy call ahead, with room to spare.
+        c.catalog_pool_acquire_timeout_ms = 10 * DELAY_MS * LEGACY_ORDERS as u64;
+        c.deadline_max_ms = 20 * DELAY_MS * LEGACY_ORDERS as u64;
+    })
+    .await;
+    app.slow_catalog(DELAY_MS);
+    let bulkhead = app.state.catalog.http().bulkhead();
+
+    let legacy = futures_util::future::join_all(
+        (0..LEGACY_ORDERS).map(|_| async { app.order(SKU, 1, None).await.status() }),
+    );
+    let switched = async {
+        wait_until(
+            "the legacy calls queue",
+            Duration::from_secs(10),
+            || async { bulkhead.pending() == LEGACY_ORDERS - 1 },
+        )
+        .await;
+        assert_eq!(
+            put_mode(&app, r#"{"mode":"propagate"}"#).await.status(),
+            StatusCode::OK
+        );
+        // Behind the legacy waiters, over a queue limit of 1.
+        let budget = 20 * DELAY_MS * LEGACY_ORDERS as u64;
+        let response = app.order(SKU, 1, Some(budget)).await;
+        let status = response.status();
+        (status, json_of(response).await)
+    };
+    let (legacy, (status, body)) = tokio::join!(legacy, switched);
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert!(
+        legacy.iter().all(|s| *s == StatusCode::CREATED),
+        "{legacy:?}"
+    );
+    assert_eq!(
+        counter(
+            &app,
+            "http_client_pool_rejections_total",
+            r#"client="catalog",reason="queue_full""#
+        ),
+        0.0
+    );
+}
+
+/// This machine's address on its default route, if it has one: a client connecting
+/// from it is not a loopback client. (Connecting a UDP socket sends nothing.)
+fn non_loopback_address() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// Whoever reaches the admin API can switch the protection off, so it answers
+/// loopback clients only: over real HTTP, a client connecting from this machine's
+/// network address gets 403, until `ORDERS_ADMIN_ALLOW_REMOTE` lets it in.
+#[tokio::test]
+async fn the_admin_api_refuses_clients_that_are_not_on_loopback() {
+    let Some(ip) = non_loopback_address() else {
+        eprintln!("SKIPPED: this machine has no non-loopback address to connect from");
+        return;
+    };
+    for allow_remote in [false, true] {
+        let app = spawn_app_with(|c| {
+            c.admin_addr = "0.0.0.0:0".parse().unwrap();
+            c.admin_allow_remote = allow_remote;
+        })
+        .await;
+        let port = app.admin.rsplit(':').next().unwrap();
+        let remote = format!("http://{ip}:{port}/admin/mode");
+        let get = app.client.get(&remote).send().await.unwrap();
+        let put = put_mode_at(&app, &remote).await;
+        let local = app.client.get(format!("{}/admin/mode", app.admin)).send();
+        assert_eq!(local.await.unwrap().status(), StatusCode::OK);
+        if allow_remote {
+            assert_eq!(
+                (get.status(), put.status()),
+                (StatusCode::OK, StatusCode::OK)
+            );
+            continue;
+        }
+        for response in [get, put] {
+            assert_eq!(response.status(), StatusCode::FORBIDDEN);
+            assert_eq!(
+                response.headers()["content-type"],
+                "application/problem+json"
+            );
+            let body = json_of(response).await;
+            assert!(
+                body["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains("ORDERS_ADMIN_ALLOW_REMOTE"),
+                "{body}"
+            );
+        }
+        assert_eq!(
+            app.state.mode.get(),
+            DeadlineMode::Propagate,
+            "nothing changed"
+        );
+    }
+}
+
+async fn put_mode_at(app: &TestApp, url: &str) -> reqwest::Response {
+    app.client
+        .put(url)
+        .header("content-type", "application/json")
+        .body(r#"{"mode":"legacy"}"#)
+        .send()
+        .await
+        .expect("admin request sent")
 }

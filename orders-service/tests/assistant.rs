@@ -7,6 +7,7 @@ use axum::routing::post;
 use common::{MS, json_of, spawn_app, spawn_app_with};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use shared::client::AdmissionMode;
 use test_support::metric_value;
 use tokio::time::Instant;
 
@@ -39,7 +40,11 @@ fn tool_calls(app: &common::TestApp, tool: &str, outcome: &str) -> f64 {
 
 #[tokio::test]
 async fn slow_tools_are_cut_at_800ms_the_turn_ends_at_2s_and_a_fourth_call_is_refused() {
-    let app = spawn_app().await;
+    // Admission off: this is about the tool budgets alone. With it on, the third call,
+    // with about 400 ms left against a catalog two cut calls put at 1600 ms, would be
+    // refused at once (too short to learn anything as a probe) instead of running out
+    // what is left of the turn.
+    let app = spawn_app_with(|c| c.catalog_admission = AdmissionMode::Off).await;
     app.slow_catalog(2000);
     let (status, answer, took) = chat(
         &app,

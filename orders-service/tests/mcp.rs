@@ -10,7 +10,7 @@ mod raw;
 
 use std::collections::HashMap;
 
-use common::{MS, TestApp, spawn_app};
+use common::{MS, TestApp, spawn_app, spawn_app_with};
 use http::{HeaderName, HeaderValue};
 use raw::RawSession;
 use rmcp::ServiceExt;
@@ -248,4 +248,88 @@ async fn a_client_that_drops_its_connection_mid_call_releases_the_catalog_call()
 #[tokio::test]
 async fn a_client_that_closes_its_session_mid_call_releases_the_catalog_call() {
     leave_mid_call(true).await;
+}
+
+/// An `initialize` sent with `headers`: the status `/mcp` answers it with. A refusal
+/// must be a problem naming what was refused.
+async fn initialize_with(app: &TestApp, headers: &[(&str, &str)]) -> reqwest::StatusCode {
+    let mut request = app
+        .client
+        .post(format!("{}/mcp", app.base))
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": { "name": "origin-test", "version": "0" },
+            },
+        }));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.expect("initialize sent");
+    let status = response.status();
+    if status == reqwest::StatusCode::FORBIDDEN {
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
+        let problem: Value = response.json().await.expect("a problem");
+        assert_eq!(problem["type"], "urn:problem:forbidden", "{problem}");
+        let detail = problem["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains("Origin") || detail.contains("Host"),
+            "{problem}"
+        );
+    }
+    status
+}
+
+/// A web page on another site must not reach the MCP server through the user's
+/// browser (the transport's DNS-rebinding rule): a request whose `Origin` is not
+/// allowed is 403, one from an allowed origin or with no `Origin` at all (not a
+/// browser) is served. A foreign `Host` is refused too.
+#[tokio::test]
+async fn mcp_refuses_foreign_origins_and_hosts() {
+    let app = spawn_app().await;
+    let ok = reqwest::StatusCode::OK;
+    let forbidden = reqwest::StatusCode::FORBIDDEN;
+    assert_eq!(initialize_with(&app, &[]).await, ok, "no Origin");
+    for origin in [
+        "http://localhost:6274",
+        "http://127.0.0.1:3000",
+        "http://[::1]:8080",
+    ] {
+        assert_eq!(
+            initialize_with(&app, &[("origin", origin)]).await,
+            ok,
+            "{origin}"
+        );
+    }
+    for origin in [
+        "http://evil.example.com",
+        "https://localhost.evil.example.com:443",
+        "null",
+        "not an origin",
+    ] {
+        let status = initialize_with(&app, &[("origin", origin)]).await;
+        assert_eq!(status, forbidden, "{origin}");
+    }
+    let host = initialize_with(&app, &[("host", "evil.example.com")]).await;
+    assert_eq!(host, forbidden, "a foreign Host");
+}
+
+#[tokio::test]
+async fn mcp_serves_the_origins_it_is_configured_for() {
+    let app = spawn_app_with(|c| {
+        c.mcp_allowed_origins = vec!["https://app.example.com:443".into()];
+    })
+    .await;
+    let allowed = initialize_with(&app, &[("origin", "https://app.example.com")]).await;
+    assert_eq!(allowed, reqwest::StatusCode::OK);
+    for origin in ["http://app.example.com", "http://localhost:6274"] {
+        let status = initialize_with(&app, &[("origin", origin)]).await;
+        assert_eq!(status, reqwest::StatusCode::FORBIDDEN, "{origin}");
+    }
 }

@@ -29,17 +29,23 @@ struct Replicas {
 
 async fn start_replicas() -> Replicas {
     let database = test_support::test_database().await;
-    let work = std::env::temp_dir().join(format!("replicas-{}", std::process::id()));
+    // One folder per call: the tests of this file run at once in one process.
+    static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = STARTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let work = std::env::temp_dir().join(format!("replicas-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&work).unwrap();
     let orders_binary = PathBuf::from(env!("CARGO_BIN_EXE_orders-service"));
     let catalog_binary = orders_binary.with_file_name("catalog-service");
     let mut catalogs = Vec::new();
     let mut orders = Vec::new();
     for i in 0..2 {
-        let (port, admin) = (free_port(), free_port());
+        // The admin APIs are not used here: any free port, picked by the kernel at bind
+        // time. A port picked in advance can be taken by another process before it
+        // binds (each such pick is a chance for this test to fail).
+        let port = free_port();
         let env = [
             ("CATALOG_LISTEN_ADDR", format!("127.0.0.1:{port}")),
-            ("CATALOG_ADMIN_ADDR", format!("127.0.0.1:{admin}")),
+            ("CATALOG_ADMIN_ADDR", "127.0.0.1:0".to_owned()),
         ];
         let log = work.join(format!("catalog-{i}.log"));
         let catalog = ServiceProcess::start(&catalog_binary, &env, log).unwrap();
@@ -47,7 +53,7 @@ async fn start_replicas() -> Replicas {
         let port = free_port();
         let env = [
             ("ORDERS_LISTEN_ADDR", format!("127.0.0.1:{port}")),
-            ("ORDERS_ADMIN_ADDR", format!("127.0.0.1:{}", free_port())),
+            ("ORDERS_ADMIN_ADDR", "127.0.0.1:0".to_owned()),
             ("CATALOG_URL", catalog_url.clone()),
             ("DATABASE_URL", database.url.clone()),
         ];

@@ -30,6 +30,9 @@ async fn sigterm_lets_in_flight_orders_finish_within_their_budget_and_exits_in_t
     let base = format!("http://127.0.0.1:{port}");
     let mut orders = Command::new(env!("CARGO_BIN_EXE_orders-service"))
         .env("ORDERS_LISTEN_ADDR", format!("127.0.0.1:{port}"))
+        // Any free port: the default (9080) may be held by another orders-service on
+        // this machine, and then this one could not start.
+        .env("ORDERS_ADMIN_ADDR", "127.0.0.1:0")
         .env("CATALOG_URL", &catalog_url)
         .env("DATABASE_URL", &database.url)
         .env("DEADLINE_MAX_MS", MAX_BUDGET_MS.to_string())

@@ -311,31 +311,38 @@ async fn a_post_arrives_with_its_method_body_headers_and_a_smaller_budget() {
     assert!(rx.try_recv().is_err(), "nothing was sent");
 }
 
-#[tokio::test]
-async fn a_full_inventory_bulkhead_refuses_with_503_in_the_inventory_pool_stage() {
-    let metrics = Metrics::new("test");
+/// An `inventory` client with one slot and no room in its queue, and a call in a task
+/// of its own holding that slot at a downstream that does not answer; `admission` as
+/// given. Keep the returned server and task alive for as long as the slot must be held.
+async fn full_inventory(
+    metrics: &Metrics,
+    admission: AdmissionMode,
+) -> (BudgetedClient, Running, tokio::task::JoinHandle<()>) {
     let started = Arc::new(tokio::sync::Notify::new());
-    let (url, _downstream) = serve_on_port_0(slow_downstream(Arc::clone(&started))).await;
+    let (url, downstream) = serve_on_port_0(slow_downstream(Arc::clone(&started))).await;
     let config = ClientConfig {
         pending_max: 0,
-        ..named_client(inventory(), &url, 1, &metrics)
-            .config()
-            .clone()
+        admission,
+        ..named_client(inventory(), &url, 1, metrics).config().clone()
     };
     let client = BudgetedClient::new(config, Some(metrics.client().clone())).unwrap();
-
-    // One call holds the only slot; the downstream has it, so the slot is taken.
     let holder = {
         let client = client.clone();
         tokio::spawn(async move {
-            client
-                .request(Method::POST, "/check")
-                .send(&Deadline::after(Duration::from_secs(5)))
-                .await
+            let held = client.request(Method::POST, "/check").health_check();
+            let _ = held.send(&Deadline::after(Duration::from_secs(5))).await;
         })
     };
+    // The downstream has the call, so the slot is taken.
     started.notified().await;
     assert_eq!(client.bulkhead().active(), 1);
+    (client, downstream, holder)
+}
+
+#[tokio::test]
+async fn a_full_inventory_bulkhead_refuses_with_503_in_the_inventory_pool_stage() {
+    let metrics = Metrics::new("test");
+    let (client, _downstream, holder) = full_inventory(&metrics, AdmissionMode::Off).await;
 
     let err = client
         .request(Method::POST, "/check")
@@ -357,4 +364,170 @@ async fn a_full_inventory_bulkhead_refuses_with_503_in_the_inventory_pool_stage(
     );
     assert_eq!(rejected, Some(1.0));
     holder.abort();
+}
+
+/// A budget no larger than the reserve is spent: the answer is 504 at once, before
+/// admission or the bulkhead can answer 503. A 503 says "try again later", which
+/// is true only of a call that still had time; a spent one has no later.
+#[tokio::test]
+async fn a_spent_budget_is_a_504_even_where_admission_and_the_queue_would_refuse() {
+    let metrics = Metrics::new("test");
+    let (client, _downstream, holder) = full_inventory(&metrics, AdmissionMode::Predict).await;
+    let reserve = client.config().reserve;
+    // Recent calls took 10 s: admission refuses (or probes) anything with less.
+    let admission = client.admission().expect("admission is on");
+    admission.record(tokio::time::Instant::now(), Duration::from_secs(10), false);
+
+    let answer = |err: CallError| {
+        let response = axum::response::IntoResponse::into_response(err.into_problem(inventory()));
+        (
+            response.status(),
+            response.headers().get(header::RETRY_AFTER).cloned(),
+        )
+    };
+    for budget in [Duration::ZERO, MS(1), reserve] {
+        for request in [
+            client.request(Method::POST, "/check"),
+            client.request(Method::POST, "/check").health_check(),
+        ] {
+            let err = request.send(&Deadline::after(budget)).await.unwrap_err();
+            assert!(matches!(err, CallError::Deadline(_)), "{budget:?}: {err:?}");
+            assert_eq!(
+                answer(err),
+                (StatusCode::GATEWAY_TIMEOUT, None),
+                "{budget:?}"
+            );
+        }
+    }
+    // A call that still has time is refused as before: 503 with Retry-After.
+    let err = client
+        .request(Method::POST, "/check")
+        .send(&Deadline::after(Duration::from_secs(1)))
+        .await
+        .unwrap_err();
+    let (status, retry_after) = answer(err);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(retry_after.is_some());
+    holder.abort();
+}
+
+/// A downstream that sends its headers at once and then never its body: the call keeps
+/// its slot while the body is awaited (a slot freed at the headers would let more calls
+/// pile onto a downstream still busy with this one), and the deadline covers the body,
+/// so the call ends at its budget, closing the connection.
+#[tokio::test]
+async fn a_body_that_never_comes_holds_the_slot_and_is_cut_at_the_deadline() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let headers_sent = Arc::new(tokio::sync::Notify::new());
+    let server = tokio::spawn({
+        let headers_sent = Arc::clone(&headers_sent);
+        async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                let mut byte = [0u8; 1];
+                socket.read_exact(&mut byte).await.unwrap();
+                head.push(byte[0]);
+            }
+            let answer =
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n";
+            socket.write_all(answer).await.unwrap();
+            headers_sent.notify_one();
+            // No body: wait until the client closes the connection.
+            let mut rest = Vec::new();
+            let _ = socket.read_to_end(&mut rest).await;
+        }
+    });
+    let metrics = Metrics::new("test");
+    let client = named_client(inventory(), &url, 1, &metrics);
+    let deadline = Deadline::after(MS(300));
+    let call = tokio::spawn({
+        let (client, deadline) = (client.clone(), deadline.clone());
+        async move { client.get_bytes(&deadline, "/stock").await }
+    });
+    headers_sent.notified().await;
+    // Read the slot first, the clock second: a free slot seen before the deadline is a
+    // slot freed before the body came.
+    loop {
+        let active = client.bulkhead().active();
+        if tokio::time::Instant::now() >= deadline.instant() {
+            break;
+        }
+        assert_eq!(
+            active, 1,
+            "the slot was freed while the body was still to come"
+        );
+        tokio::time::sleep(MS(5)).await;
+    }
+    // Bounded, so that a deadline that misses the body fails here instead of hanging.
+    let result = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("the call ends at its deadline, body or not")
+        .unwrap();
+    assert!(matches!(result, Err(CallError::Deadline(_))), "{result:?}");
+    assert_eq!(client.bulkhead().active(), 0);
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the client closed the connection")
+        .unwrap();
+}
+
+/// Only a refused connection is retried: it carried no byte of the request. A 500
+/// came from a downstream that may have acted on the call, so it is passed on as a
+/// failure after exactly one request, for a `POST` as for any call.
+#[tokio::test]
+async fn a_500_is_not_retried_and_a_refused_connection_is_retried_once() {
+    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let failing = Router::new().route(
+        "/check",
+        axum::routing::post({
+            let hits = Arc::clone(&hits);
+            move || async move {
+                hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                (StatusCode::INTERNAL_SERVER_ERROR, "broken")
+            }
+        }),
+    );
+    let (url, _downstream) = serve_on_port_0(failing).await;
+    let metrics = Metrics::new("test");
+    let retries = |metrics: &Metrics| {
+        metric_value(
+            &metrics.render(),
+            "http_client_retries_total",
+            r#"client="inventory""#,
+        )
+    };
+    let client = named_client(inventory(), &url, 4, &metrics);
+    let err = client
+        .request(Method::POST, "/check")
+        .json(&serde_json::json!({"sku": "SKU-00001", "quantity": 1}))
+        .send(&Deadline::after(Duration::from_secs(5)))
+        .await
+        .expect_err("the downstream answers 500");
+    assert_eq!(
+        err.into_problem(inventory()).status(),
+        StatusCode::BAD_GATEWAY
+    );
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(retries(&metrics), Some(0.0));
+
+    // A port nobody listens on refuses the connection: one retry, then 502.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let refused_url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let metrics = Metrics::new("test");
+    let client = named_client(inventory(), &refused_url, 4, &metrics);
+    let err = client
+        .request(Method::POST, "/check")
+        .send(&Deadline::after(Duration::from_secs(5)))
+        .await
+        .expect_err("nobody listens");
+    assert_eq!(
+        err.into_problem(inventory()).status(),
+        StatusCode::BAD_GATEWAY
+    );
+    assert_eq!(retries(&metrics), Some(1.0));
 }

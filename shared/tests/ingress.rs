@@ -363,3 +363,53 @@ async fn after_the_point_of_no_return_ends_the_deadline_applies_again() {
     assert_eq!(parts.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(started.elapsed(), MS(300));
 }
+
+/// Reports the mode the request runs in.
+async fn report_mode(deadline: Deadline) -> &'static str {
+    deadline.mode().as_str()
+}
+
+/// `X-Deadline-Mode: observe` makes a request run in observe where the layer honours
+/// it, and only there; a misspelt marker is a 400 naming it; legacy reads no header.
+#[tokio::test]
+async fn an_observing_caller_is_observed_only_where_the_marker_is_honoured() {
+    let mode_app = |layer: DeadlineLayer| {
+        Router::new()
+            .route("/mode", get(report_mode))
+            .route_layer(layer)
+    };
+    let honouring = || DeadlineLayer::new(policy(500, 300)).honour_mode_header(true);
+    let marked = [("X-Deadline-Mode", "observe")];
+    let mode_of = |(parts, body): (http::response::Parts, Vec<u8>)| {
+        assert_eq!(parts.status, StatusCode::OK);
+        String::from_utf8(body).unwrap()
+    };
+    assert_eq!(
+        mode_of(call_with(mode_app(honouring()), "/mode", &marked).await),
+        "observe"
+    );
+    assert_eq!(
+        mode_of(call_with(mode_app(honouring()), "/mode", &[]).await),
+        "propagate"
+    );
+    let edge = DeadlineLayer::new(policy(500, 300));
+    assert_eq!(
+        mode_of(call_with(mode_app(edge), "/mode", &marked).await),
+        "propagate"
+    );
+    let legacy = honouring().mode(DeadlineMode::Legacy);
+    assert_eq!(
+        mode_of(call_with(mode_app(legacy), "/mode", &marked).await),
+        "legacy"
+    );
+
+    let (parts, body) = call_with(
+        mode_app(honouring()),
+        "/mode",
+        &[("X-Deadline-Mode", "off")],
+    )
+    .await;
+    assert_eq!(parts.status, StatusCode::BAD_REQUEST);
+    let problem = json(&body);
+    assert_eq!(problem["header"], "X-Deadline-Mode", "{problem}");
+}

@@ -1,7 +1,11 @@
 //! `--check`: the acceptance rules of docs/design.md §9 over a summary. Pure, so each rule is
 //! unit-tested with made-up figures.
+//!
+//! Every rule fails on missing data. A figure a run did not produce (`NaN`), a mode with
+//! no runs, or a legacy figure to compare against that is absent is a run that proved
+//! nothing, and a check that passes on nothing would pass on a broken experiment.
 
-use crate::summary::Summary;
+use crate::summary::{MODES, Summary};
 
 /// The least goodput propagate must reach, as a multiple of legacy's, under `goodput`.
 pub const MIN_GOODPUT_RATIO: f64 = 1.5;
@@ -29,12 +33,25 @@ fn verdict(rule: &str, ok: bool, detail: String) -> Verdict {
     }
 }
 
+/// Every run's value of `figure` in `mode`, or `None` when there is no run or a run
+/// lacks it: then the rule fails, naming what is missing.
+fn every_run(summary: &Summary, mode: &str, figure: &str) -> Option<Vec<f64>> {
+    let values = summary.values(mode, figure);
+    (!values.is_empty() && values.iter().all(|v| v.is_finite())).then_some(values)
+}
+
+fn missing(rule: &str, mode: &str, figure: &str) -> Verdict {
+    verdict(rule, false, format!("{figure} missing from a {mode} run"))
+}
+
 /// Every rule that applies to `summary`'s scenario.
 pub fn check(summary: &Summary, budget_ms: f64, margin_ms: f64) -> Vec<Verdict> {
     let mut verdicts = vec![
         k6_passed(summary),
         propagate_p99(summary, budget_ms + margin_ms),
         memory_flat(summary),
+        pending_within_limit(summary),
+        in_flight_drained(summary),
     ];
     match summary.scenario.as_str() {
         "goodput" => verdicts.push(goodput_ratio(summary)),
@@ -45,19 +62,23 @@ pub fn check(summary: &Summary, budget_ms: f64, margin_ms: f64) -> Vec<Verdict> 
     verdicts
 }
 
-/// k6 exits 0 in every run: no unexpected status, propagate's p99 threshold held.
+/// k6 exits 0 in every run of both modes: no unexpected status, propagate's p99
+/// threshold held.
 fn k6_passed(summary: &Summary) -> Verdict {
+    const RULE: &str = "k6 exit code";
+    if let Some(mode) = MODES
+        .iter()
+        .find(|m| summary.values(m, "k6_exit").is_empty())
+    {
+        return verdict(RULE, false, format!("no {mode} run"));
+    }
     let failed: Vec<String> = summary
         .runs
         .iter()
         .filter(|r| r.figures.get("k6_exit") != Some(&0.0))
-        .map(|r| {
-            format!(
-                "{} #{}: {}",
-                r.mode,
-                r.repeat,
-                r.figures.get("k6_exit").unwrap_or(&-1.0)
-            )
+        .map(|r| match r.figures.get("k6_exit") {
+            Some(code) => format!("{} #{}: {code}", r.mode, r.repeat),
+            None => format!("{} #{}: no exit code", r.mode, r.repeat),
         })
         .collect();
     let detail = if failed.is_empty() {
@@ -65,17 +86,18 @@ fn k6_passed(summary: &Summary) -> Verdict {
     } else {
         failed.join(", ")
     };
-    verdict("k6 exit code", failed.is_empty(), detail)
+    verdict(RULE, failed.is_empty(), detail)
 }
 
 /// Propagate answers within the budget plus the margin, at p99, in every run.
 fn propagate_p99(summary: &Summary, limit_ms: f64) -> Verdict {
-    let worst = summary
-        .values("propagate", "p99_ms")
-        .into_iter()
-        .fold(0.0, f64::max);
+    const RULE: &str = "propagate p99 within budget + margin";
+    let Some(p99s) = every_run(summary, "propagate", "p99_ms") else {
+        return missing(RULE, "propagate", "p99_ms");
+    };
+    let worst = p99s.into_iter().fold(f64::MIN, f64::max);
     verdict(
-        "propagate p99 within budget + margin",
+        RULE,
         worst <= limit_ms,
         format!("worst p99 {worst:.0} ms, limit {limit_ms:.0} ms"),
     )
@@ -83,43 +105,97 @@ fn propagate_p99(summary: &Summary, limit_ms: f64) -> Verdict {
 
 /// orders-service's memory stays flat under load in propagate mode.
 fn memory_flat(summary: &Summary) -> Verdict {
-    let starts = summary.values("propagate", "rss_start_mib");
-    let peaks = summary.values("propagate", "rss_peak_mib");
+    const RULE: &str = "propagate memory flat";
+    let (Some(starts), Some(peaks)) = (
+        every_run(summary, "propagate", "rss_start_mib"),
+        every_run(summary, "propagate", "rss_peak_mib"),
+    ) else {
+        return missing(RULE, "propagate", "rss_start_mib or rss_peak_mib");
+    };
     let growth = starts
         .iter()
         .zip(&peaks)
         .map(|(s, p)| p - s)
-        .fold(0.0, f64::max);
+        .fold(f64::MIN, f64::max);
     verdict(
-        "propagate memory flat",
+        RULE,
         growth <= MAX_RSS_GROWTH_MIB,
         format!("largest RSS growth {growth:.1} MiB, limit {MAX_RSS_GROWTH_MIB} MiB"),
     )
 }
 
+/// Propagate's catalog calls never queue past the bulkhead's limit, in any run.
+fn pending_within_limit(summary: &Summary) -> Verdict {
+    const RULE: &str = "propagate pending within its limit";
+    let (Some(peaks), Some(limits)) = (
+        every_run(summary, "propagate", "pending_peak"),
+        every_run(summary, "propagate", "pending_limit"),
+    ) else {
+        return missing(RULE, "propagate", "pending_peak or pending_limit");
+    };
+    let over: Vec<String> = peaks
+        .iter()
+        .zip(&limits)
+        .filter(|(peak, limit)| peak > limit)
+        .map(|(peak, limit)| format!("{peak:.0} > {limit:.0}"))
+        .collect();
+    let worst = peaks.iter().copied().fold(f64::MIN, f64::max);
+    let detail = match over.is_empty() {
+        true => format!("peak {worst:.0}, limit {:.0}", limits[0]),
+        false => format!("peak over the limit: {}", over.join(", ")),
+    };
+    verdict(RULE, over.is_empty(), detail)
+}
+
+/// Once the load stops, propagate's in-flight orders go back to zero in every run.
+fn in_flight_drained(summary: &Summary) -> Verdict {
+    const RULE: &str = "propagate in-flight back to zero";
+    let Some(ends) = every_run(summary, "propagate", "in_flight_end") else {
+        return missing(RULE, "propagate", "in_flight_end");
+    };
+    let left = ends.iter().copied().fold(0.0, f64::max);
+    let drain = summary
+        .values("propagate", "drain_ms")
+        .into_iter()
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max);
+    verdict(
+        RULE,
+        left == 0.0,
+        format!("{left:.0} still in flight after the drain (slowest drain {drain:.0} ms)"),
+    )
+}
+
 /// The headline: propagate serves at least 1.5 times legacy's goodput.
 fn goodput_ratio(summary: &Summary) -> Verdict {
-    let ratio = summary.ratio("goodput_per_s").unwrap_or(f64::INFINITY);
-    let median = |m| summary.get(m, "goodput_per_s").map_or(0.0, |s| s.median);
+    const RULE: &str = "goodput propagate / legacy";
+    let median = |mode| summary.get(mode, "goodput_per_s").map(|s| s.median);
+    let (Some(legacy), Some(propagate)) = (median("legacy"), median("propagate")) else {
+        return verdict(RULE, false, "goodput_per_s missing from a mode".to_owned());
+    };
+    // A legacy that served nothing in budget makes any propagate goodput infinitely
+    // better; only a figure that is absent is no comparison at all.
+    let ratio = if legacy > 0.0 {
+        propagate / legacy
+    } else {
+        f64::INFINITY
+    };
     verdict(
-        "goodput propagate / legacy",
-        ratio >= MIN_GOODPUT_RATIO && median("propagate") > 0.0,
-        format!(
-            "{:.1} / {:.1} orders/s = {ratio:.2}, at least {MIN_GOODPUT_RATIO}",
-            median("propagate"),
-            median("legacy")
-        ),
+        RULE,
+        ratio >= MIN_GOODPUT_RATIO && propagate > 0.0,
+        format!("{propagate:.1} / {legacy:.1} orders/s = {ratio:.2}, at least {MIN_GOODPUT_RATIO}"),
     )
 }
 
 /// The seed's run shows the "before": legacy queues (pending calls, p99 past the budget).
 fn legacy_queues(summary: &Summary, budget_ms: f64) -> Verdict {
-    let pending = summary
-        .get("legacy", "pending_peak")
-        .map_or(0.0, |s| s.median);
-    let p99 = summary.get("legacy", "p99_ms").map_or(0.0, |s| s.median);
+    const RULE: &str = "legacy queues in the seed's run";
+    let median = |figure| summary.get("legacy", figure).map(|s| s.median);
+    let (Some(pending), Some(p99)) = (median("pending_peak"), median("p99_ms")) else {
+        return missing(RULE, "legacy", "pending_peak or p99_ms");
+    };
     verdict(
-        "legacy queues in the seed's run",
+        RULE,
         pending > 0.0 && p99 > budget_ms,
         format!("legacy pending peak {pending:.0}, p99 {p99:.0} ms (budget {budget_ms:.0} ms)"),
     )
@@ -127,14 +203,18 @@ fn legacy_queues(summary: &Summary, budget_ms: f64) -> Verdict {
 
 /// Propagate serves a whole second in budget within 1 s of the fault going away.
 fn recovered(summary: &Summary) -> Verdict {
-    let times = summary.values("propagate", "recovery_ms");
-    let worst = times.iter().copied().fold(
-        0.0,
-        |a: f64, b| if b.is_nan() { f64::INFINITY } else { a.max(b) },
-    );
+    const RULE: &str = "propagate recovers within 1 s";
+    let Some(times) = every_run(summary, "propagate", "recovery_ms") else {
+        return verdict(
+            RULE,
+            false,
+            "a propagate run never served a whole second in budget again".to_owned(),
+        );
+    };
+    let worst = times.into_iter().fold(f64::MIN, f64::max);
     verdict(
-        "propagate recovers within 1 s",
-        !times.is_empty() && worst <= MAX_RECOVERY_MS,
+        RULE,
+        worst <= MAX_RECOVERY_MS,
         format!("slowest recovery {worst:.0} ms, limit {MAX_RECOVERY_MS:.0} ms"),
     )
 }
@@ -194,7 +274,128 @@ mod tests {
         ("p99_ms", 700.0),
         ("rss_start_mib", 10.0),
         ("rss_peak_mib", 20.0),
+        ("pending_peak", 50.0),
+        ("pending_limit", 50.0),
+        ("in_flight_end", 0.0),
     ];
+
+    /// `GOOD` with `figure` set to `value`, or left out when `value` is `None`.
+    fn good_but(figure: &str, value: Option<f64>) -> Vec<(&'static str, f64)> {
+        let mut figures: Vec<(&'static str, f64)> =
+            GOOD.iter().copied().filter(|(f, _)| *f != figure).collect();
+        if let Some(value) = value {
+            let name = GOOD
+                .iter()
+                .find(|(f, _)| *f == figure)
+                .expect("a GOOD figure")
+                .0;
+            figures.push((name, value));
+        }
+        figures
+    }
+
+    /// Each rule over a propagate run that lacks its figure, or has `NaN` for it.
+    fn fails_without(rule: &str, figure: &str) {
+        for value in [None, Some(f64::NAN)] {
+            let figures = good_but(figure, value);
+            let s = summary("happy", &[("legacy", GOOD), ("propagate", &figures)]);
+            let v = find(&check(&s, 700.0, 100.0), rule).clone();
+            assert!(
+                !v.ok,
+                "{rule} passed with {figure} = {value:?}: {}",
+                v.detail
+            );
+        }
+    }
+
+    #[test]
+    fn every_rule_holds_on_good_figures() {
+        let s = summary("happy", &[("legacy", GOOD), ("propagate", GOOD)]);
+        let verdicts = check(&s, 700.0, 100.0);
+        assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
+        assert_eq!(verdicts.len(), 5);
+    }
+
+    #[test]
+    fn a_missing_figure_fails_its_rule() {
+        fails_without("k6", "k6_exit");
+        fails_without("propagate p99", "p99_ms");
+        fails_without("propagate memory", "rss_start_mib");
+        fails_without("propagate memory", "rss_peak_mib");
+        fails_without("propagate pending", "pending_peak");
+        fails_without("propagate pending", "pending_limit");
+        fails_without("propagate in-flight", "in_flight_end");
+    }
+
+    #[test]
+    fn a_mode_without_runs_fails_the_check() {
+        let s = summary("happy", &[("propagate", GOOD)]);
+        assert!(!find(&check(&s, 700.0, 100.0), "k6").ok, "no legacy run");
+        let s = summary("happy", &[("legacy", GOOD)]);
+        let verdicts = check(&s, 700.0, 100.0);
+        for rule in [
+            "k6",
+            "propagate p99",
+            "propagate memory",
+            "propagate pending",
+        ] {
+            assert!(
+                !find(&verdicts, rule).ok,
+                "{rule} passed with no propagate run"
+            );
+        }
+    }
+
+    #[test]
+    fn pending_over_its_limit_or_orders_left_in_flight_fail() {
+        for (figure, value, rule) in [
+            ("pending_peak", 51.0, "propagate pending"),
+            ("in_flight_end", 3.0, "propagate in-flight"),
+        ] {
+            let figures = good_but(figure, Some(value));
+            let s = summary("happy", &[("legacy", GOOD), ("propagate", &figures)]);
+            assert!(
+                !find(&check(&s, 700.0, 100.0), rule).ok,
+                "{figure} = {value}"
+            );
+        }
+    }
+
+    #[test]
+    fn goodput_without_a_legacy_figure_fails_but_a_legacy_zero_counts() {
+        let missing = summary(
+            "goodput",
+            &[("legacy", GOOD), ("propagate", &[("goodput_per_s", 81.0)])],
+        );
+        assert!(!find(&check(&missing, 700.0, 100.0), "goodput").ok);
+        let nan = summary(
+            "goodput",
+            &[
+                ("legacy", &[("goodput_per_s", f64::NAN)]),
+                ("propagate", &[("goodput_per_s", 81.0)]),
+            ],
+        );
+        assert!(!find(&check(&nan, 700.0, 100.0), "goodput").ok);
+        let zero = summary(
+            "goodput",
+            &[
+                ("legacy", &[("goodput_per_s", 0.0)]),
+                ("propagate", &[("goodput_per_s", 81.0)]),
+            ],
+        );
+        assert!(find(&check(&zero, 700.0, 100.0), "goodput").ok);
+    }
+
+    #[test]
+    fn the_seed_check_fails_without_legacy_figures() {
+        let s = summary(
+            "seed",
+            &[("legacy", &[("k6_exit", 0.0)]), ("propagate", GOOD)],
+        );
+        let v = find(&check(&s, 700.0, 100.0), "legacy queues").clone();
+        assert!(!v.ok);
+        assert!(v.detail.contains("missing"), "{}", v.detail);
+    }
 
     #[test]
     fn goodput_needs_one_and_a_half_times_legacy() {

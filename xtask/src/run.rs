@@ -53,6 +53,11 @@ pub struct Figures {
     pub expired_per_s: f64,
     /// Requests the client gave up on at its timeout, per second.
     pub gave_up_per_s: f64,
+    /// Answers later than the budget plus the margin, or never (the client gave up),
+    /// per second: what the p99 check looks at. The client waits a second past the
+    /// budget, so a late answer shows as late instead of being cut at the budget.
+    #[serde(default)]
+    pub late_per_s: f64,
     /// Any other outcome (a bug or a transport error), in total.
     pub other: f64,
     /// Client-side latency percentiles, ms (a request cut at its timeout counts there).
@@ -74,6 +79,10 @@ pub struct Figures {
     pub catalog_wasted_slots: f64,
     /// Peak of catalog calls waiting for a bulkhead slot.
     pub pending_peak: f64,
+    /// The bulkhead's queue limit as orders-service exported it
+    /// (`http_client_pool_limit{kind="pending_max"}`); `None` when it was not read.
+    #[serde(default)]
+    pub pending_limit: Option<f64>,
     /// Peak of slots in use.
     pub active_peak: f64,
     /// Peak of `POST /api/orders` being handled.
@@ -86,6 +95,10 @@ pub struct Figures {
     pub rss_end_mib: f64,
     /// How long in-flight orders took to reach 0 once the load stopped, ms.
     pub drain_ms: f64,
+    /// In-flight orders when the drain ended: 0, or what was still in flight after
+    /// the longest wait; `None` when orders-service could not be read.
+    #[serde(default)]
+    pub in_flight_end: Option<f64>,
     /// For `recovery`: from the fault's removal to the first whole second of arrivals
     /// served in budget at 95%, ms.
     pub recovery_ms: Option<f64>,
@@ -128,7 +141,7 @@ pub async fn run_mode(ctx: &Context, mode: &str, repeat: usize) -> anyhow::Resul
     set_fault(&ctx.ports.admin_url(), None).await?;
     let (k6_run, samples, load_start_ms, removed_ms) = measured?;
     let load_ended_at = unix_ms() as f64 / 1000.0;
-    let drain = wait_drained(&client, &ctx.ports.orders_url()).await;
+    let (drain, in_flight_end) = wait_drained(&client, &ctx.ports.orders_url()).await;
     let catalog_after = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
     let orders_after = sampler::scrape(&client, &metrics_url(&ctx.ports.orders_url())).await;
     let rss_end = test_support::process::rss_kib(services.orders.pid()) as f64 / 1024.0;
@@ -144,7 +157,10 @@ pub async fn run_mode(ctx: &Context, mode: &str, repeat: usize) -> anyhow::Resul
         catalog_answer_seconds,
         catalog_calls,
         predicted_late: predicted_late(&orders_after) - predicted_late(&orders_before),
+        pending_limit: pending_limit(&orders_before),
+        margin_ms: ctx.margin_ms,
         drain,
+        in_flight_end,
         rss_end,
         removed_ms,
     };
@@ -291,22 +307,31 @@ async fn measure_load(
     Ok((k6_run?, samples, load_start_ms, removed_ms))
 }
 
-/// Waits (at most 30 s) until no order is in flight; returns how long that took.
-async fn wait_drained(client: &reqwest::Client, orders_url: &str) -> Duration {
+/// Waits (at most 30 s) until no order is in flight; returns how long that took and
+/// the last in-flight count read (`None` if none could be).
+async fn wait_drained(client: &reqwest::Client, orders_url: &str) -> (Duration, Option<f64>) {
     let started = Instant::now();
+    let mut in_flight = None;
     while started.elapsed() < Duration::from_secs(30) {
         let series = sampler::scrape(client, &metrics_url(orders_url)).await;
-        let in_flight = exposition::sum(
+        in_flight = exposition::sum(
             &series,
             names::HTTP_SERVER_REQUESTS_IN_FLIGHT,
             &[("uri", "/api/orders")],
-        );
+        )
+        .or(in_flight);
         if in_flight == Some(0.0) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    started.elapsed()
+    (started.elapsed(), in_flight)
+}
+
+/// The catalog bulkhead's queue limit, as orders-service exports it.
+fn pending_limit(series: &[Series]) -> Option<f64> {
+    let labels = [("client", "catalog"), ("kind", "pending_max")];
+    exposition::sum(series, names::HTTP_CLIENT_POOL_LIMIT, &labels)
 }
 
 /// Seconds the catalog spent on calls it answered with 200 (the histogram's `_sum`).
@@ -359,8 +384,14 @@ pub struct FigureInputs<'a> {
     pub catalog_calls: f64,
     /// Calls admission refused as predicted late (orders' own counter).
     pub predicted_late: f64,
+    /// The catalog bulkhead's queue limit, if it could be read.
+    pub pending_limit: Option<f64>,
+    /// How late past the budget an answer may be and still count as in time.
+    pub margin_ms: u64,
     /// How long the drain took.
     pub drain: Duration,
+    /// In-flight orders when the drain ended, if they could be read.
+    pub in_flight_end: Option<f64>,
     /// Memory after the drain, MiB.
     pub rss_end: f64,
     /// When the fault was removed (recovery), ms since the epoch.
@@ -384,6 +415,11 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
         refused_per_s: per_s(503),
         expired_per_s: per_s(504),
         gave_up_per_s: per_s(0),
+        late_per_s: requests
+            .iter()
+            .filter(|r| r.status == 0 || r.elapsed_ms > input.load.budget_ms + input.margin_ms)
+            .count() as f64
+            / secs,
         other: requests
             .iter()
             .filter(|r| !known.contains(&r.status))
@@ -396,12 +432,14 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
         predicted_late_per_s: input.predicted_late / secs,
         catalog_wasted_slots: (catalog_busy - input.catalog_answer_seconds / secs).max(0.0),
         pending_peak: peak(|s| s.pending),
+        pending_limit: input.pending_limit,
         active_peak: peak(|s| s.active),
         in_flight_peak: peak(|s| s.in_flight),
         rss_start_mib: input.samples.first().map_or(0.0, |s| s.rss_mib),
         rss_peak_mib: peak(|s| s.rss_mib),
         rss_end_mib: input.rss_end,
         drain_ms: input.drain.as_secs_f64() * 1000.0,
+        in_flight_end: input.in_flight_end,
         recovery_ms: input
             .removed_ms
             .and_then(|removed| stats::recovery_ms(requests, removed, input.load.budget_ms, 0.95))

@@ -23,7 +23,7 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use axum::extract::Request;
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use pin_project_lite::pin_project;
 
@@ -36,8 +36,8 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::Value;
-use shared::Deadline;
 use shared::tools::{Outcome, ToolBudget, ToolPolicy};
+use shared::{Deadline, Problem};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::tools::Tool;
@@ -50,14 +50,25 @@ pub struct McpServer {
 }
 
 /// The tower service to mount at `/mcp`. `shutdown` ends open sessions so graceful
-/// shutdown is not held up by idle event streams; `allowed_hosts` guards against DNS
-/// rebinding (rmcp allows only localhost by default; compose adds its service name).
+/// shutdown is not held up by idle event streams.
+///
+/// `allowed_hosts` and `allowed_origins` guard against DNS rebinding and cross-site
+/// requests: a web page on another site can make the user's browser send requests to
+/// a server on the user's machine, and the MCP transport requires servers to check
+/// `Origin` for that reason. A request with a `Host` or `Origin` not allowed is 403; one
+/// without `Origin` does not come from a browser page and is served. rmcp checks
+/// `Origin` only when asked to, so it is asked to here, also when the list is empty
+/// (then every `Origin` is refused).
 pub fn service(
     state: AppState,
     allowed_hosts: Vec<String>,
+    allowed_origins: Vec<String>,
     shutdown: CancellationToken,
 ) -> StreamableHttpService<McpServer, LocalSessionManager> {
-    let mut config = StreamableHttpServerConfig::default().with_allowed_hosts(allowed_hosts);
+    let mut config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(allowed_hosts)
+        .with_allowed_origins(allowed_origins)
+        .enforce_origin_validation();
     config.cancellation_token = shutdown;
     let server = McpServer { state };
     StreamableHttpService::new(
@@ -137,6 +148,22 @@ fn request_deadline(context: &RequestContext<RoleServer>, policy: ToolPolicy) ->
         .and_then(|parts| parts.extensions.get::<Deadline>())
         .cloned()
         .unwrap_or_else(|| Deadline::after(policy.per_tool))
+}
+
+/// Middleware for `/mcp`: rmcp answers its own refusals of a `Host` or `Origin` not
+/// allowed as a 403 in plain text; the contract's errors are problem+json
+/// (docs/design.md §3.6), so the refusal is passed on as one, with rmcp's reason.
+pub async fn refusals_as_problems(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    if response.status() != http::StatusCode::FORBIDDEN {
+        return response;
+    }
+    // rmcp's reason is one short line; anything longer is cut, not waited for.
+    let reason = axum::body::to_bytes(response.into_body(), 1024)
+        .await
+        .unwrap_or_default();
+    let reason = String::from_utf8_lossy(&reason);
+    Problem::forbidden(format!("/mcp refused the request: {}", reason.trim())).into_response()
 }
 
 /// Cancelled when the client that sent this HTTP request went away before its answer

@@ -21,10 +21,12 @@ pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> 
     let metrics = state.metrics.clone();
     let mode = state.mode.clone();
     let mcp = tower::ServiceBuilder::new()
+        .layer(middleware::from_fn(assistant::mcp::refusals_as_problems))
         .layer(middleware::from_fn(assistant::mcp::watch_disconnect))
         .service(assistant::mcp::service(
             state.clone(),
             config.mcp_allowed_hosts.clone(),
+            config.mcp_allowed_origins.clone(),
             shutdown,
         ));
     let routes = Router::new()

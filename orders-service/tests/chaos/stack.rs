@@ -71,6 +71,8 @@ impl Stack {
             &PathBuf::from(env!("CARGO_BIN_EXE_orders-service")),
             &[
                 ("ORDERS_LISTEN_ADDR", format!("127.0.0.1:{orders_port}")),
+                // Not used here, and its default (9080) may be taken on this machine.
+                ("ORDERS_ADMIN_ADDR", "127.0.0.1:0".into()),
                 ("CATALOG_URL", format!("http://127.0.0.1:{catalog_port}")),
                 ("DATABASE_URL", database_url),
                 ("CATALOG_POOL_MAX_CONNECTIONS", "8".into()),

@@ -34,6 +34,14 @@
 //! cut call counts as [`CENSORED_FACTOR`] times its budget: longer than it could wait,
 //! by a margin that callers with much more budget can still afford.
 //!
+//! A cut call is cut by the *caller's* budget, which may have nothing to do with the
+//! downstream: a caller deep in a call chain with 20 ms left, cut after 20 ms, says only
+//! that a downstream which takes a second took more than 20 ms. Were that sample to
+//! pull the estimate down, every caller would be admitted to a downstream that is
+//! still slow until their own cut calls came back. So a cut call may raise the
+//! estimate but never lower it: it counts as at least the estimate it was recorded
+//! under. Only a call that finished can say the downstream got quicker.
+//!
 //! # Noticing recovery
 //!
 //! Refused calls produce no samples, so while refusing the estimate would never change.
@@ -41,6 +49,14 @@
 //! keeps following the downstream and admission reopens within about one interval of
 //! the downstream getting fast. At 4 probes a second, a downstream that gets 70 calls a
 //! second without admission gets about 6 % of them with it.
+//!
+//! The probe goes to a call with enough budget to learn something: at least
+//! 1/[`MIN_PROBE_SHARE`] of the estimate. Callers like the ones that were cut have about
+//! half the estimate (a cut call counts twice its budget), so they qualify with room to
+//! spare; a caller with a few ms left does not, since it would be cut long before a slow
+//! downstream answered. If no such call comes for [`PROBE_STARVED_AFTER`], any refused
+//! call may probe: when only short callers are left, one of them must find out that the
+//! downstream got quick, and cut, it cannot lower the estimate anyway.
 //!
 //! The pool wait is added per call: a call that must queue for a slot needs the wait
 //! on top of the call itself (see [`expected_wait`]).
@@ -63,6 +79,10 @@ pub const MIN_SUCCESS_CHANCE: f64 = 0.1;
 pub const CENSORED_FACTOR: u32 = 2;
 /// While refusing, one call per interval goes through as a probe.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+/// A probe needs at least this fraction (1/N) of the estimate to spend.
+pub const MIN_PROBE_SHARE: u32 = 4;
+/// How long a due probe waits for a call with enough budget before any call may take it.
+pub const PROBE_STARVED_AFTER: Duration = Duration::from_secs(1);
 
 /// Whether the budgeted client predicts (`CATALOG_ADMISSION`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -136,10 +156,11 @@ impl Admission {
     /// `may_probe: false` (observe mode) asks only what the verdict would be, and uses
     /// up no probe.
     pub fn check(&self, available: Duration, wait: Duration, may_probe: bool) -> Verdict {
-        let needed = self.estimate() + wait;
+        let estimate = self.estimate();
+        let needed = estimate + wait;
         if available >= needed {
             Verdict::Admit
-        } else if may_probe && self.take_probe() {
+        } else if may_probe && self.take_probe(available >= estimate / MIN_PROBE_SHARE) {
             Verdict::Probe
         } else {
             Verdict::Refuse { needed }
@@ -147,22 +168,34 @@ impl Admission {
     }
 
     /// Records a finished call that started at `started` and took `took`; `censored`
-    /// when it was cut at its deadline (it would have taken at least `took`).
+    /// when it was cut at its deadline (it would have taken at least `took`). A censored
+    /// call never lowers the estimate (see the module's "Censored calls").
     pub fn record(&self, started: Instant, took: Duration, censored: bool) {
-        let took = if censored {
-            took.saturating_mul(CENSORED_FACTOR)
-        } else {
-            took
-        };
         let mut samples = self
             .samples
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Read under the lock: two cut calls recorded at once must not both compare
+        // against an estimate the other is about to replace.
+        let before = self.estimate();
+        let took = if censored {
+            took.saturating_mul(CENSORED_FACTOR).max(before)
+        } else {
+            took
+        };
         samples.push_back(Sample { started, took });
         if samples.len() > WINDOW {
             samples.pop_front();
         }
-        let estimate = weighted_quantile(&samples, MIN_SUCCESS_CHANCE);
+        let quantile = weighted_quantile(&samples, MIN_SUCCESS_CHANCE);
+        // Kept in the window at no less than the estimate, a cut call cannot pull a
+        // later estimate down either; the window's oldest call leaving could, so the
+        // estimate is held here too.
+        let estimate = if censored {
+            quantile.max(before)
+        } else {
+            quantile
+        };
         self.estimate_nanos.store(
             u64::try_from(estimate.as_nanos()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
@@ -170,13 +203,21 @@ impl Admission {
         self.gauge.set(estimate.as_secs_f64());
     }
 
-    /// Takes the probe of the current interval, if nobody has yet.
-    fn take_probe(&self) -> bool {
-        let now = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        let next = now.saturating_add(u64::try_from(PROBE_INTERVAL.as_nanos()).unwrap_or(0));
+    /// Takes the probe of the current interval, if nobody has yet: at once for a call
+    /// that can learn something (`informative`), else only once the probe has waited
+    /// [`PROBE_STARVED_AFTER`] for one that can.
+    fn take_probe(&self, informative: bool) -> bool {
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let now = nanos(self.origin.elapsed());
+        let next = now.saturating_add(nanos(PROBE_INTERVAL));
+        let patience = if informative {
+            0
+        } else {
+            nanos(PROBE_STARVED_AFTER)
+        };
         self.next_probe
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |due| {
-                (now >= due).then_some(next)
+                (now >= due.saturating_add(patience)).then_some(next)
             })
             .is_ok()
     }

@@ -11,6 +11,7 @@ const TICK: Duration = Duration::from_millis(10);
 struct Sim {
     admission: Admission,
     in_flight: Vec<(Instant, Instant, Duration, bool)>,
+    arrivals: usize,
     sent: usize,
     refused: usize,
     first_admitted_after: Option<Instant>,
@@ -21,6 +22,7 @@ impl Sim {
         Self {
             admission: Admission::default(),
             in_flight: Vec::new(),
+            arrivals: 0,
             sent: 0,
             refused: 0,
             first_admitted_after: None,
@@ -30,6 +32,16 @@ impl Sim {
     /// Runs arrivals for `period` against a downstream taking `latency(i)` for the i-th
     /// call; calls longer than the budget are cut at it.
     async fn run(&mut self, period: Duration, latency: impl Fn(usize) -> Duration) {
+        self.run_with(period, |_| BUDGET, latency).await;
+    }
+
+    /// Like [`run`](Self::run), the i-th arrival having `budget(i)` to spend.
+    async fn run_with(
+        &mut self,
+        period: Duration,
+        budget: impl Fn(usize) -> Duration,
+        latency: impl Fn(usize) -> Duration,
+    ) {
         let end = Instant::now() + period;
         while Instant::now() < end {
             tokio::time::advance(TICK).await;
@@ -41,15 +53,17 @@ impl Sim {
                 }
                 !finished
             });
-            match self.admission.check(BUDGET, Duration::ZERO, true) {
+            let budget = budget(self.arrivals);
+            self.arrivals += 1;
+            match self.admission.check(budget, Duration::ZERO, true) {
                 Verdict::Refuse { .. } => self.refused += 1,
                 verdict => {
                     if verdict == Verdict::Admit && self.first_admitted_after.is_none() {
                         self.first_admitted_after = Some(now);
                     }
                     let took = latency(self.sent);
-                    let (took, cut) = if took > BUDGET {
-                        (BUDGET, true)
+                    let (took, cut) = if took > budget {
+                        (budget, true)
                     } else {
                         (took, false)
                     };
@@ -143,6 +157,83 @@ async fn a_downstream_that_is_often_quick_enough_is_not_refused() {
     sim.run(Duration::from_secs(10), |i| MS(200 + (i as u64 * 37) % 600))
         .await;
     assert_eq!(sim.refused, 0, "a call with a good chance is sent");
+}
+
+/// Deep in a call chain, callers near the end of their budget are normal. One with a
+/// few ms left must neither take the probe (cut after a few ms, it learns nothing about
+/// a downstream that takes a second) nor, cut, drag the estimate down and let every
+/// caller through to a downstream that is still slow.
+#[tokio::test(start_paused = true)]
+async fn callers_with_a_few_ms_left_do_not_reopen_admission_to_a_slow_downstream() {
+    // One arrival in twelve has 20 ms to spend, the others the usual 695 ms.
+    let budget = |i: usize| if i.is_multiple_of(12) { MS(20) } else { BUDGET };
+    let mut sim = Sim::new();
+    sim.run_with(Duration::from_secs(3), budget, |_| MS(1000))
+        .await;
+    sim.reset_counts();
+    let period = Duration::from_secs(25);
+    sim.run_with(period, budget, |_| MS(1000)).await;
+    let probes = (period.as_millis() / PROBE_INTERVAL.as_millis()) as usize;
+    assert!(
+        sim.sent <= probes + probes / 10,
+        "{} calls sent in {period:?}, about {probes} probes expected",
+        sim.sent
+    );
+    assert_eq!(sim.first_admitted_after, None, "only probes went out");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cut_call_may_raise_the_estimate_but_never_lower_it() {
+    let admission = Admission::default();
+    let started = Instant::now();
+    admission.record(started, MS(1000), false);
+    // Cut after 20 ms: it would have taken at least 20 ms, which says nothing new.
+    tokio::time::advance(MS(10)).await;
+    admission.record(Instant::now(), MS(20), true);
+    assert_eq!(admission.estimate(), MS(1000));
+    // Cut after 800 ms, again and again: at least 800 ms, counted as twice that.
+    for _ in 0..10 {
+        tokio::time::advance(MS(100)).await;
+        admission.record(Instant::now(), MS(800), true);
+        assert!(
+            admission.estimate() >= MS(1000),
+            "{:?}",
+            admission.estimate()
+        );
+    }
+    assert_eq!(admission.estimate(), MS(1600));
+    // A call that finished says how long it took: the estimate follows it down.
+    tokio::time::advance(MS(10)).await;
+    admission.record(Instant::now(), MS(5), false);
+    assert!(
+        admission.estimate() < MS(1000),
+        "{:?}",
+        admission.estimate()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_a_call_with_enough_budget_to_learn_something_probes() {
+    let admission = Admission::default();
+    admission.record(Instant::now(), MS(1000), false);
+    let tiny = MS(1000) / MIN_PROBE_SHARE - MS(1);
+    assert!(matches!(
+        admission.check(tiny, Duration::ZERO, true),
+        Verdict::Refuse { .. }
+    ));
+    assert_eq!(
+        admission.check(MS(1000) / MIN_PROBE_SHARE, Duration::ZERO, true),
+        Verdict::Probe
+    );
+    // Nobody with enough budget comes: after a while any call may probe, so admission
+    // still reopens when only short callers are left and the downstream gets quick.
+    tokio::time::advance(PROBE_INTERVAL).await;
+    assert!(matches!(
+        admission.check(tiny, Duration::ZERO, true),
+        Verdict::Refuse { .. }
+    ));
+    tokio::time::advance(PROBE_STARVED_AFTER).await;
+    assert_eq!(admission.check(tiny, Duration::ZERO, true), Verdict::Probe);
 }
 
 #[tokio::test(start_paused = true)]

@@ -7,6 +7,13 @@
 //! wait. A slot is held until the response *body* has been read (tower's
 //! `ConcurrencyLimit` would release at the headers and undercount).
 //!
+//! The queue limit is propagate's. Legacy and observe calls wait with no limit (they
+//! refuse nothing), and a call keeps the mode it started in, so after a switch to
+//! propagate the calls admitted before it may still be waiting. They were promised no
+//! limit and wait on, ahead in the same queue, but they do not count against the limit:
+//! otherwise every propagate call would find the queue full of them (503 `queue_full`)
+//! until they drained. The pending count and its gauge show every waiter.
+//!
 //! The pending count is the signal the dashboards use: it rises when calls queue for a
 //! slot, which is a different fault from a slow downstream. Its gauge, like the active
 //! one, moves by one step with every transition, in the same guards that undo the
@@ -38,6 +45,8 @@ pub struct Bulkhead {
     max_in_flight: usize,
     pending_max: Option<usize>,
     pending: AtomicUsize,
+    /// Of the waiters, those the queue limit applies to.
+    limited: AtomicUsize,
     peak_pending: AtomicUsize,
     gauges: PoolGauges,
 }
@@ -66,13 +75,20 @@ impl Drop for Slot {
     }
 }
 
-/// Counts a waiter for as long as it waits, including when its future is dropped.
-struct Waiting<'a>(&'a Bulkhead);
+/// Counts a waiter for as long as it waits, including when its future is dropped;
+/// `limited` when it also counts against the queue limit.
+struct Waiting<'a> {
+    bulkhead: &'a Bulkhead,
+    limited: bool,
+}
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.pending.fetch_sub(1, Ordering::SeqCst);
-        self.0.gauges.pending.dec();
+        if self.limited {
+            self.bulkhead.limited.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.bulkhead.pending.fetch_sub(1, Ordering::SeqCst);
+        self.bulkhead.gauges.pending.dec();
     }
 }
 
@@ -86,6 +102,7 @@ impl Bulkhead {
             max_in_flight,
             pending_max,
             pending: AtomicUsize::new(0),
+            limited: AtomicUsize::new(0),
             peak_pending: AtomicUsize::new(0),
             gauges: PoolGauges::default(),
         }
@@ -98,12 +115,13 @@ impl Bulkhead {
         self
     }
 
-    /// Takes a slot, waiting at most `wait` (`None`: as long as it takes).
+    /// Takes a slot, waiting at most `wait` (`None`: as long as it takes), or refuses
+    /// at once when `pending_max` calls like this one already wait.
     pub async fn acquire(self: &Arc<Self>, wait: Option<Duration>) -> Result<Slot, AcquireError> {
         if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
             return Ok(self.slot(permit));
         }
-        let waiting = self.join_queue(self.pending_max.unwrap_or(usize::MAX))?;
+        let waiting = self.join_queue(self.pending_max)?;
         let permit = match wait {
             Some(wait) => tokio::time::timeout(wait, Arc::clone(&self.slots).acquire_owned())
                 .await
@@ -116,16 +134,14 @@ impl Bulkhead {
     }
 
     /// Takes a slot however long the queue and the wait (legacy and observe modes, which
-    /// refuse nothing). The flag says whether the queue was already at `pending_max`:
-    /// propagate would have refused this call.
+    /// refuse nothing), without counting against the queue limit. The flag says whether
+    /// the queue was already at `pending_max`: propagate would have refused this call.
     pub async fn acquire_unbounded(self: &Arc<Self>) -> (Slot, bool) {
         if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
             return (self.slot(permit), false);
         }
         let over = self.pending() >= self.pending_max.unwrap_or(usize::MAX);
-        let waiting = self
-            .join_queue(usize::MAX)
-            .expect("an unlimited queue has room");
+        let waiting = self.join_queue(None).expect("an unlimited queue has room");
         let permit = Arc::clone(&self.slots)
             .acquire_owned()
             .await
@@ -159,19 +175,26 @@ impl Bulkhead {
         self.pending_max
     }
 
-    fn join_queue(&self, limit: usize) -> Result<Waiting<'_>, AcquireError> {
-        // Check and increment in one step: two callers must never both take the last place.
-        let now = self
-            .pending
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < limit).then_some(n + 1)
-            })
-            .map_err(|_| AcquireError::QueueFull)?
-            + 1;
+    /// Joins the queue: as one of the waiters `limit` applies to (refused when that
+    /// many already wait), or, with `None`, outside the limit.
+    fn join_queue(&self, limit: Option<usize>) -> Result<Waiting<'_>, AcquireError> {
+        if let Some(limit) = limit {
+            // Check and increment in one step: two callers must never both take the
+            // last place.
+            self.limited
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    (n < limit).then_some(n + 1)
+                })
+                .map_err(|_| AcquireError::QueueFull)?;
+        }
+        let now = self.pending.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak_pending.fetch_max(now, Ordering::SeqCst);
-        // Nothing can fail between this step and the guard that undoes it.
+        // Nothing can fail between these steps and the guard that undoes them.
         self.gauges.pending.inc();
-        Ok(Waiting(self))
+        Ok(Waiting {
+            bulkhead: self,
+            limited: limit.is_some(),
+        })
     }
 
     fn slot(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Slot {
@@ -221,6 +244,45 @@ mod tests {
         tokio::task::yield_now().await;
         drop(held);
         assert_eq!(waiter.await.unwrap(), Ok(()));
+    }
+
+    /// Calls admitted in legacy or observe were promised no queue limit, and keep
+    /// waiting after a switch to propagate. The limit is propagate's: it counts only
+    /// the waiters it binds, so the legacy ones do not fill the queue for the calls
+    /// that follow (they still wait ahead of them, and count in `pending`).
+    #[tokio::test(start_paused = true)]
+    async fn unbounded_waiters_do_not_fill_the_bounded_queue() {
+        let bulkhead = Arc::new(Bulkhead::new(1, Some(1)));
+        let held = bulkhead.acquire(None).await.unwrap();
+        let legacy: Vec<_> = (0..3)
+            .map(|_| {
+                let b = Arc::clone(&bulkhead);
+                tokio::spawn(async move { drop(b.acquire_unbounded().await) })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        assert_eq!(bulkhead.pending(), 3);
+
+        let b = Arc::clone(&bulkhead);
+        let waiter =
+            tokio::spawn(async move { b.acquire(Some(Duration::from_secs(1))).await.map(drop) });
+        tokio::task::yield_now().await;
+        assert_eq!(bulkhead.pending(), 4, "the bounded call waits too");
+        // The limit still holds among the calls it binds.
+        assert_eq!(
+            bulkhead
+                .acquire(Some(Duration::from_secs(1)))
+                .await
+                .map(drop),
+            Err(AcquireError::QueueFull)
+        );
+        // The slot goes round: the legacy waiters first, in order, then the bounded one.
+        drop(held);
+        for task in legacy {
+            task.await.unwrap();
+        }
+        assert_eq!(waiter.await.unwrap(), Ok(()));
+        assert_eq!(bulkhead.pending(), 0);
     }
 
     #[tokio::test(start_paused = true)]

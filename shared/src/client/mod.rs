@@ -32,7 +32,9 @@
 //! client behaves like code written without the technique: an unbounded queue, no
 //! budget header, and a fixed 30 s reqwest timeout that covers the request but not the
 //! time spent queueing for a slot. [`DeadlineMode::Observe`] waits and times out like
-//! legacy but sends the budget header and counts each refusal propagate would make.
+//! legacy but sends the budget header, with `X-Deadline-Mode: observe` so that a
+//! downstream which honours it observes too (see [`crate::header::mode`]), and counts
+//! each refusal propagate would make.
 
 pub mod admission;
 mod bulkhead;
@@ -273,7 +275,8 @@ impl BudgetedClient {
 
     /// Admission: refuses (503 `{name}` in propagate; counted only in observe) a call
     /// that the recent latency says cannot finish in what it has left, before it takes
-    /// a slot. [`CallRequest::send`] calls it first.
+    /// a slot. A call whose budget is already spent is not predicted but refused as
+    /// spent: 504 `{name}` in propagate. [`CallRequest::send`] calls it first.
     ///
     /// ```no_run
     /// # fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
@@ -283,6 +286,10 @@ impl BudgetedClient {
     /// ```
     pub fn admit(&self, deadline: &Deadline) -> Result<(), CallError> {
         let mode = deadline.mode();
+        if self.is_spent(deadline) {
+            // Nothing to predict: the call cannot be sent at all.
+            return self.refuse_spent(deadline);
+        }
         let Some(admission) = self
             .admission
             .as_ref()
@@ -318,6 +325,26 @@ impl BudgetedClient {
                 Err(CallError::PredictedLate { needed, available })
             }
         }
+    }
+
+    /// Whether `deadline` has no more than this hop's reserve left: nothing can be
+    /// handed on, so no call may be sent (docs/design.md §3.4).
+    fn is_spent(&self, deadline: &Deadline) -> bool {
+        deadline.mode() != DeadlineMode::Legacy
+            && deadline.outbound_millis(self.config.reserve).is_none()
+    }
+
+    /// In propagate, a spent budget is a 504 `{name}` at once. It comes before
+    /// admission and the bulkhead because their 503 carries `Retry-After`, "come back
+    /// later", which is true only of a call that still had time. Observe goes on; the
+    /// send counts the 504 propagate would have answered.
+    pub(crate) fn refuse_spent(&self, deadline: &Deadline) -> Result<(), CallError> {
+        if self.is_spent(deadline) && deadline.mode().enforces() {
+            return Err(CallError::Deadline(
+                deadline.exceeded(self.config.name.call()),
+            ));
+        }
+        Ok(())
     }
 
     /// Stage `{name}_pool`: a slot, or a refusal before any I/O (503 `{name}_pool`,

@@ -172,6 +172,8 @@ impl<'c> CallRequest<'c> {
             return Err(CallError::Request(why.clone()));
         }
         let client = self.client;
+        // A spent budget is a 504 before anything could answer 503 (health checks too).
+        client.refuse_spent(deadline)?;
         if self.admission {
             client.admit(deadline)?;
         }

@@ -12,16 +12,19 @@ use tracing::Instrument;
 use super::request::{CallRequest, Reply};
 use super::{BudgetedClient, CallError};
 use crate::deadline::{Deadline, DeadlineExceeded};
-use crate::header::REQUEST_TIMEOUT_HEADER;
+use crate::header::mode::OBSERVE;
+use crate::header::{DEADLINE_MODE_HEADER, REQUEST_TIMEOUT_HEADER};
 use crate::ingress::DeadlineMode;
 
 /// The least budget worth a retry of a refused connection.
 const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);
 
 /// The headers the client sets itself; a caller's values for them are dropped, so no
-/// caller can send more budget than is left or a trace context that is not this call's.
-const OWNED_HEADERS: [HeaderName; 3] = [
+/// caller can send more budget than is left, a mode that is not this call's, or a trace
+/// context that is not this call's.
+const OWNED_HEADERS: [HeaderName; 4] = [
     REQUEST_TIMEOUT_HEADER,
+    DEADLINE_MODE_HEADER,
     HeaderName::from_static("traceparent"),
     HeaderName::from_static("tracestate"),
 ];
@@ -138,9 +141,11 @@ impl BudgetedClient {
         };
         let timeout = match deadline.mode() {
             DeadlineMode::Legacy => Some(DeadlineMode::LEGACY_TIMEOUT),
-            // The budget goes downstream (unless spent), but nothing here enforces it.
+            // The budget goes downstream (unless spent), but nothing here enforces it,
+            // and the marker asks the downstream not to enforce it either.
             DeadlineMode::Observe => {
                 budget(&mut headers);
+                headers.insert(DEADLINE_MODE_HEADER, OBSERVE);
                 Some(DeadlineMode::LEGACY_TIMEOUT)
             }
             DeadlineMode::Propagate => {

@@ -11,6 +11,7 @@
 //! - `X-Request-Timeout-Ms`, and the one digit parser: [`request_timeout`].
 //! - `x-envoy-expected-rq-timeout-ms`, through the same digit parser: [`envoy`].
 //! - `grpc-timeout`, 1 to 8 digits and a unit: [`grpc_timeout`].
+//! - `X-Deadline-Mode: observe`, the mode that travels with the budget: [`mode`].
 
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use http::{HeaderMap, HeaderName};
 
 pub mod envoy;
 pub mod grpc_timeout;
+pub mod mode;
 pub mod request_timeout;
 
 pub use envoy::{ENVOY_TIMEOUT_HEADER, ENVOY_TIMEOUT_HEADER_DISPLAY, parse_envoy_timeout};
@@ -25,6 +27,7 @@ pub use grpc_timeout::{
     GRPC_TIMEOUT_HEADER, GRPC_TIMEOUT_HEADER_DISPLAY, MAX_GRPC_DIGITS, parse_grpc_timeout,
     parse_grpc_value,
 };
+pub use mode::{DEADLINE_MODE_HEADER, DEADLINE_MODE_HEADER_DISPLAY, observe_requested};
 pub use request_timeout::{
     InvalidTimeout, MAX_VALUE_BYTES, REQUEST_TIMEOUT_HEADER, REQUEST_TIMEOUT_HEADER_DISPLAY,
     parse_millis, parse_request_timeout,

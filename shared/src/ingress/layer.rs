@@ -34,6 +34,8 @@ pub struct DeadlineLayer {
 pub(crate) struct IngressConfig {
     pub(crate) policy: DeadlinePolicy,
     pub(crate) mode: LiveMode,
+    /// Whether a request may ask to be observed (`X-Deadline-Mode: observe`).
+    pub(crate) honour_mode_header: bool,
     #[cfg(feature = "metrics")]
     pub(crate) metrics: Option<DeadlineMetrics>,
 }
@@ -65,6 +67,7 @@ impl DeadlineLayer {
             config: Arc::new(IngressConfig {
                 policy,
                 mode: LiveMode::new(DeadlineMode::Propagate),
+                honour_mode_header: false,
                 #[cfg(feature = "metrics")]
                 metrics: None,
             }),
@@ -97,6 +100,24 @@ impl DeadlineLayer {
     /// ```
     pub fn live_mode(self, mode: LiveMode) -> Self {
         self.map(|c| c.mode = mode)
+    }
+
+    /// Runs a request that carries `X-Deadline-Mode: observe` in observe mode, whatever
+    /// the mode in force (unless that is legacy, which reads no budget header): the
+    /// caller is observing, and a refusal here would be a real one to its client.
+    ///
+    /// Honour it in services that only other services call, never at the edge: there,
+    /// any client could switch the protection off for its own requests. A value other
+    /// than `observe` is a 400 naming the header.
+    ///
+    /// ```
+    /// use shared::{DeadlineLayer, DeadlinePolicy};
+    ///
+    /// // An internal service (catalog-service): observed callers are observed here too.
+    /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(5000, 5000)).honour_mode_header(true);
+    /// ```
+    pub fn honour_mode_header(self, honour: bool) -> Self {
+        self.map(|c| c.honour_mode_header = honour)
     }
 
     /// Reports budgets, clamps, stage starts and expiries to `metrics`.

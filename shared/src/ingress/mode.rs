@@ -14,8 +14,8 @@
 //! switch applies to the next request, and a request in flight never runs half in one
 //! mode and half in another.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 #[cfg(feature = "metrics")]
 use crate::metrics::DeadlineMetrics;
@@ -120,6 +120,9 @@ impl DeadlineMode {
 #[derive(Clone, Debug)]
 pub struct LiveMode {
     current: Arc<AtomicU8>,
+    /// Held while switching: the swap and the gauge change as one step, so two
+    /// switches at once cannot leave the gauge showing the mode that lost.
+    switching: Arc<Mutex<()>>,
     #[cfg(feature = "metrics")]
     metrics: Option<DeadlineMetrics>,
 }
@@ -135,6 +138,7 @@ impl LiveMode {
     pub fn new(mode: DeadlineMode) -> Self {
         Self {
             current: Arc::new(AtomicU8::new(mode.to_u8())),
+            switching: Arc::default(),
             #[cfg(feature = "metrics")]
             metrics: None,
         }
@@ -179,6 +183,11 @@ impl LiveMode {
     /// assert_eq!((before, mode.get()), (DeadlineMode::Propagate, DeadlineMode::Observe));
     /// ```
     pub fn set(&self, mode: DeadlineMode) -> DeadlineMode {
+        // Requests read the mode without the lock; only switches take it.
+        let _switching = self
+            .switching
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let before = DeadlineMode::from_u8(self.current.swap(mode.to_u8(), Ordering::Relaxed));
         self.show(mode);
         before
@@ -211,6 +220,45 @@ mod tests {
         for next in DeadlineMode::ALL {
             mode.set(next);
             assert_eq!(seen_by_ingress.get(), next);
+        }
+    }
+
+    /// Two admins switching at once must leave one mode in force and the gauge showing
+    /// that one, and only it, at 1.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn concurrent_switches_leave_the_gauge_showing_the_mode_in_force() {
+        use crate::metrics::Metrics;
+
+        let metrics = Metrics::new("orders-service");
+        let mode = LiveMode::new(DeadlineMode::Propagate).with_metrics(metrics.deadline().clone());
+        let shown = || {
+            let text = metrics.render();
+            DeadlineMode::ALL.map(|m| {
+                text.contains(&format!(
+                    "deadline_mode{{service=\"orders-service\",mode=\"{}\"}} 1",
+                    m.as_str()
+                ))
+            })
+        };
+        for round in 0..2000 {
+            let start = std::sync::Barrier::new(DeadlineMode::ALL.len());
+            std::thread::scope(|scope| {
+                for next in DeadlineMode::ALL {
+                    let (mode, start) = (&mode, &start);
+                    scope.spawn(move || {
+                        start.wait();
+                        mode.set(next);
+                    });
+                }
+            });
+            let expected = DeadlineMode::ALL.map(|m| m == mode.get());
+            assert_eq!(
+                shown(),
+                expected,
+                "round {round}: {:?} in force",
+                mode.get()
+            );
         }
     }
 

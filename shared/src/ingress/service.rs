@@ -12,7 +12,7 @@ use super::DeadlineMode;
 use super::future::ResponseFuture;
 use super::layer::IngressConfig;
 use crate::deadline::Deadline;
-use crate::header::read_budget;
+use crate::header::{DEADLINE_MODE_HEADER_DISPLAY, observe_requested, read_budget};
 use crate::problem::Problem;
 use crate::stage::Stage;
 
@@ -58,8 +58,19 @@ where
         let config = &self.config;
         let log = Arc::new(config.stage_log(is_probe(&request)));
 
-        // Read once: the whole request runs in the mode in force when it arrived.
-        let mode = config.mode.get();
+        // Read once: the whole request runs in the mode in force when it arrived, or in
+        // observe when an observing caller asks for it and this service honours that.
+        let mut mode = config.mode.get();
+        if mode == DeadlineMode::Propagate && config.honour_mode_header {
+            match observe_requested(request.headers()) {
+                Ok(true) => mode = DeadlineMode::Observe,
+                Ok(false) => {}
+                Err(invalid) => {
+                    let problem = Problem::invalid_header(DEADLINE_MODE_HEADER_DISPLAY, invalid);
+                    return ResponseFuture::reject(problem.into_response());
+                }
+            }
+        }
         if mode == DeadlineMode::Legacy {
             // Handlers still get a Deadline to pass around, but nothing enforces it:
             // the legacy components use their own fixed timeouts.

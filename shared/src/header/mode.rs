@@ -1,0 +1,62 @@
+//! `X-Deadline-Mode: observe`: the mode travels with the budget (docs/design.md §4.3).
+//!
+//! Observe mode refuses nothing and counts what propagate would refuse. A budget sent
+//! downstream in observe mode would still be *enforced* there: the downstream, running
+//! in propagate, answers 504 when the budget runs out, and the edge that only meant to
+//! watch passes a real refusal on. So a call made in observe mode carries this marker
+//! beside its budget, and a downstream whose ingress honours it runs that request in
+//! observe too: it counts its own would-refusals and refuses nothing.
+//!
+//! Only an ingress told to honour the marker reads it
+//! ([`DeadlineLayer::honour_mode_header`](crate::DeadlineLayer::honour_mode_header)):
+//! a service that outside clients reach must not let them switch its protection off for
+//! their own requests.
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+/// The marker's name, as sent.
+///
+/// ```
+/// assert_eq!(shared::header::DEADLINE_MODE_HEADER.as_str(), "x-deadline-mode");
+/// ```
+pub const DEADLINE_MODE_HEADER: HeaderName = HeaderName::from_static("x-deadline-mode");
+
+/// The marker's name as problems spell it.
+pub const DEADLINE_MODE_HEADER_DISPLAY: &str = "X-Deadline-Mode";
+
+/// The one value the marker has.
+pub const OBSERVE: HeaderValue = HeaderValue::from_static("observe");
+
+/// Whether `headers` ask for the request to be observed: `Ok(true)` for `observe`
+/// (ASCII case-insensitive, surrounding whitespace ignored, repeats allowed), `Ok(false)`
+/// without the header, and an error naming the value for anything else: a marker that
+/// is misspelt would otherwise be enforced without anyone noticing.
+///
+/// ```
+/// use http::{HeaderMap, HeaderValue};
+/// use shared::header::{DEADLINE_MODE_HEADER, observe_requested};
+///
+/// let mut headers = HeaderMap::new();
+/// assert_eq!(observe_requested(&headers), Ok(false));
+/// headers.insert(DEADLINE_MODE_HEADER, HeaderValue::from_static("observe"));
+/// assert_eq!(observe_requested(&headers), Ok(true));
+/// headers.insert(DEADLINE_MODE_HEADER, HeaderValue::from_static("enforce-nothing"));
+/// assert!(observe_requested(&headers).is_err());
+/// ```
+pub fn observe_requested(headers: &HeaderMap) -> Result<bool, String> {
+    let mut observe = false;
+    for value in headers.get_all(DEADLINE_MODE_HEADER) {
+        if !value
+            .as_bytes()
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"observe")
+        {
+            return Err(format!(
+                "{DEADLINE_MODE_HEADER_DISPLAY} must be \"observe\", got {:?}",
+                String::from_utf8_lossy(value.as_bytes())
+            ));
+        }
+        observe = true;
+    }
+    Ok(observe)
+}
