@@ -14,12 +14,16 @@
 //! dashboards' queries and the rules;
 //! [`readme`] turns the committed summaries into the README's tables. [`cost`] measures
 //! the technique's cost to PostgreSQL alone, with pgbench.
+//!
+//! The Docker path: [`images`] makes the images docker-compose.yml runs without a
+//! registry.
 
 pub mod chart;
 pub mod check;
 pub mod cost;
 pub mod dashboards;
 pub mod experiment;
+pub mod images;
 pub mod k6;
 pub mod prometheus;
 pub mod promql;

@@ -1,0 +1,398 @@
+//! `cargo xtask images`: every image `docker-compose.yml` runs (but Grafana, Jaeger and
+//! k6), made on a machine without a container registry, from Debian's packages and the
+//! binaries the host built (docs/docker.md).
+//!
+//! 1. `debootstrap` a Debian bookworm root file system (the minbase variant) into the
+//!    cache, and download beside it the packages of PostgreSQL 15 and Prometheus with
+//!    their dependencies, resolved against that file system. Done once: the cache is
+//!    reused while it exists.
+//! 2. `docker import` the file system as [`BASE_IMAGE`], the name the Dockerfile uses.
+//! 3. Build [`POSTGRES_IMAGE`] and [`PROMETHEUS_IMAGE`] on it from `xtask/images/`:
+//!    the downloaded packages are in the build context, so no build needs the network.
+//! 4. Build the two service images from the Dockerfile's `*-prebuilt` targets, which
+//!    copy the host's binaries instead of compiling in a `rust` image.
+//!
+//! Every image gets the tag `docker-compose.yml` names, so `docker compose up` finds
+//! it and pulls nothing. An image of that name that this command did not make (a real
+//! one, pulled from a registry) is left alone and used as it is.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context as _, bail, ensure};
+use test_support::process::binary_dir;
+
+use crate::stack::{build_services, workspace};
+
+/// The base image: the Dockerfile's `FROM` and the stand-ins' base.
+pub const BASE_IMAGE: &str = "debian:bookworm-slim";
+/// docker-compose.yml's PostgreSQL image.
+pub const POSTGRES_IMAGE: &str = "postgres:15";
+/// docker-compose.yml's Prometheus image. The stand-in runs Debian's Prometheus 2.42,
+/// which reads the project's configuration and takes compose's flags as v3 does.
+pub const PROMETHEUS_IMAGE: &str = "prom/prometheus:v3.5.0";
+/// The Dockerfile's prebuilt targets and the image names docker-compose.yml gives the
+/// services.
+pub const SERVICE_IMAGES: [(&str, &str); 2] = [
+    (
+        "catalog-service",
+        "deadline-propagation/catalog-service:dev",
+    ),
+    ("orders-service", "deadline-propagation/orders-service:dev"),
+];
+/// The label on every image made here, so a real image of the same name is recognised
+/// and never replaced. The Dockerfiles in `xtask/images/` set it too.
+const MADE_HERE: &str = "dev.deadline-propagation.made-by=cargo-xtask-images";
+/// The Debian release of every image.
+const SUITE: &str = "bookworm";
+
+/// The stand-ins built on [`BASE_IMAGE`]: image, folder under `xtask/images/`, and the
+/// Debian packages installed in it.
+const STAND_INS: [(&str, &str, &str); 2] = [
+    (POSTGRES_IMAGE, "postgres", "postgresql-15"),
+    (PROMETHEUS_IMAGE, "prometheus", "prometheus"),
+];
+
+/// `cargo xtask images`.
+#[derive(clap::Args, Debug)]
+pub struct ImagesArgs {
+    /// Which build of the services goes into their images (`dev` is target/debug).
+    #[arg(long, default_value = "dev", value_parser = ["dev", "release"])]
+    pub profile: String,
+    /// Use the binaries as they are instead of running `cargo build` first.
+    #[arg(long)]
+    pub no_build: bool,
+    /// Where the root file system and the packages are kept between runs (default:
+    /// target/images). Delete it to start from nothing.
+    #[arg(long)]
+    pub cache: Option<PathBuf>,
+    /// The Debian mirror for debootstrap and the packages.
+    #[arg(long, default_value = "http://deb.debian.org/debian")]
+    pub mirror: String,
+}
+
+/// Makes every image; prints one line per step with its duration.
+pub fn images(args: &ImagesArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let cache = args
+        .cache
+        .clone()
+        .unwrap_or_else(|| binary_dir(&workspace(), "dev").with_file_name("images"));
+    let tree = cache.join(SUITE);
+    if !tree.exists() {
+        step("debootstrap and packages", || {
+            bootstrap(&cache, &tree, &args.mirror)
+        })?;
+    }
+    if exists(BASE_IMAGE)? {
+        println!("images: {BASE_IMAGE} exists, kept");
+    } else {
+        step(&format!("docker import {BASE_IMAGE}"), || {
+            import(&tree.join("rootfs"))
+        })?;
+    }
+    for (image, folder, _) in STAND_INS {
+        if exists(image)? && !made_here(image)? {
+            println!("images: {image} exists and was not made here (a real image), kept");
+            continue;
+        }
+        step(&format!("docker build {image}"), || {
+            build_stand_in(image, folder, &tree.join(folder))
+        })?;
+    }
+    if !args.no_build {
+        step("cargo build (services)", || build_services(&args.profile))?;
+    }
+    let binaries = binary_dir(&workspace(), &args.profile);
+    let context = cache.join("services");
+    for (target, image) in SERVICE_IMAGES {
+        step(&format!("docker build {image}"), || {
+            build_service(&binaries, &context, target, image)
+        })?;
+    }
+    println!("images: done in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Runs `work`, then prints what it was and how long it took.
+fn step(what: &str, work: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let started = Instant::now();
+    work().with_context(|| format!("images: {what}"))?;
+    println!("images: {what}: {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Makes `tree`: the root file system in `rootfs/` and, for each stand-in, its packages
+/// in `<folder>/debs/`. Built under a temporary name and renamed when complete, so an
+/// interrupted run is started again rather than reused.
+fn bootstrap(cache: &Path, tree: &Path, mirror: &str) -> anyhow::Result<()> {
+    ensure!(
+        which("debootstrap"),
+        "debootstrap is not installed (Debian: apt-get install debootstrap)"
+    );
+    let partial = tree.with_extension("partial");
+    remove_unmounted(&partial)?;
+    std::fs::create_dir_all(&partial)?;
+    let cache = std::path::absolute(cache)?;
+    let rootfs = partial.join("rootfs");
+    std::fs::create_dir_all(cache.join("debootstrap"))?;
+    run(Command::new("debootstrap")
+        .arg("--variant=minbase")
+        // The .deb files, kept so that a new tree after `rm -rf <cache>/bookworm`
+        // downloads nothing.
+        .arg(format!(
+            "--cache-dir={}",
+            cache.join("debootstrap").display()
+        ))
+        .args([SUITE, &rootfs.to_string_lossy(), mirror]))?;
+    for (_, folder, package) in STAND_INS {
+        download(&rootfs, package, &partial.join(folder).join("debs"))?;
+    }
+    // As in Debian's official slim images: no package lists, no downloaded packages.
+    for dir in ["var/lib/apt/lists", "var/cache/apt/archives"] {
+        empty_files(&rootfs.join(dir))?;
+    }
+    std::fs::rename(&partial, tree)?;
+    Ok(())
+}
+
+/// Downloads `package` and every dependency `rootfs` lacks into `dest`, with the host's
+/// apt but the tree's package lists, sources and installed packages, so the set is
+/// exactly what installing it in an image of that tree needs.
+fn download(rootfs: &Path, package: &str, dest: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dest)?;
+    let option = |name: &str, value: &Path| format!("-o{name}={}", value.display());
+    run(Command::new("apt-get")
+        .args(["--quiet", "--yes", "--no-install-recommends"])
+        .arg(option("Dir::State", &rootfs.join("var/lib/apt")))
+        .arg(option(
+            "Dir::State::status",
+            &rootfs.join("var/lib/dpkg/status"),
+        ))
+        .arg(option(
+            "Dir::Etc::SourceList",
+            &rootfs.join("etc/apt/sources.list"),
+        ))
+        .arg(option(
+            "Dir::Etc::SourceParts",
+            &rootfs.join("etc/apt/sources.list.d"),
+        ))
+        .arg(option("Dir::Cache::archives", dest))
+        // The tree is nobody's live system: no lock to take on it.
+        .arg("-oDebug::NoLocking=1")
+        .args(["install", "--download-only", package]))?;
+    // apt's own bookkeeping, not packages.
+    let _ = std::fs::remove_dir_all(dest.join("partial"));
+    let _ = std::fs::remove_file(dest.join("lock"));
+    Ok(())
+}
+
+/// `docker import` of `rootfs` as [`BASE_IMAGE`], with `bash` as its command as in
+/// Debian's official images.
+fn import(rootfs: &Path) -> anyhow::Result<()> {
+    let mut tar = Command::new("tar")
+        .arg("--numeric-owner")
+        .arg("-C")
+        .arg(rootfs)
+        .args(["-c", "."])
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot run tar")?;
+    let stdout = tar.stdout.take().expect("piped");
+    let import = Command::new("docker")
+        .args(["import", "--change", &format!("LABEL {MADE_HERE}")])
+        .args(["--change", r#"CMD ["bash"]"#, "-", BASE_IMAGE])
+        .stdin(stdout)
+        .stdout(Stdio::null())
+        .status()
+        .context("cannot run docker import")?;
+    ensure!(tar.wait()?.success(), "tar of {} failed", rootfs.display());
+    ensure!(import.success(), "docker import failed");
+    Ok(())
+}
+
+/// Builds a stand-in image from `xtask/images/<folder>/` with `context` (which holds
+/// its `debs/`) as the build context. Docker's layer cache makes a rebuild of an
+/// unchanged image take seconds.
+fn build_stand_in(image: &str, folder: &str, context: &Path) -> anyhow::Result<()> {
+    let source = workspace().join("xtask/images").join(folder);
+    for entry in std::fs::read_dir(&source)? {
+        let path = entry?.path();
+        std::fs::copy(&path, context.join(path.file_name().expect("a file")))?;
+    }
+    docker_build(&context.join("Dockerfile"), None, image, context)
+}
+
+/// Builds `image` from the Dockerfile's `<target>-prebuilt` stage, with a context of
+/// the two binaries copied from `binaries`.
+fn build_service(binaries: &Path, context: &Path, target: &str, image: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(context)?;
+    for (name, _) in SERVICE_IMAGES {
+        let binary = binaries.join(name);
+        ensure!(
+            binary.exists(),
+            "{} is missing: build it first (cargo build -p {name})",
+            binary.display()
+        );
+        std::fs::copy(&binary, context.join(name))?;
+    }
+    let target = format!("{target}-prebuilt");
+    docker_build(
+        &workspace().join("Dockerfile"),
+        Some(&target),
+        image,
+        context,
+    )
+}
+
+/// `docker build` with Docker's legacy builder: with BuildKit, the Dockerfile's
+/// `# syntax=` line would make the build pull its frontend image from a registry.
+fn docker_build(
+    dockerfile: &Path,
+    target: Option<&str>,
+    image: &str,
+    context: &Path,
+) -> anyhow::Result<()> {
+    let mut command = Command::new("docker");
+    command
+        .env("DOCKER_BUILDKIT", "0")
+        .args(["build", "--quiet", "--file"])
+        .arg(dockerfile)
+        .args(["--tag", image]);
+    if let Some(target) = target {
+        command.args(["--target", target]);
+    }
+    run(command.arg(context).stdout(Stdio::null()))
+}
+
+/// Whether the engine has an image named `image`.
+fn exists(image: &str) -> anyhow::Result<bool> {
+    Ok(Command::new("docker")
+        .args(["image", "inspect", image])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("cannot run docker (is Docker installed?)")?
+        .success())
+}
+
+/// Whether `image` carries the [`MADE_HERE`] label.
+fn made_here(image: &str) -> anyhow::Result<bool> {
+    let (key, value) = MADE_HERE.split_once('=').expect("key=value");
+    let output = Command::new("docker")
+        .args(["image", "inspect", "--format"])
+        .arg(format!("{{{{index .Config.Labels \"{key}\"}}}}"))
+        .arg(image)
+        .output()?;
+    Ok(String::from_utf8_lossy(&output.stdout).trim() == value)
+}
+
+/// Runs `command`; an error names it when it fails.
+pub fn run(command: &mut Command) -> anyhow::Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("cannot run {command:?}"))?;
+    ensure!(status.success(), "{command:?} failed: {status}");
+    Ok(())
+}
+
+/// Whether `program` is on the PATH.
+fn which(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}
+
+/// Removes the files (not the folders) directly in `dir`.
+fn empty_files(dir: &Path) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_file() {
+            std::fs::remove_file(path)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes what an interrupted debootstrap left at `dir`, unless something is still
+/// mounted under it (debootstrap mounts /proc and /sys in the tree while it installs):
+/// removing files through such a mount would reach the host's.
+fn remove_unmounted(dir: &Path) -> anyhow::Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    let dir = std::path::absolute(dir)?;
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    if let Some(mount) = mounts
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(1))
+        .find(|point| Path::new(point).starts_with(&dir))
+    {
+        bail!(
+            "{mount} is still mounted (an interrupted debootstrap): unmount it, then remove {}",
+            dir.display()
+        );
+    }
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tags made here are the names the compose file and the Dockerfile use.
+    #[test]
+    fn tags_are_the_names_the_files_use() {
+        let compose = std::fs::read_to_string(workspace().join("docker-compose.yml")).unwrap();
+        let images = [POSTGRES_IMAGE, PROMETHEUS_IMAGE]
+            .into_iter()
+            .chain(SERVICE_IMAGES.map(|(_, image)| image));
+        for image in images {
+            assert!(
+                compose.contains(&format!("image: {image}\n")),
+                "docker-compose.yml names no image {image}"
+            );
+        }
+        let dockerfile = std::fs::read_to_string(workspace().join("Dockerfile")).unwrap();
+        assert!(dockerfile.contains(&format!("FROM {BASE_IMAGE} AS runtime\n")));
+        for (target, _) in SERVICE_IMAGES {
+            assert!(dockerfile.contains(&format!(" AS {target}-prebuilt\n")));
+            assert!(dockerfile.contains(&format!(" AS {target}\n")));
+        }
+    }
+
+    /// The stand-ins are recognised as made here by the label their Dockerfiles set.
+    #[test]
+    fn stand_ins_carry_the_label() {
+        for (_, folder, _) in STAND_INS {
+            let path = workspace()
+                .join("xtask/images")
+                .join(folder)
+                .join("Dockerfile");
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(
+                text.contains(&format!("LABEL {MADE_HERE}\n")),
+                "{} lacks LABEL {MADE_HERE}",
+                path.display()
+            );
+        }
+    }
+
+    /// The prebuilt targets must come before the build stage: the legacy builder builds
+    /// every stage up to its target, and the build stage pulls the `rust` image.
+    #[test]
+    fn prebuilt_targets_come_before_the_build_stage() {
+        let dockerfile = std::fs::read_to_string(workspace().join("Dockerfile")).unwrap();
+        let build = dockerfile.find(" AS build\n").unwrap();
+        for (target, _) in SERVICE_IMAGES {
+            let prebuilt = dockerfile
+                .find(&format!(" AS {target}-prebuilt\n"))
+                .unwrap();
+            assert!(
+                prebuilt < build,
+                "{target}-prebuilt is after the build stage"
+            );
+        }
+    }
+}
