@@ -16,10 +16,11 @@
 //! the technique's cost to PostgreSQL alone, with pgbench.
 //!
 //! The Docker path: [`images`] makes the images docker-compose.yml runs without a
-//! registry.
+//! registry; [`compose`] brings that stack up and checks it from the host.
 
 pub mod chart;
 pub mod check;
+pub mod compose;
 pub mod cost;
 pub mod dashboards;
 pub mod experiment;
