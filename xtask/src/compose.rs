@@ -20,7 +20,7 @@ use anyhow::{Context as _, bail, ensure};
 use serde_json::Value;
 
 use crate::dashboards::SEED_QUERY;
-use crate::images::run;
+use crate::images::{POSTGRES_IMAGE, PROMETHEUS_IMAGE, SERVICE_IMAGES, exists, run};
 use crate::prometheus::instant_query;
 use crate::run::set_fault;
 use crate::scenario::Fault;
@@ -96,6 +96,16 @@ pub async fn compose_check(args: &ComposeArgs) -> anyhow::Result<bool> {
 
 /// Every check against the running stack; the first failure ends them.
 async fn checks(compose: &Compose) -> anyhow::Result<()> {
+    // Without them compose would try to pull them, and fail with a registry error.
+    let images = [POSTGRES_IMAGE, PROMETHEUS_IMAGE]
+        .into_iter()
+        .chain(SERVICE_IMAGES.map(|(_, image)| image));
+    for image in images {
+        ensure!(
+            exists(image)?,
+            "there is no image {image}: make the images first (cargo xtask images)"
+        );
+    }
     let mut up = vec!["up", "--detach", "--no-build"];
     up.extend(SERVICES);
     compose.run(&up)?;

@@ -267,7 +267,7 @@ fn docker_build(
 }
 
 /// Whether the engine has an image named `image`.
-fn exists(image: &str) -> anyhow::Result<bool> {
+pub fn exists(image: &str) -> anyhow::Result<bool> {
     Ok(Command::new("docker")
         .args(["image", "inspect", image])
         .stdout(Stdio::null())
