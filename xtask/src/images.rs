@@ -4,11 +4,13 @@
 //!
 //! 1. `debootstrap` a Debian bookworm root file system (the minbase variant) into the
 //!    cache, and download beside it the packages of PostgreSQL 15 and Prometheus with
-//!    their dependencies, resolved against that file system. Done once: the cache is
-//!    reused while it exists.
-//! 2. `docker import` the file system as [`BASE_IMAGE`], the name the Dockerfile uses.
+//!    their dependencies, resolved against that file system. Only when an image below
+//!    must be made, and once: the cache is reused while it exists.
+//! 2. `docker import` the file system as [`BASE_IMAGE`], the name the Dockerfile uses,
+//!    unless the engine has that image.
 //! 3. Build [`POSTGRES_IMAGE`] and [`PROMETHEUS_IMAGE`] on it from `xtask/images/`:
 //!    the downloaded packages are in the build context, so no build needs the network.
+//!    An image built from the same files (its recipe label) is kept.
 //! 4. Build the two service images from the Dockerfile's `*-prebuilt` targets, which
 //!    copy the host's binaries instead of compiling in a `rust` image.
 //!
@@ -44,6 +46,10 @@ pub const SERVICE_IMAGES: [(&str, &str); 2] = [
 /// The label on every image made here, so a real image of the same name is recognised
 /// and never replaced. The Dockerfiles in `xtask/images/` set it too.
 const MADE_HERE: &str = "dev.deadline-propagation.made-by=cargo-xtask-images";
+/// The label holding a hash of the files a stand-in was built from ([`recipe`]): an
+/// image built from other files is built again, an up-to-date one needs no root file
+/// system (a new clone on a machine that has the images skips debootstrap).
+const RECIPE_LABEL: &str = "dev.deadline-propagation.recipe";
 /// The Debian release of every image.
 const SUITE: &str = "bookworm";
 
@@ -80,25 +86,35 @@ pub fn images(args: &ImagesArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| binary_dir(&workspace(), "dev").with_file_name("images"));
     let tree = cache.join(SUITE);
-    if !tree.exists() {
+    let base_missing = !exists(BASE_IMAGE)?;
+    let mut stand_ins = Vec::new();
+    for (image, folder, _) in STAND_INS {
+        let recipe = recipe(folder)?;
+        if !exists(image)? {
+            stand_ins.push((image, folder, recipe));
+        } else if label(image, MADE_HERE)? != made_here_value() {
+            println!("images: {image} exists and was not made here (a real image), kept");
+        } else if label(image, RECIPE_LABEL)? != recipe {
+            stand_ins.push((image, folder, recipe));
+        } else {
+            println!("images: {image} is up to date, kept");
+        }
+    }
+    if (base_missing || !stand_ins.is_empty()) && !tree.exists() {
         step("debootstrap and packages", || {
             bootstrap(&cache, &tree, &args.mirror)
         })?;
     }
-    if exists(BASE_IMAGE)? {
-        println!("images: {BASE_IMAGE} exists, kept");
-    } else {
+    if base_missing {
         step(&format!("docker import {BASE_IMAGE}"), || {
             import(&tree.join("rootfs"))
         })?;
+    } else {
+        println!("images: {BASE_IMAGE} exists, kept");
     }
-    for (image, folder, _) in STAND_INS {
-        if exists(image)? && !made_here(image)? {
-            println!("images: {image} exists and was not made here (a real image), kept");
-            continue;
-        }
+    for (image, folder, recipe) in stand_ins {
         step(&format!("docker build {image}"), || {
-            build_stand_in(image, folder, &tree.join(folder))
+            build_stand_in(image, folder, &recipe, &tree.join(folder))
         })?;
     }
     if !args.no_build {
@@ -213,15 +229,44 @@ fn import(rootfs: &Path) -> anyhow::Result<()> {
 }
 
 /// Builds a stand-in image from `xtask/images/<folder>/` with `context` (which holds
-/// its `debs/`) as the build context. Docker's layer cache makes a rebuild of an
-/// unchanged image take seconds.
-fn build_stand_in(image: &str, folder: &str, context: &Path) -> anyhow::Result<()> {
-    let source = workspace().join("xtask/images").join(folder);
-    for entry in std::fs::read_dir(&source)? {
-        let path = entry?.path();
+/// its `debs/`) as the build context, labelled with its `recipe`.
+fn build_stand_in(image: &str, folder: &str, recipe: &str, context: &Path) -> anyhow::Result<()> {
+    for path in recipe_files(folder)? {
         std::fs::copy(&path, context.join(path.file_name().expect("a file")))?;
     }
-    docker_build(&context.join("Dockerfile"), None, image, context)
+    let label = format!("{RECIPE_LABEL}={recipe}");
+    docker_build(
+        &context.join("Dockerfile"),
+        &["--label", &label],
+        image,
+        context,
+    )
+}
+
+/// The files of `xtask/images/<folder>/`, in name order.
+fn recipe_files(folder: &str) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = std::fs::read_dir(workspace().join("xtask/images").join(folder))?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<Result<Vec<_>, _>>()?;
+    files.sort();
+    Ok(files)
+}
+
+/// A hash of the names and contents of a stand-in's files (64-bit FNV-1a: stable
+/// between runs and Rust versions, which std's hasher does not promise).
+fn recipe(folder: &str) -> anyhow::Result<String> {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for path in recipe_files(folder)? {
+        let name = path
+            .file_name()
+            .expect("a file")
+            .as_encoded_bytes()
+            .to_vec();
+        for byte in name.into_iter().chain([0]).chain(std::fs::read(&path)?) {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    Ok(format!("{hash:016x}"))
 }
 
 /// Builds `image` from the Dockerfile's `<target>-prebuilt` stage, with a context of
@@ -240,7 +285,7 @@ fn build_service(binaries: &Path, context: &Path, target: &str, image: &str) -> 
     let target = format!("{target}-prebuilt");
     docker_build(
         &workspace().join("Dockerfile"),
-        Some(&target),
+        &["--target", &target],
         image,
         context,
     )
@@ -250,20 +295,18 @@ fn build_service(binaries: &Path, context: &Path, target: &str, image: &str) -> 
 /// `# syntax=` line would make the build pull its frontend image from a registry.
 fn docker_build(
     dockerfile: &Path,
-    target: Option<&str>,
+    options: &[&str],
     image: &str,
     context: &Path,
 ) -> anyhow::Result<()> {
-    let mut command = Command::new("docker");
-    command
+    run(Command::new("docker")
         .env("DOCKER_BUILDKIT", "0")
         .args(["build", "--quiet", "--file"])
         .arg(dockerfile)
-        .args(["--tag", image]);
-    if let Some(target) = target {
-        command.args(["--target", target]);
-    }
-    run(command.arg(context).stdout(Stdio::null()))
+        .args(["--tag", image])
+        .args(options)
+        .arg(context)
+        .stdout(Stdio::null()))
 }
 
 /// Whether the engine has an image named `image`.
@@ -277,15 +320,20 @@ pub fn exists(image: &str) -> anyhow::Result<bool> {
         .success())
 }
 
-/// Whether `image` carries the [`MADE_HERE`] label.
-fn made_here(image: &str) -> anyhow::Result<bool> {
-    let (key, value) = MADE_HERE.split_once('=').expect("key=value");
+/// The value [`MADE_HERE`] gives its label.
+fn made_here_value() -> &'static str {
+    MADE_HERE.split_once('=').expect("key=value").1
+}
+
+/// The value of `image`'s label `key` (the part before any `=`), empty when unset.
+fn label(image: &str, key: &str) -> anyhow::Result<String> {
+    let key = key.split_once('=').map_or(key, |(k, _)| k);
     let output = Command::new("docker")
         .args(["image", "inspect", "--format"])
         .arg(format!("{{{{index .Config.Labels \"{key}\"}}}}"))
         .arg(image)
         .output()?;
-    Ok(String::from_utf8_lossy(&output.stdout).trim() == value)
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
 /// Runs `command`; an error names it when it fails.
