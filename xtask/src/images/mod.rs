@@ -96,7 +96,8 @@ pub fn images(args: &ImagesArgs) -> anyhow::Result<()> {
             stand_ins.push((image, folder, recipe));
         } else if label(image, MADE_HERE)? != made_here_value() {
             println!("images: {image} exists and was not made here (a real image), kept");
-        } else if label(image, RECIPE_LABEL)? != recipe {
+        } else if base_missing || label(image, RECIPE_LABEL)? != recipe {
+            // A new base image is a new foundation: what stands on it is built again.
             stand_ins.push((image, folder, recipe));
         } else {
             println!("images: {image} is up to date, kept");
