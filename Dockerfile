@@ -15,11 +15,66 @@
 # directory between builds, so after the first build only the changed crates are
 # compiled again. Needs BuildKit: the default of `docker build` since Docker 23 and of
 # `docker compose` (v2) always.
+#
+# Without a registry (no `rust` image to pull, no crates.io inside the build), the
+# `*-prebuilt` targets take the binaries the host built instead. Their build context is
+# a folder holding the two binaries, not this repository:
+#
+#   docker build -f Dockerfile --target orders-service-prebuilt \
+#       -t deadline-propagation/orders-service:dev <folder with the binaries>
+#
+# `cargo xtask images` does that with target/debug's binaries (docs/docker.md). Those
+# targets come before the build stage on purpose: Docker's legacy builder (the one that
+# runs where BuildKit is absent) builds every stage up to the target in file order, so
+# a build stage above them would make it pull the `rust` image. The legacy builder
+# ignores the `syntax` line and never reaches the cache mounts below, which need
+# BuildKit; BuildKit itself builds only the stages a target uses.
 
 ARG RUST_VERSION=1.94
 # Cargo features for both services, e.g. `--build-arg CARGO_FEATURES=tls` for outbound
 # HTTPS (a hosted LLM planner or OTLP endpoint). Empty: plain HTTP, the faster build.
 ARG CARGO_FEATURES=""
+
+# --------------------------------------------------------------------------- runtime
+# No extra packages by default: the services speak plain HTTP inside the compose network
+# (reqwest is built without TLS) and compose's health checks use bash's /dev/tcp. With
+# the tls feature, rustls verifies servers against the system's CA certificates.
+FROM debian:bookworm-slim AS runtime
+ARG CARGO_FEATURES
+RUN case ",$CARGO_FEATURES," in \
+        *,tls,*) apt-get update \
+            && apt-get install -y --no-install-recommends ca-certificates \
+            && rm -rf /var/lib/apt/lists/* ;; \
+    esac
+RUN groupadd --system --gid 10001 app \
+ && useradd --system --uid 10001 --gid app --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin app
+# Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
+USER 10001:10001
+
+# ----------------------------------------------------- each service, without its binary
+# What each image says about its service, shared by the two ways of getting the binary.
+FROM runtime AS catalog-runtime
+# The service's defaults are loopback, which nothing outside the container could reach.
+# The public API listens on all interfaces; the admin (fault injection) API stays on
+# loopback unless the deployment sets CATALOG_ADMIN_ADDR (docker-compose.yml does).
+ENV CATALOG_LISTEN_ADDR=0.0.0.0:8081
+# 8081: GET /catalog/{sku}, /metrics, /healthz. 9081: /admin/faults.
+EXPOSE 8081 9081
+ENTRYPOINT ["/usr/local/bin/catalog-service"]
+
+FROM runtime AS orders-runtime
+ENV ORDERS_LISTEN_ADDR=0.0.0.0:8080
+# 8080: /api/orders, /api/assistant/chat, /mcp, /metrics, /healthz, /readyz.
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/orders-service"]
+
+# ------------------------------------------------------ the host's binaries (no registry)
+FROM catalog-runtime AS catalog-service-prebuilt
+COPY catalog-service /usr/local/bin/catalog-service
+
+FROM orders-runtime AS orders-service-prebuilt
+COPY orders-service /usr/local/bin/orders-service
 
 # ----------------------------------------------------------------------------- build
 FROM rust:${RUST_VERSION}-bookworm AS build
@@ -43,38 +98,9 @@ RUN --mount=type=cache,id=deadline-cargo-registry,target=/usr/local/cargo/regist
  && mkdir -p /out \
  && cp target/release/catalog-service target/release/orders-service /out/
 
-# --------------------------------------------------------------------------- runtime
-# No extra packages by default: the services speak plain HTTP inside the compose network
-# (reqwest is built without TLS) and compose's health checks use bash's /dev/tcp. With
-# the tls feature, rustls verifies servers against the system's CA certificates.
-FROM debian:bookworm-slim AS runtime
-ARG CARGO_FEATURES
-RUN case ",$CARGO_FEATURES," in \
-        *,tls,*) apt-get update \
-            && apt-get install -y --no-install-recommends ca-certificates \
-            && rm -rf /var/lib/apt/lists/* ;; \
-    esac
-RUN groupadd --system --gid 10001 app \
- && useradd --system --uid 10001 --gid app --no-create-home --home-dir /nonexistent \
-        --shell /usr/sbin/nologin app
-# Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
-USER 10001:10001
-
-# ------------------------------------------------------------------- catalog-service
-FROM runtime AS catalog-service
+# ------------------------------------------------------- the images compose builds
+FROM catalog-runtime AS catalog-service
 COPY --from=build /out/catalog-service /usr/local/bin/catalog-service
-# The service's defaults are loopback, which nothing outside the container could reach.
-# The public API listens on all interfaces; the admin (fault injection) API stays on
-# loopback unless the deployment sets CATALOG_ADMIN_ADDR (docker-compose.yml does).
-ENV CATALOG_LISTEN_ADDR=0.0.0.0:8081
-# 8081: GET /catalog/{sku}, /metrics, /healthz. 9081: /admin/faults.
-EXPOSE 8081 9081
-ENTRYPOINT ["/usr/local/bin/catalog-service"]
 
-# -------------------------------------------------------------------- orders-service
-FROM runtime AS orders-service
+FROM orders-runtime AS orders-service
 COPY --from=build /out/orders-service /usr/local/bin/orders-service
-ENV ORDERS_LISTEN_ADDR=0.0.0.0:8080
-# 8080: /api/orders, /api/assistant/chat, /mcp, /metrics, /healthz, /readyz.
-EXPOSE 8080
-ENTRYPOINT ["/usr/local/bin/orders-service"]

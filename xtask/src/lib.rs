@@ -14,12 +14,17 @@
 //! dashboards' queries and the rules;
 //! [`readme`] turns the committed summaries into the README's tables. [`cost`] measures
 //! the technique's cost to PostgreSQL alone, with pgbench.
+//!
+//! The Docker path: [`images`] makes the images docker-compose.yml runs without a
+//! registry; [`compose`] brings that stack up and checks it from the host.
 
 pub mod chart;
 pub mod check;
+pub mod compose;
 pub mod cost;
 pub mod dashboards;
 pub mod experiment;
+pub mod images;
 pub mod k6;
 pub mod prometheus;
 pub mod promql;

@@ -5,7 +5,9 @@
 //! - `stack -- <command>`: a running stack for an outside check (the MCP SDK check);
 //! - `dashboards`: the Grafana dashboards' static checks;
 //! - `cost`: the order transaction alone under pgbench, legacy against propagate;
-//! - `readme-tables`: the README's result tables, from the committed `docs/results/`.
+//! - `readme-tables`: the README's result tables, from the committed `docs/results/`;
+//! - `images`: the images docker-compose.yml runs, made without a registry;
+//! - `compose-check`: docker-compose.yml's stack up in containers, checked from the host.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,6 +37,12 @@ enum Command {
     Cost(xtask::cost::CostArgs),
     /// Print the README's result tables, generated from docs/results/*/summary.json.
     ReadmeTables,
+    /// Make the images docker-compose.yml runs (but Grafana, Jaeger and k6) without a
+    /// registry: Debian's packages by debootstrap, the services from the host's build.
+    Images(xtask::images::ImagesArgs),
+    /// Start docker-compose.yml's PostgreSQL, catalog, orders and Prometheus, check them
+    /// from the host, and take them down (the images first: `cargo xtask images`).
+    ComposeCheck(xtask::compose::ComposeArgs),
 }
 
 #[derive(clap::Args)]
@@ -71,6 +79,10 @@ async fn main() -> ExitCode {
             .map(|ok| u8::from(!ok)),
         Command::Cost(args) => xtask::cost::cost(args).await.map(|()| 0),
         Command::Dashboards => dashboards_command(),
+        Command::Images(args) => xtask::images::images(&args).map(|()| 0),
+        Command::ComposeCheck(args) => xtask::compose::compose_check(&args)
+            .await
+            .map(|ok| u8::from(!ok)),
         Command::ReadmeTables => xtask::readme::tables(&stack::workspace().join("docs/results"))
             .map(|t| {
                 print!("{t}");

@@ -104,18 +104,7 @@ impl Prometheus {
     /// An instant query at `at` (Unix seconds): `Ok(true)` when it returned data
     /// (a NaN from a histogram without observations in the window is data too).
     pub async fn has_data(&self, expr: &str, at: f64) -> anyhow::Result<bool> {
-        let url = format!(
-            "{}/api/v1/query?query={}&time={at:.3}",
-            self.url,
-            percent_encode(expr)
-        );
-        let body: serde_json::Value = reqwest::get(url).await?.json().await?;
-        if body["status"] != "success" {
-            bail!("{}: {}", body["errorType"], body["error"]);
-        }
-        Ok(body["data"]["result"]
-            .as_array()
-            .is_some_and(|r| !r.is_empty()))
+        Ok(!instant_query(&self.url, expr, Some(at)).await?.is_empty())
     }
 
     /// Every dashboard query and the seed's query must return data at `at` (a moment
@@ -195,6 +184,27 @@ impl Prometheus {
         );
         Ok(problems)
     }
+}
+
+/// An instant query to the Prometheus at `base_url`, at `at` (Unix seconds) or now: the
+/// result vector's elements, each `{"metric": {labels}, "value": [time, "value"]}`.
+pub async fn instant_query(
+    base_url: &str,
+    expr: &str,
+    at: Option<f64>,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut url = format!("{base_url}/api/v1/query?query={}", percent_encode(expr));
+    if let Some(at) = at {
+        url.push_str(&format!("&time={at:.3}"));
+    }
+    let body: serde_json::Value = reqwest::get(url).await?.json().await?;
+    if body["status"] != "success" {
+        bail!("{}: {}", body["errorType"], body["error"]);
+    }
+    Ok(body["data"]["result"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default())
 }
 
 /// Percent-encodes everything but unreserved characters (RFC 3986), for a query string.

@@ -1,0 +1,346 @@
+//! `cargo xtask compose-check`: docker-compose.yml's stack up for real, checked from the
+//! host through the ports it publishes, then taken down (docs/docker.md).
+//!
+//! The compose file is used as it is, with its health checks, `depends_on`, settings
+//! and published ports; only the services whose images [`crate::images`] can make
+//! without a registry are started ([`SERVICES`]: Grafana, Jaeger and k6 are left out).
+//! The images must exist: `cargo xtask images` first.
+//!
+//! What is checked, in order: every container with a health check becomes healthy; an
+//! order is created (201); with the catalog slowed through its fault API, an order
+//! with a 300 ms budget is answered 504 with stage `catalog` within 50 ms of its
+//! budget; Prometheus, inside the compose network, scrapes both services (`up == 1`)
+//! and answers the seed's p99 query with a number; `down -v` leaves no container,
+//! volume or network behind. On a failure the containers' logs are printed.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use serde_json::Value;
+
+use crate::dashboards::SEED_QUERY;
+use crate::images::{POSTGRES_IMAGE, PROMETHEUS_IMAGE, SERVICE_IMAGES, exists, run};
+use crate::prometheus::instant_query;
+use crate::run::set_fault;
+use crate::scenario::Fault;
+use crate::stack::workspace;
+
+/// The services started: those whose images `cargo xtask images` makes. Compose starts
+/// them and nothing else (Grafana, Jaeger and k6 have no Debian package).
+pub const SERVICES: [&str; 4] = ["postgres", "catalog", "orders", "prometheus"];
+/// The compose project: its own name, so a stack a user started from the same folder is
+/// neither reused nor taken down.
+const PROJECT: &str = "deadline-compose-check";
+/// The addresses docker-compose.yml publishes on the host.
+const ORDERS_URL: &str = "http://127.0.0.1:8080";
+const CATALOG_ADMIN_URL: &str = "http://127.0.0.1:9081";
+const PROMETHEUS_URL: &str = "http://127.0.0.1:9090";
+/// The budget of the slow order, and how long past it the 504 may take to arrive
+/// (docker's port forwarding and the client included).
+const BUDGET_MS: u64 = 300;
+const BUDGET_SLACK: Duration = Duration::from_millis(50);
+/// How long the stack has to become healthy, and Prometheus to have its data.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// `cargo xtask compose-check`.
+#[derive(clap::Args, Debug)]
+pub struct ComposeArgs {
+    /// Leave the stack running after the checks (take it down with
+    /// `docker compose -p deadline-compose-check down -v`).
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// Runs the check; `Ok(false)` when a check failed (its logs printed).
+pub async fn compose_check(args: &ComposeArgs) -> anyhow::Result<bool> {
+    let compose = Compose::detect()?;
+    println!("compose-check: {}", compose.program.join(" "));
+    // A stack left over from an interrupted run would make `up` reuse its containers.
+    compose.run(&["down", "--volumes", "--remove-orphans"])?;
+    let started = Instant::now();
+    let outcome = checks(&compose).await;
+    if let Err(err) = &outcome {
+        println!("compose-check: FAIL {err:#}\n\n==> the containers' logs");
+        let _ = compose.run(&["ps"]);
+        let _ = compose.run(&["logs", "--no-color", "--timestamps"]);
+    }
+    if args.keep {
+        println!("compose-check: the stack is left running (--keep)");
+        return Ok(outcome.is_ok());
+    }
+    // Anonymous volumes (the images' VOLUMEs) carry no compose label: name them now.
+    let volumes = compose.volumes()?;
+    compose.run(&["down", "--volumes"])?;
+    let mut left = compose.leftovers()?;
+    left.extend(
+        volumes
+            .into_iter()
+            .filter(|v| inspect(v, "{{.Name}}").is_ok())
+            .map(|v| format!("volume {v}")),
+    );
+    ensure!(
+        left.is_empty(),
+        "`down --volumes` left behind: {}",
+        left.join(", ")
+    );
+    println!("compose-check: ok  down --volumes left no container, volume or network");
+    println!(
+        "compose-check: {} in {:.0} s",
+        if outcome.is_ok() { "passed" } else { "FAILED" },
+        started.elapsed().as_secs_f64()
+    );
+    Ok(outcome.is_ok())
+}
+
+/// Every check against the running stack; the first failure ends them.
+async fn checks(compose: &Compose) -> anyhow::Result<()> {
+    // Without them compose would try to pull them, and fail with a registry error.
+    let images = [POSTGRES_IMAGE, PROMETHEUS_IMAGE]
+        .into_iter()
+        .chain(SERVICE_IMAGES.map(|(_, image)| image));
+    for image in images {
+        ensure!(
+            exists(image)?,
+            "there is no image {image}: make the images first (cargo xtask images)"
+        );
+    }
+    let mut up = vec!["up", "--detach", "--no-build"];
+    up.extend(SERVICES);
+    compose.run(&up)?;
+    for service in SERVICES {
+        compose.wait_healthy(service).await?;
+    }
+    ok("every health check passes (postgres, catalog, orders)");
+
+    let client = reqwest::Client::new();
+    let placed = order(&client, None).await?;
+    ensure!(
+        placed.0 == 201,
+        "an order answered {}: {}",
+        placed.0,
+        placed.2
+    );
+    ok("an order is created: 201");
+
+    set_fault(
+        CATALOG_ADMIN_URL,
+        Some(Fault {
+            delay_ms: 1000,
+            jitter_ms: 0,
+        }),
+    )
+    .await?;
+    let slow = order(&client, Some(BUDGET_MS)).await;
+    set_fault(CATALOG_ADMIN_URL, None).await?;
+    let (status, elapsed, body) = slow?;
+    let limit = Duration::from_millis(BUDGET_MS) + BUDGET_SLACK;
+    ensure!(
+        status == 504 && body["stage"] == "catalog" && elapsed <= limit,
+        "with the catalog 1 s slow, a {BUDGET_MS} ms order answered {status} after {} ms \
+         (expected 504, stage catalog, within {} ms): {body}",
+        elapsed.as_millis(),
+        limit.as_millis()
+    );
+    ok(&format!(
+        "catalog slowed by its fault API: a {BUDGET_MS} ms order is 504 stage catalog after {} ms",
+        elapsed.as_millis()
+    ));
+
+    scraped(&client).await
+}
+
+/// Prometheus has scraped both jobs (`up == 1`) and the seed's p99 query returns a
+/// number. The query's `rate` needs the orders histogram to grow between two scrapes,
+/// so an order is placed on every poll.
+async fn scraped(client: &reqwest::Client) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut seen_up = false;
+    loop {
+        let up = instant_query(PROMETHEUS_URL, "up == 1", None)
+            .await
+            .unwrap_or_default();
+        let jobs: Vec<&str> = up
+            .iter()
+            .filter_map(|s| s["metric"]["job"].as_str())
+            .collect();
+        let both = ["orders-service", "catalog-service"]
+            .iter()
+            .all(|job| jobs.contains(job));
+        if both && !seen_up {
+            ok("Prometheus scrapes both services: up == 1 for orders-service and catalog-service");
+            seen_up = true;
+        }
+        order(client, None).await?;
+        let p99 = instant_query(PROMETHEUS_URL, SEED_QUERY, None)
+            .await
+            .unwrap_or_default();
+        let value = p99
+            .first()
+            .and_then(|s| s["value"][1].as_str())
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| v.is_finite());
+        if let (true, Some(value)) = (seen_up, value) {
+            ok(&format!(
+                "the seed's p99 query returns {:.0} ms: {SEED_QUERY}",
+                value * 1000.0
+            ));
+            return Ok(());
+        }
+        if started.elapsed() > SCRAPE_TIMEOUT {
+            bail!(
+                "after {} s Prometheus has up == 1 for {jobs:?} and the seed's p99 query \
+                 returns {p99:?}",
+                SCRAPE_TIMEOUT.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// `POST /api/orders` for one item, with `budget_ms` as X-Request-Timeout-Ms when
+/// given: the status, the time to the answer and the body as JSON.
+async fn order(
+    client: &reqwest::Client,
+    budget_ms: Option<u64>,
+) -> anyhow::Result<(u16, Duration, Value)> {
+    let mut request = client
+        .post(format!("{ORDERS_URL}/api/orders"))
+        .json(&serde_json::json!({"sku": "SKU-00042", "quantity": 1}))
+        .timeout(Duration::from_secs(10));
+    if let Some(budget) = budget_ms {
+        request = request.header("X-Request-Timeout-Ms", budget.to_string());
+    }
+    let started = Instant::now();
+    let response = request.send().await.context("POST /api/orders")?;
+    let status = response.status().as_u16();
+    let body = response.json().await.unwrap_or(Value::Null);
+    Ok((status, started.elapsed(), body))
+}
+
+fn ok(what: &str) {
+    println!("compose-check: ok  {what}");
+}
+
+/// The compose command of this machine, for docker-compose.yml under [`PROJECT`].
+struct Compose {
+    /// `docker compose` (v2) where the plugin exists, else `docker-compose` (v1).
+    program: Vec<&'static str>,
+}
+
+impl Compose {
+    fn detect() -> anyhow::Result<Self> {
+        let works = |program: &[&str]| {
+            Command::new(program[0])
+                .args(&program[1..])
+                .arg("version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        for program in [vec!["docker", "compose"], vec!["docker-compose"]] {
+            if works(&program) {
+                return Ok(Self { program });
+            }
+        }
+        bail!(
+            "neither `docker compose` nor `docker-compose` works (Debian: apt-get install docker-compose)"
+        )
+    }
+
+    fn command(&self) -> Command {
+        let mut command = Command::new(self.program[0]);
+        command
+            .args(&self.program[1..])
+            .current_dir(workspace())
+            .args(["--project-name", PROJECT, "--file", "docker-compose.yml"]);
+        // Grafana is not started, but compose refuses to read the file without its
+        // password (it has no default, on purpose).
+        if std::env::var_os("GRAFANA_ADMIN_PASSWORD").is_none() {
+            command.env("GRAFANA_ADMIN_PASSWORD", "not-started-here");
+        }
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> anyhow::Result<()> {
+        run(self.command().args(args))
+    }
+
+    /// Waits until `service`'s container is healthy, or only running when its image
+    /// has no health check (Prometheus: then its readiness endpoint).
+    async fn wait_healthy(&self, service: &str) -> anyhow::Result<()> {
+        let output = self.command().args(["ps", "--quiet", service]).output()?;
+        let id = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        ensure!(!id.is_empty(), "compose started no container for {service}");
+        let started = Instant::now();
+        loop {
+            let state = inspect(
+                &id,
+                "{{.State.Status}}/{{if .State.Health}}{{.State.Health.Status}}{{end}}",
+            )?;
+            let ready = match state.split_once('/') {
+                Some(("running", "healthy")) => true,
+                Some(("running", "")) => reqwest::get(format!("{PROMETHEUS_URL}/-/ready"))
+                    .await
+                    .is_ok_and(|r| r.status().is_success()),
+                Some(("running", _)) => false,
+                _ => bail!("{service} is {state}"),
+            };
+            if ready {
+                return Ok(());
+            }
+            if started.elapsed() > START_TIMEOUT {
+                bail!(
+                    "{service} is still {state} after {} s",
+                    START_TIMEOUT.as_secs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// The volumes mounted in [`PROJECT`]'s containers, by name.
+    fn volumes(&self) -> anyhow::Result<Vec<String>> {
+        let output = self.command().args(["ps", "--quiet"]).output()?;
+        let mut volumes = Vec::new();
+        for id in String::from_utf8_lossy(&output.stdout).lines() {
+            let names = inspect(id, "{{range .Mounts}}{{.Name}} {{end}}")?;
+            volumes.extend(names.split_whitespace().map(str::to_owned));
+        }
+        Ok(volumes)
+    }
+
+    /// Containers, volumes and networks of [`PROJECT`] that still exist.
+    fn leftovers(&self) -> anyhow::Result<Vec<String>> {
+        let filter = format!("label=com.docker.compose.project={PROJECT}");
+        let mut left = Vec::new();
+        for kind in [&["ps", "--all"][..], &["volume", "ls"], &["network", "ls"]] {
+            let output = Command::new("docker")
+                .args(kind)
+                .args(["--quiet", "--filter", &filter])
+                .output()?;
+            ensure!(output.status.success(), "docker {kind:?} failed");
+            left.extend(
+                String::from_utf8_lossy(&output.stdout)
+                    .lines()
+                    .map(|id| format!("{} {id}", kind[0])),
+            );
+        }
+        Ok(left)
+    }
+}
+
+/// `docker inspect --format <format> <id>`.
+fn inspect(id: &str, format: &str) -> anyhow::Result<String> {
+    let output = Command::new("docker")
+        .args(["inspect", "--format", format, id])
+        .output()?;
+    ensure!(
+        output.status.success(),
+        "docker inspect {id}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}

@@ -1,0 +1,320 @@
+//! `cargo xtask images`: every image `docker-compose.yml` runs (but Grafana, Jaeger and
+//! k6), made on a machine without a container registry, from Debian's packages and the
+//! binaries the host built (docs/docker.md).
+//!
+//! 1. `debootstrap` a Debian bookworm root file system (the minbase variant) into the
+//!    cache, and download beside it the packages of PostgreSQL 15 and Prometheus with
+//!    their dependencies, resolved against that file system. Only when an image below
+//!    must be made, and once: the cache is reused while it exists.
+//! 2. `docker import` the file system as [`BASE_IMAGE`], the name the Dockerfile uses,
+//!    unless the engine has that image.
+//! 3. Build [`POSTGRES_IMAGE`] and [`PROMETHEUS_IMAGE`] on it from `xtask/images/`:
+//!    the downloaded packages are in the build context, so no build needs the network.
+//!    An image built from the same files (its recipe label) is kept.
+//! 4. Build the two service images from the Dockerfile's `*-prebuilt` targets, which
+//!    copy the host's binaries instead of compiling in a `rust` image.
+//!
+//! Every image gets the tag `docker-compose.yml` names, so `docker compose up` finds
+//! it and pulls nothing. An image of that name that this command did not make (a real
+//! one, pulled from a registry) is left alone and used as it is.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context as _, ensure};
+use test_support::process::binary_dir;
+
+use crate::stack::{build_services, workspace};
+
+mod rootfs;
+
+/// The base image: the Dockerfile's `FROM` and the stand-ins' base.
+pub const BASE_IMAGE: &str = "debian:bookworm-slim";
+/// docker-compose.yml's PostgreSQL image.
+pub const POSTGRES_IMAGE: &str = "postgres:15";
+/// docker-compose.yml's Prometheus image. The stand-in runs Debian's Prometheus 2.42,
+/// which reads the project's configuration and takes compose's flags as v3 does.
+pub const PROMETHEUS_IMAGE: &str = "prom/prometheus:v3.5.0";
+/// The Dockerfile's prebuilt targets and the image names docker-compose.yml gives the
+/// services.
+pub const SERVICE_IMAGES: [(&str, &str); 2] = [
+    (
+        "catalog-service",
+        "deadline-propagation/catalog-service:dev",
+    ),
+    ("orders-service", "deadline-propagation/orders-service:dev"),
+];
+/// The label on every image made here, so a real image of the same name is recognised
+/// and never replaced. The Dockerfiles in `xtask/images/` set it too.
+const MADE_HERE: &str = "dev.deadline-propagation.made-by=cargo-xtask-images";
+/// The label holding a hash of the files a stand-in was built from ([`recipe`]): an
+/// image built from other files is built again, an up-to-date one needs no root file
+/// system (a new clone on a machine that has the images skips debootstrap).
+const RECIPE_LABEL: &str = "dev.deadline-propagation.recipe";
+/// The Debian release of every image.
+const SUITE: &str = "bookworm";
+
+/// The stand-ins built on [`BASE_IMAGE`]: image, folder under `xtask/images/`, and the
+/// Debian packages installed in it.
+const STAND_INS: [(&str, &str, &str); 2] = [
+    (POSTGRES_IMAGE, "postgres", "postgresql-15"),
+    (PROMETHEUS_IMAGE, "prometheus", "prometheus"),
+];
+
+/// `cargo xtask images`.
+#[derive(clap::Args, Debug)]
+pub struct ImagesArgs {
+    /// Which build of the services goes into their images (`dev` is target/debug).
+    #[arg(long, default_value = "dev", value_parser = ["dev", "release"])]
+    pub profile: String,
+    /// Use the binaries as they are instead of running `cargo build` first.
+    #[arg(long)]
+    pub no_build: bool,
+    /// Where the root file system and the packages are kept between runs (default:
+    /// target/images). Delete it to start from nothing.
+    #[arg(long)]
+    pub cache: Option<PathBuf>,
+    /// The Debian mirror for debootstrap and the packages.
+    #[arg(long, default_value = "http://deb.debian.org/debian")]
+    pub mirror: String,
+}
+
+/// Makes every image; prints one line per step with its duration.
+pub fn images(args: &ImagesArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let cache = args
+        .cache
+        .clone()
+        .unwrap_or_else(|| binary_dir(&workspace(), "dev").with_file_name("images"));
+    let tree = cache.join(SUITE);
+    let base_missing = !exists(BASE_IMAGE)?;
+    let mut stand_ins = Vec::new();
+    for (image, folder, _) in STAND_INS {
+        let recipe = recipe(folder)?;
+        if !exists(image)? {
+            stand_ins.push((image, folder, recipe));
+        } else if label(image, MADE_HERE)? != made_here_value() {
+            println!("images: {image} exists and was not made here (a real image), kept");
+        } else if base_missing || label(image, RECIPE_LABEL)? != recipe {
+            // A new base image is a new foundation: what stands on it is built again.
+            stand_ins.push((image, folder, recipe));
+        } else {
+            println!("images: {image} is up to date, kept");
+        }
+    }
+    if (base_missing || !stand_ins.is_empty()) && !tree.exists() {
+        step("debootstrap and packages", || {
+            rootfs::bootstrap(&cache, &tree, &args.mirror)
+        })?;
+    }
+    if base_missing {
+        step(&format!("docker import {BASE_IMAGE}"), || {
+            rootfs::import(&tree.join("rootfs"))
+        })?;
+    } else {
+        println!("images: {BASE_IMAGE} exists, kept");
+    }
+    for (image, folder, recipe) in stand_ins {
+        step(&format!("docker build {image}"), || {
+            build_stand_in(image, folder, &recipe, &tree.join(folder))
+        })?;
+    }
+    if !args.no_build {
+        step("cargo build (services)", || build_services(&args.profile))?;
+    }
+    let binaries = binary_dir(&workspace(), &args.profile);
+    let context = cache.join("services");
+    for (target, image) in SERVICE_IMAGES {
+        step(&format!("docker build {image}"), || {
+            build_service(&binaries, &context, target, image)
+        })?;
+    }
+    println!("images: done in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Runs `work`, then prints what it was and how long it took.
+fn step(what: &str, work: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let started = Instant::now();
+    work().with_context(|| format!("images: {what}"))?;
+    println!("images: {what}: {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Builds a stand-in image from `xtask/images/<folder>/` with `context` (which holds
+/// its `debs/`) as the build context, labelled with its `recipe`.
+fn build_stand_in(image: &str, folder: &str, recipe: &str, context: &Path) -> anyhow::Result<()> {
+    for path in recipe_files(folder)? {
+        std::fs::copy(&path, context.join(path.file_name().expect("a file")))?;
+    }
+    let label = format!("{RECIPE_LABEL}={recipe}");
+    docker_build(
+        &context.join("Dockerfile"),
+        &["--label", &label],
+        image,
+        context,
+    )
+}
+
+/// The files of `xtask/images/<folder>/`, in name order.
+fn recipe_files(folder: &str) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = std::fs::read_dir(workspace().join("xtask/images").join(folder))?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<Result<Vec<_>, _>>()?;
+    files.sort();
+    Ok(files)
+}
+
+/// A hash of the names and contents of a stand-in's files (64-bit FNV-1a: stable
+/// between runs and Rust versions, which std's hasher does not promise).
+fn recipe(folder: &str) -> anyhow::Result<String> {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for path in recipe_files(folder)? {
+        let name = path
+            .file_name()
+            .expect("a file")
+            .as_encoded_bytes()
+            .to_vec();
+        for byte in name.into_iter().chain([0]).chain(std::fs::read(&path)?) {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    Ok(format!("{hash:016x}"))
+}
+
+/// Builds `image` from the Dockerfile's `<target>-prebuilt` stage, with a context of
+/// the two binaries copied from `binaries`.
+fn build_service(binaries: &Path, context: &Path, target: &str, image: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(context)?;
+    for (name, _) in SERVICE_IMAGES {
+        let binary = binaries.join(name);
+        ensure!(
+            binary.exists(),
+            "{} is missing: build it first (cargo build -p {name})",
+            binary.display()
+        );
+        std::fs::copy(&binary, context.join(name))?;
+    }
+    let target = format!("{target}-prebuilt");
+    docker_build(
+        &workspace().join("Dockerfile"),
+        &["--target", &target],
+        image,
+        context,
+    )
+}
+
+/// `docker build` with Docker's legacy builder: with BuildKit, the Dockerfile's
+/// `# syntax=` line would make the build pull its frontend image from a registry.
+fn docker_build(
+    dockerfile: &Path,
+    options: &[&str],
+    image: &str,
+    context: &Path,
+) -> anyhow::Result<()> {
+    run(Command::new("docker")
+        .env("DOCKER_BUILDKIT", "0")
+        .args(["build", "--quiet", "--file"])
+        .arg(dockerfile)
+        .args(["--tag", image])
+        .args(options)
+        .arg(context)
+        .stdout(Stdio::null()))
+}
+
+/// Whether the engine has an image named `image`.
+pub fn exists(image: &str) -> anyhow::Result<bool> {
+    Ok(Command::new("docker")
+        .args(["image", "inspect", image])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("cannot run docker (is Docker installed?)")?
+        .success())
+}
+
+/// The value [`MADE_HERE`] gives its label.
+fn made_here_value() -> &'static str {
+    MADE_HERE.split_once('=').expect("key=value").1
+}
+
+/// The value of `image`'s label `key` (the part before any `=`), empty when unset.
+fn label(image: &str, key: &str) -> anyhow::Result<String> {
+    let key = key.split_once('=').map_or(key, |(k, _)| k);
+    let output = Command::new("docker")
+        .args(["image", "inspect", "--format"])
+        .arg(format!("{{{{index .Config.Labels \"{key}\"}}}}"))
+        .arg(image)
+        .output()?;
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
+/// Runs `command`; an error names it when it fails.
+pub fn run(command: &mut Command) -> anyhow::Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("cannot run {command:?}"))?;
+    ensure!(status.success(), "{command:?} failed: {status}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tags made here are the names the compose file and the Dockerfile use.
+    #[test]
+    fn tags_are_the_names_the_files_use() {
+        let compose = std::fs::read_to_string(workspace().join("docker-compose.yml")).unwrap();
+        let images = [POSTGRES_IMAGE, PROMETHEUS_IMAGE]
+            .into_iter()
+            .chain(SERVICE_IMAGES.map(|(_, image)| image));
+        for image in images {
+            assert!(
+                compose.contains(&format!("image: {image}\n")),
+                "docker-compose.yml names no image {image}"
+            );
+        }
+        let dockerfile = std::fs::read_to_string(workspace().join("Dockerfile")).unwrap();
+        assert!(dockerfile.contains(&format!("FROM {BASE_IMAGE} AS runtime\n")));
+        for (target, _) in SERVICE_IMAGES {
+            assert!(dockerfile.contains(&format!(" AS {target}-prebuilt\n")));
+            assert!(dockerfile.contains(&format!(" AS {target}\n")));
+        }
+    }
+
+    /// The stand-ins are recognised as made here by the label their Dockerfiles set.
+    #[test]
+    fn stand_ins_carry_the_label() {
+        for (_, folder, _) in STAND_INS {
+            let path = workspace()
+                .join("xtask/images")
+                .join(folder)
+                .join("Dockerfile");
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(
+                text.contains(&format!("LABEL {MADE_HERE}\n")),
+                "{} lacks LABEL {MADE_HERE}",
+                path.display()
+            );
+        }
+    }
+
+    /// The prebuilt targets must come before the build stage: the legacy builder builds
+    /// every stage up to its target, and the build stage pulls the `rust` image.
+    #[test]
+    fn prebuilt_targets_come_before_the_build_stage() {
+        let dockerfile = std::fs::read_to_string(workspace().join("Dockerfile")).unwrap();
+        let build = dockerfile.find(" AS build\n").unwrap();
+        for (target, _) in SERVICE_IMAGES {
+            let prebuilt = dockerfile
+                .find(&format!(" AS {target}-prebuilt\n"))
+                .unwrap();
+            assert!(
+                prebuilt < build,
+                "{target}-prebuilt is after the build stage"
+            );
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! The Debian root file system behind every image of [`super`]: made by `debootstrap`,
+//! with the stand-ins' packages downloaded beside it, and imported as
+//! [`BASE_IMAGE`].
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context as _, bail, ensure};
+
+use super::{BASE_IMAGE, MADE_HERE, STAND_INS, SUITE, run};
+
+/// Makes `tree`: the root file system in `rootfs/` and, for each stand-in, its packages
+/// in `<folder>/debs/`. Built under a temporary name and renamed when complete, so an
+/// interrupted run is started again rather than reused.
+pub(super) fn bootstrap(cache: &Path, tree: &Path, mirror: &str) -> anyhow::Result<()> {
+    ensure!(
+        which("debootstrap"),
+        "debootstrap is not installed (Debian: apt-get install debootstrap)"
+    );
+    let partial = tree.with_extension("partial");
+    remove_unmounted(&partial)?;
+    std::fs::create_dir_all(&partial)?;
+    let cache = std::path::absolute(cache)?;
+    let rootfs = partial.join("rootfs");
+    std::fs::create_dir_all(cache.join("debootstrap"))?;
+    run(Command::new("debootstrap")
+        .arg("--variant=minbase")
+        // The .deb files, kept so that a new tree after `rm -rf <cache>/bookworm`
+        // downloads nothing.
+        .arg(format!(
+            "--cache-dir={}",
+            cache.join("debootstrap").display()
+        ))
+        .args([SUITE, &rootfs.to_string_lossy(), mirror]))?;
+    for (_, folder, package) in STAND_INS {
+        download(&rootfs, package, &partial.join(folder).join("debs"))?;
+    }
+    // As in Debian's official slim images: no package lists, no downloaded packages.
+    for dir in ["var/lib/apt/lists", "var/cache/apt/archives"] {
+        empty_files(&rootfs.join(dir))?;
+    }
+    std::fs::rename(&partial, tree)?;
+    Ok(())
+}
+
+/// Downloads `package` and every dependency `rootfs` lacks into `dest`, with the host's
+/// apt but the tree's package lists, sources and installed packages, so the set is
+/// exactly what installing it in an image of that tree needs.
+fn download(rootfs: &Path, package: &str, dest: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dest)?;
+    let option = |name: &str, value: &Path| format!("-o{name}={}", value.display());
+    run(Command::new("apt-get")
+        .args(["--quiet", "--yes", "--no-install-recommends"])
+        .arg(option("Dir::State", &rootfs.join("var/lib/apt")))
+        .arg(option(
+            "Dir::State::status",
+            &rootfs.join("var/lib/dpkg/status"),
+        ))
+        .arg(option(
+            "Dir::Etc::SourceList",
+            &rootfs.join("etc/apt/sources.list"),
+        ))
+        .arg(option(
+            "Dir::Etc::SourceParts",
+            &rootfs.join("etc/apt/sources.list.d"),
+        ))
+        .arg(option("Dir::Cache::archives", dest))
+        // The tree is nobody's live system: no lock to take on it.
+        .arg("-oDebug::NoLocking=1")
+        .args(["install", "--download-only", package]))?;
+    // apt's own bookkeeping, not packages.
+    let _ = std::fs::remove_dir_all(dest.join("partial"));
+    let _ = std::fs::remove_file(dest.join("lock"));
+    Ok(())
+}
+
+/// `docker import` of `rootfs` as [`BASE_IMAGE`], with `bash` as its command as in
+/// Debian's official images.
+pub(super) fn import(rootfs: &Path) -> anyhow::Result<()> {
+    let mut tar = Command::new("tar")
+        .arg("--numeric-owner")
+        .arg("-C")
+        .arg(rootfs)
+        .args(["-c", "."])
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot run tar")?;
+    let stdout = tar.stdout.take().expect("piped");
+    let import = Command::new("docker")
+        .args(["import", "--change", &format!("LABEL {MADE_HERE}")])
+        .args(["--change", r#"CMD ["bash"]"#, "-", BASE_IMAGE])
+        .stdin(stdout)
+        .stdout(Stdio::null())
+        .status()
+        .context("cannot run docker import")?;
+    ensure!(tar.wait()?.success(), "tar of {} failed", rootfs.display());
+    ensure!(import.success(), "docker import failed");
+    Ok(())
+}
+
+/// Whether `program` is on the PATH.
+fn which(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}
+
+/// Removes the files (not the folders) directly in `dir`.
+fn empty_files(dir: &Path) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_file() {
+            std::fs::remove_file(path)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes what an interrupted debootstrap left at `dir`, unless something is still
+/// mounted under it (debootstrap mounts /proc and /sys in the tree while it installs):
+/// removing files through such a mount would reach the host's.
+fn remove_unmounted(dir: &Path) -> anyhow::Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    let dir = std::path::absolute(dir)?;
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    if let Some(mount) = mounts
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(1))
+        .find(|point| Path::new(point).starts_with(&dir))
+    {
+        bail!(
+            "{mount} is still mounted (an interrupted debootstrap): unmount it, then remove {}",
+            dir.display()
+        );
+    }
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
