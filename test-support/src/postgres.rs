@@ -41,6 +41,11 @@ impl PgCluster {
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
+        // A folder of the same name can be left by a run that was killed (a process id
+        // is reused): initdb refuses a non-empty data folder, so start from nothing.
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
         std::fs::create_dir_all(&dir)?;
         if as_postgres {
             run(Command::new("chown")
