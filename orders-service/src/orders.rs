@@ -215,12 +215,7 @@ pub async fn place_order(
             "not enough stock of {} for {} item(s)",
             order.sku, order.quantity
         ))),
-        Attempt::KeyTaken(Some(existing))
-            if existing.sku == order.sku && existing.quantity == order.quantity =>
-        {
-            Ok(Placed::Replayed(existing))
-        }
-        Attempt::KeyTaken(Some(_)) => Err(key_reused()),
+        Attempt::KeyTaken(Some(existing)) => replay(existing, order).map(Placed::Replayed),
         Attempt::KeyTaken(None) => Err(Problem::internal(
             "an Idempotency-Key conflicted, but its order could not be read",
         )),
@@ -262,17 +257,19 @@ pub async fn find_replay(
             )
         })
         .await?;
-    match existing {
-        Some(existing) if existing.sku == order.sku && existing.quantity == order.quantity => {
-            Ok(Some(existing))
-        }
-        Some(_) => Err(key_reused()),
-        None => Ok(None),
-    }
+    existing.map(|existing| replay(existing, order)).transpose()
 }
 
-fn key_reused() -> Problem {
-    Problem::unprocessable("this Idempotency-Key was already used for a different order")
+/// The order stored under a key, as the answer to `order` sent again with that key: the
+/// same order is a replay; the key used for a different one is the client's mistake.
+fn replay(existing: Order, order: &NewOrder) -> Result<Order, Problem> {
+    if existing.sku == order.sku && existing.quantity == order.quantity {
+        Ok(existing)
+    } else {
+        Err(Problem::unprocessable(
+            "this Idempotency-Key was already used for a different order",
+        ))
+    }
 }
 
 /// The order with `id`, if any.
