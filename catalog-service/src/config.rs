@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use clap::Parser;
-use shared::telemetry::LogFormat;
+use service_kit::telemetry::LogFormat;
 
 /// catalog-service settings. `--help` lists each with its variable and default.
 #[derive(Parser, Debug, Clone)]

@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use catalog_service::{Application, Config, FaultConfig, Faults};
+use deadline_propagation::metrics::Metrics;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use shared::metrics::Metrics;
 use test_support::{Running, metric_value, wait_until};
 use tokio::time::Instant;
 

@@ -5,10 +5,10 @@ mod common;
 use std::time::Duration;
 
 use common::{MS, TestApp, json_of, spawn_app, spawn_app_with};
+use deadline_propagation::DeadlineMode;
+use deadline_propagation::client::PROBE_INTERVAL;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use shared::DeadlineMode;
-use shared::client::admission::PROBE_INTERVAL;
 use test_support::{metric_value, wait_until};
 use tokio::time::Instant;
 
@@ -33,13 +33,15 @@ fn predicted_late(app: &TestApp) -> f64 {
     )
 }
 
+/// The client's latency estimate, as `/metrics` shows it.
 fn estimate(app: &TestApp) -> Duration {
-    app.state
-        .catalog
-        .http()
-        .admission()
-        .expect("admission is on")
-        .estimate()
+    let seconds = metric_value(
+        &app.metrics(),
+        "http_client_latency_estimate_seconds",
+        r#"client="catalog""#,
+    )
+    .expect("admission is on");
+    Duration::from_secs_f64(seconds)
 }
 
 /// Sends `n` orders from `workers` concurrent clients; returns (status, elapsed, body).

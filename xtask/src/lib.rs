@@ -4,7 +4,7 @@
 //! One implementation of each thing, shared with the tests through test-support:
 //! PostgreSQL from [`test_support::PgCluster`], the services from
 //! [`test_support::ServiceProcess`], `/metrics` read by [`test_support::exposition`],
-//! metric names from [`shared::metrics::names`].
+//! metric names from [`deadline_propagation::metrics::names`].
 //!
 //! The experiment, in the order it runs: [`experiment`] parses the command line and
 //! runs every repeat; [`run`] runs one mode (database, services, warm-up, fault, k6 from
@@ -21,8 +21,10 @@
 pub mod chart;
 pub mod check;
 pub mod compose;
+pub mod copy_check;
 pub mod cost;
 pub mod dashboards;
+pub mod examples;
 pub mod experiment;
 pub mod images;
 pub mod k6;

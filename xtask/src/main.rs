@@ -43,6 +43,21 @@ enum Command {
     /// Start docker-compose.yml's PostgreSQL, catalog, orders and Prometheus, check them
     /// from the host, and take them down (the images first: `cargo xtask images`).
     ComposeCheck(xtask::compose::ComposeArgs),
+    /// Run the crate's example ladder (ingress, client, database) and ask each what its
+    /// doc comment says to ask; the database example gets the catalog and PostgreSQL.
+    Examples(ExamplesArgs),
+    /// Copy shared/ into a new project with a two-line main and build it offline.
+    CopyCheck,
+}
+
+#[derive(clap::Args)]
+struct ExamplesArgs {
+    /// Which build to run (`dev` is target/debug).
+    #[arg(long, default_value = "dev", value_parser = ["dev", "release"])]
+    profile: String,
+    /// Run the binaries already built (CI: `cargo test` built the examples).
+    #[arg(long)]
+    no_build: bool,
 }
 
 #[derive(clap::Args)]
@@ -83,6 +98,10 @@ async fn main() -> ExitCode {
         Command::ComposeCheck(args) => xtask::compose::compose_check(&args)
             .await
             .map(|ok| u8::from(!ok)),
+        Command::Examples(args) => xtask::examples::examples(&args.profile, args.no_build)
+            .await
+            .map(|()| 0),
+        Command::CopyCheck => xtask::copy_check::copy_check().map(|()| 0),
         Command::ReadmeTables => xtask::readme::tables(&stack::workspace().join("docs/results"))
             .map(|t| {
                 print!("{t}");

@@ -65,7 +65,7 @@ pub enum CallError {
 }
 
 /// The wait passed on with a downstream 503 whose `Retry-After` is missing or unreadable.
-pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The wait a downstream asks for in `Retry-After`, in delay-seconds (the form both
 /// services send). The HTTP-date form counts as unreadable: turning it into a wait would
@@ -102,21 +102,6 @@ impl CallError {
     /// refusal by its bulkhead, `{name}` for the rest (a deadline answer carries the
     /// stage it ran out in). A bad request of our own is a 500, never blamed on the
     /// downstream.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use shared::client::{AcquireError, CallError};
-    /// use shared::stage::Downstream;
-    ///
-    /// let inventory = Downstream::new("inventory").unwrap();
-    /// let refused = CallError::Rejected {
-    ///     reason: AcquireError::QueueFull,
-    ///     retry_after: Duration::from_secs(1),
-    /// };
-    /// let problem = refused.into_problem(inventory);
-    /// assert_eq!(problem.status(), http::StatusCode::SERVICE_UNAVAILABLE);
-    /// assert_eq!(problem.stage(), Some(inventory.pool()));
-    /// ```
     pub fn into_problem(self, downstream: Downstream) -> Problem {
         let stage = downstream.call();
         match self {

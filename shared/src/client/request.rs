@@ -31,8 +31,8 @@ use crate::deadline::Deadline;
 /// chain of builder calls needs no `?` of its own.
 ///
 /// ```no_run
-/// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
-/// # -> Result<(), shared::client::CallError> {
+/// # async fn example(client: deadline_propagation::client::BudgetedClient, deadline: deadline_propagation::Deadline)
+/// # -> Result<(), deadline_propagation::client::CallError> {
 /// use http::Method;
 ///
 /// let reply = client
@@ -78,7 +78,7 @@ impl<'c> CallRequest<'c> {
     /// a caller can never send a budget larger than what is left.
     ///
     /// ```no_run
-    /// # fn example(client: &shared::client::BudgetedClient) {
+    /// # fn example(client: &deadline_propagation::client::BudgetedClient) {
     /// let request = client
     ///     .request(http::Method::DELETE, "/reservations/17")
     ///     .header("if-match", "\"v3\"");
@@ -103,7 +103,7 @@ impl<'c> CallRequest<'c> {
     /// same body again without copying it.
     ///
     /// ```no_run
-    /// # fn example(client: &shared::client::BudgetedClient) {
+    /// # fn example(client: &deadline_propagation::client::BudgetedClient) {
     /// let request = client
     ///     .request(http::Method::POST, "/events")
     ///     .header("content-type", "application/x-ndjson")
@@ -118,7 +118,7 @@ impl<'c> CallRequest<'c> {
     /// `value` as a JSON body, with `content-type: application/json`.
     ///
     /// ```no_run
-    /// # fn example(client: &shared::client::BudgetedClient) {
+    /// # fn example(client: &deadline_propagation::client::BudgetedClient) {
     /// let request = client
     ///     .request(http::Method::POST, "/check")
     ///     .json(&serde_json::json!({"sku": "SKU-00001", "quantity": 1}));
@@ -142,7 +142,7 @@ impl<'c> CallRequest<'c> {
     /// and the deadline still apply.
     ///
     /// ```no_run
-    /// # fn example(client: &shared::client::BudgetedClient) {
+    /// # fn example(client: &deadline_propagation::client::BudgetedClient) {
     /// let probe = client.request(http::Method::GET, "/healthz").health_check();
     /// # }
     /// ```
@@ -157,8 +157,8 @@ impl<'c> CallRequest<'c> {
     /// [`CallError`] (a 504 from the downstream is never retried).
     ///
     /// ```no_run
-    /// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
-    /// # -> Result<(), shared::Problem> {
+    /// # async fn example(client: deadline_propagation::client::BudgetedClient, deadline: deadline_propagation::Deadline)
+    /// # -> Result<(), deadline_propagation::Problem> {
     /// let reply = client
     ///     .request(http::Method::POST, "/check")
     ///     .json(&serde_json::json!({"sku": "SKU-00001", "quantity": 1}))
@@ -193,8 +193,8 @@ impl<'c> CallRequest<'c> {
 /// [`CallError`], so holding a `Reply` means the downstream said yes.
 ///
 /// ```no_run
-/// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
-/// # -> Result<(), shared::client::CallError> {
+/// # async fn example(client: deadline_propagation::client::BudgetedClient, deadline: deadline_propagation::Deadline)
+/// # -> Result<(), deadline_propagation::client::CallError> {
 /// let reply = client.request(http::Method::GET, "/stock/SKU-1").send(&deadline).await?;
 /// let etag = reply.headers.get("etag");
 /// # Ok(()) }
@@ -214,7 +214,7 @@ impl Reply {
     /// (502: the downstream broke its side of the interface).
     ///
     /// ```
-    /// use shared::client::Reply;
+    /// use deadline_propagation::client::Reply;
     ///
     /// let reply = Reply {
     ///     status: http::StatusCode::OK,

@@ -15,7 +15,7 @@ use crate::timing::StageLog;
 ///
 /// ```
 /// use axum::{Router, routing::get};
-/// use shared::{Deadline, DeadlineLayer, DeadlinePolicy};
+/// use deadline_propagation::{Deadline, DeadlineLayer, DeadlinePolicy};
 ///
 /// async fn handler(deadline: Deadline) -> String {
 ///     format!("{} ms left", deadline.remaining().as_millis())
@@ -58,7 +58,7 @@ impl DeadlineLayer {
     /// A layer that applies `policy` to every request.
     ///
     /// ```
-    /// use shared::{DeadlineLayer, DeadlinePolicy};
+    /// use deadline_propagation::{DeadlineLayer, DeadlinePolicy};
     ///
     /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000));
     /// ```
@@ -78,9 +78,9 @@ impl DeadlineLayer {
     /// is not bounded, as in a service written without the technique.
     ///
     /// ```
-    /// use shared::{DeadlineLayer, DeadlineMode, DeadlinePolicy};
+    /// use deadline_propagation::{DeadlineLayer, DeadlineMode, DeadlinePolicy};
     ///
-    /// // The "before" of an experiment: the same service without the technique.
+    /// // The off switch: no budget is enforced, each step waits its fixed timeout.
     /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000)).mode(DeadlineMode::Legacy);
     /// ```
     pub fn mode(self, mode: DeadlineMode) -> Self {
@@ -90,8 +90,8 @@ impl DeadlineLayer {
     /// Reads the mode from `mode` for every request, so it can be switched at run time.
     ///
     /// ```
-    /// use shared::ingress::LiveMode;
-    /// use shared::{DeadlineLayer, DeadlineMode, DeadlinePolicy};
+    /// use deadline_propagation::LiveMode;
+    /// use deadline_propagation::{DeadlineLayer, DeadlineMode, DeadlinePolicy};
     ///
     /// let mode = LiveMode::new(DeadlineMode::Observe);
     /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000)).live_mode(mode.clone());
@@ -111,7 +111,7 @@ impl DeadlineLayer {
     /// than `observe` is a 400 naming the header.
     ///
     /// ```
-    /// use shared::{DeadlineLayer, DeadlinePolicy};
+    /// use deadline_propagation::{DeadlineLayer, DeadlinePolicy};
     ///
     /// // An internal service (catalog-service): observed callers are observed here too.
     /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(5000, 5000)).honour_mode_header(true);
@@ -123,16 +123,21 @@ impl DeadlineLayer {
     /// Reports budgets, clamps, stage starts and expiries to `metrics`.
     ///
     /// ```
-    /// use shared::{DeadlineLayer, DeadlinePolicy, metrics::Metrics};
+    /// use deadline_propagation::{DeadlineLayer, DeadlinePolicy, metrics::Metrics};
     ///
     /// let metrics = Metrics::new("orders-service");
     /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000))
-    ///     .metrics(metrics.deadline().clone());
+    ///     .metrics(&metrics);
     /// ```
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn metrics(self, metrics: DeadlineMetrics) -> Self {
-        self.map(|c| c.metrics = Some(metrics))
+    pub fn metrics(self, metrics: &crate::metrics::Metrics) -> Self {
+        let policy = self.config.policy;
+        metrics
+            .settings()
+            .set_deadline_policy(policy.max, policy.default, None);
+        let deadline = metrics.deadline().clone();
+        self.map(|c| c.metrics = Some(deadline))
     }
 
     fn map(self, f: impl FnOnce(&mut IngressConfig)) -> Self {

@@ -23,7 +23,7 @@ use crate::metrics::DeadlineMetrics;
 /// How an ingress treats budgets.
 ///
 /// ```
-/// use shared::DeadlineMode;
+/// use deadline_propagation::DeadlineMode;
 ///
 /// // As settings, the admin API and the metric label spell it.
 /// let mode: DeadlineMode = serde_json::from_str("\"observe\"").unwrap();
@@ -40,23 +40,19 @@ pub enum DeadlineMode {
     /// Run the budget, headers, metrics and latency estimate, but refuse nothing: count
     /// what propagate would have refused. Waits and timeouts are legacy's.
     Observe,
-    /// The "before" of the experiment: no ingress budget, fixed client timeouts, no
-    /// statement timeout. Everything else is identical so the comparison is fair.
+    /// The off switch: no budget is enforced, and each call and transaction waits at
+    /// most the fixed timeout you set ([`DeadlinePolicy::legacy_timeout`](crate::DeadlinePolicy::legacy_timeout)),
+    /// with no server-side statement limit: how the service behaves without the
+    /// technique, for an operator who must turn it off at once (and for a before/after
+    /// measurement).
     Legacy,
 }
 
 impl DeadlineMode {
-    /// The fixed timeout legacy code uses where the technique would use the deadline.
-    ///
-    /// ```
-    /// assert_eq!(shared::DeadlineMode::LEGACY_TIMEOUT.as_secs(), 30);
-    /// ```
-    pub const LEGACY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
     /// Every mode, for the `deadline_mode` gauge.
     ///
     /// ```
-    /// let names = shared::DeadlineMode::ALL.map(shared::DeadlineMode::as_str);
+    /// let names = deadline_propagation::DeadlineMode::ALL.map(deadline_propagation::DeadlineMode::as_str);
     /// assert_eq!(names, ["legacy", "observe", "propagate"]);
     /// ```
     pub const ALL: [DeadlineMode; 3] = [
@@ -68,7 +64,7 @@ impl DeadlineMode {
     /// The name used in settings, the admin API and the metric label.
     ///
     /// ```
-    /// assert_eq!(shared::DeadlineMode::Propagate.as_str(), "propagate");
+    /// assert_eq!(deadline_propagation::DeadlineMode::Propagate.as_str(), "propagate");
     /// ```
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -81,7 +77,7 @@ impl DeadlineMode {
     /// Whether this mode refuses work (504, 503) where the budget says so.
     ///
     /// ```
-    /// use shared::DeadlineMode;
+    /// use deadline_propagation::DeadlineMode;
     ///
     /// assert!(DeadlineMode::Propagate.enforces());
     /// assert!(!DeadlineMode::Observe.enforces());
@@ -110,7 +106,7 @@ impl DeadlineMode {
 /// The mode in force now; clones share it. One atomic load per request.
 ///
 /// ```
-/// use shared::{DeadlineMode, ingress::LiveMode};
+/// use deadline_propagation::{DeadlineMode, LiveMode};
 ///
 /// let mode = LiveMode::new(DeadlineMode::Legacy);
 /// let seen_by_the_layer = mode.clone();
@@ -131,7 +127,7 @@ impl LiveMode {
     /// Starts in `mode`.
     ///
     /// ```
-    /// use shared::{DeadlineMode, ingress::LiveMode};
+    /// use deadline_propagation::{DeadlineMode, LiveMode};
     ///
     /// assert_eq!(LiveMode::new(DeadlineMode::Observe).get(), DeadlineMode::Observe);
     /// ```
@@ -147,16 +143,16 @@ impl LiveMode {
     /// Shows the mode as `deadline_mode{mode}` in `metrics`, from now on.
     ///
     /// ```
-    /// use shared::{DeadlineMode, ingress::LiveMode, metrics::Metrics};
+    /// use deadline_propagation::{DeadlineMode, LiveMode, metrics::Metrics};
     ///
     /// let metrics = Metrics::new("orders-service");
-    /// let mode = LiveMode::new(DeadlineMode::Propagate).with_metrics(metrics.deadline().clone());
+    /// let mode = LiveMode::new(DeadlineMode::Propagate).with_metrics(&metrics);
     /// assert!(metrics.render().contains("deadline_mode{service=\"orders-service\",mode=\"propagate\"} 1"));
     /// ```
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn with_metrics(mut self, metrics: DeadlineMetrics) -> Self {
-        self.metrics = Some(metrics);
+    pub fn with_metrics(mut self, metrics: &crate::metrics::Metrics) -> Self {
+        self.metrics = Some(metrics.deadline().clone());
         self.show(self.get());
         self
     }
@@ -164,7 +160,7 @@ impl LiveMode {
     /// The mode in force.
     ///
     /// ```
-    /// use shared::{DeadlineMode, ingress::LiveMode};
+    /// use deadline_propagation::{DeadlineMode, LiveMode};
     ///
     /// assert_eq!(LiveMode::from(DeadlineMode::Legacy).get(), DeadlineMode::Legacy);
     /// ```
@@ -176,7 +172,7 @@ impl LiveMode {
     /// it replaced.
     ///
     /// ```
-    /// use shared::{DeadlineMode, ingress::LiveMode};
+    /// use deadline_propagation::{DeadlineMode, LiveMode};
     ///
     /// let mode = LiveMode::new(DeadlineMode::Propagate);
     /// let before = mode.set(DeadlineMode::Observe); // a rollback, without a restart
@@ -231,7 +227,7 @@ mod tests {
         use crate::metrics::Metrics;
 
         let metrics = Metrics::new("orders-service");
-        let mode = LiveMode::new(DeadlineMode::Propagate).with_metrics(metrics.deadline().clone());
+        let mode = LiveMode::new(DeadlineMode::Propagate).with_metrics(&metrics);
         let shown = || {
             let text = metrics.render();
             DeadlineMode::ALL.map(|m| {

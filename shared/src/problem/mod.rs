@@ -18,18 +18,14 @@ use crate::deadline::DeadlineExceeded;
 use crate::stage::Stage;
 
 /// The media type of problem bodies.
-///
-/// ```
-/// assert_eq!(shared::problem::PROBLEM_JSON, "application/problem+json");
-/// ```
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
 
 /// An error answer. Build one with the constructors; each names what went wrong in
 /// words the client can act on. Boxed, so `Result<T, Problem>` stays one pointer wide on
 /// the happy path.
 ///
 /// ```
-/// use shared::{Deadline, Problem};
+/// use deadline_propagation::{Deadline, Problem};
 ///
 /// // Handlers return `Result<_, Problem>`; with the `axum` feature it is the response.
 /// async fn order(deadline: Deadline, quantity: u32) -> Result<&'static str, Problem> {
@@ -66,19 +62,8 @@ struct Body {
 
 /// What the HTTP middleware needs to log a failed request; put into the response's
 /// extensions by `Problem::into_response` (feature `axum`).
-///
-/// ```
-/// # #[cfg(feature = "axum")] {
-/// use axum::response::IntoResponse;
-/// use shared::problem::{Problem, ProblemReport};
-///
-/// let response = Problem::internal("connection reset").into_response();
-/// let report = response.extensions().get::<ProblemReport>().unwrap();
-/// assert_eq!(report.cause.as_deref(), Some("connection reset"));
-/// # }
-/// ```
 #[derive(Debug, Clone)]
-pub struct ProblemReport {
+pub(crate) struct ProblemReport {
     /// The HTTP status sent.
     pub status: StatusCode,
     /// The stage for deadline and overload answers.
@@ -111,7 +96,7 @@ impl Problem {
     /// 400: the request cannot be understood (malformed JSON, a bad header).
     ///
     /// ```
-    /// assert_eq!(shared::Problem::bad_request("expected a JSON object").status().as_u16(), 400);
+    /// assert_eq!(deadline_propagation::Problem::bad_request("expected a JSON object").status().as_u16(), 400);
     /// ```
     pub fn bad_request(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "urn:problem:bad-request", detail)
@@ -120,7 +105,7 @@ impl Problem {
     /// 400 for an invalid header, naming it in a `header` member.
     ///
     /// ```
-    /// let problem = shared::Problem::invalid_header("X-Request-Timeout-Ms", "must be a number");
+    /// let problem = deadline_propagation::Problem::invalid_header("X-Request-Timeout-Ms", "must be a number");
     /// assert_eq!(problem.status().as_u16(), 400);
     /// ```
     pub fn invalid_header(name: &'static str, detail: impl Into<String>) -> Self {
@@ -135,7 +120,7 @@ impl Problem {
     /// 403: the client may not use this endpoint.
     ///
     /// ```
-    /// assert_eq!(shared::Problem::forbidden("loopback clients only").status().as_u16(), 403);
+    /// assert_eq!(deadline_propagation::Problem::forbidden("loopback clients only").status().as_u16(), 403);
     /// ```
     pub fn forbidden(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, "urn:problem:forbidden", detail)
@@ -144,7 +129,7 @@ impl Problem {
     /// 404: the named thing does not exist.
     ///
     /// ```
-    /// assert_eq!(shared::Problem::not_found("no SKU-99999").status().as_u16(), 404);
+    /// assert_eq!(deadline_propagation::Problem::not_found("no SKU-99999").status().as_u16(), 404);
     /// ```
     pub fn not_found(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "urn:problem:not-found", detail)
@@ -153,7 +138,7 @@ impl Problem {
     /// 409: the request conflicts with the current state (not enough stock).
     ///
     /// ```
-    /// assert_eq!(shared::Problem::conflict("only 2 left").status().as_u16(), 409);
+    /// assert_eq!(deadline_propagation::Problem::conflict("only 2 left").status().as_u16(), 409);
     /// ```
     pub fn conflict(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, "urn:problem:conflict", detail)
@@ -162,7 +147,7 @@ impl Problem {
     /// 413: the body is over the limit.
     ///
     /// ```
-    /// assert_eq!(shared::Problem::payload_too_large("over 4 KiB").status().as_u16(), 413);
+    /// assert_eq!(deadline_propagation::Problem::payload_too_large("over 4 KiB").status().as_u16(), 413);
     /// ```
     pub fn payload_too_large(detail: impl Into<String>) -> Self {
         Self::new(
@@ -175,7 +160,7 @@ impl Problem {
     /// 415: the body is not JSON.
     ///
     /// ```
-    /// assert_eq!(shared::Problem::unsupported_media_type("send JSON").status().as_u16(), 415);
+    /// assert_eq!(deadline_propagation::Problem::unsupported_media_type("send JSON").status().as_u16(), 415);
     /// ```
     pub fn unsupported_media_type(detail: impl Into<String>) -> Self {
         Self::new(
@@ -188,7 +173,7 @@ impl Problem {
     /// 422: well-formed, but a value is missing or out of range.
     ///
     /// ```
-    /// assert_eq!(shared::Problem::unprocessable("quantity must be positive").status().as_u16(), 422);
+    /// assert_eq!(deadline_propagation::Problem::unprocessable("quantity must be positive").status().as_u16(), 422);
     /// ```
     pub fn unprocessable(detail: impl Into<String>) -> Self {
         Self::new(
@@ -202,14 +187,14 @@ impl Problem {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use shared::{DeadlineExceeded, Problem, Stage};
+    /// use deadline_propagation::{DeadlineExceeded, Problem, Stage};
     ///
     /// let problem = Problem::deadline(DeadlineExceeded {
-    ///     stage: Stage::Catalog,
+    ///     stage: Stage::named("catalog"),
     ///     budget: Duration::from_millis(300),
     ///     elapsed: Duration::from_millis(301),
     /// });
-    /// assert_eq!((problem.status().as_u16(), problem.stage()), (504, Some(Stage::Catalog)));
+    /// assert_eq!((problem.status().as_u16(), problem.stage()), (504, Some(Stage::named("catalog"))));
     /// ```
     pub fn deadline(exceeded: DeadlineExceeded) -> Self {
         Self::new(
@@ -232,10 +217,10 @@ impl Problem {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use shared::{Problem, Stage};
+    /// use deadline_propagation::{Downstream, Problem};
     ///
     /// // Sent with `Retry-After: 1` (40 ms rounded up to a whole second).
-    /// let problem = Problem::overloaded(Stage::CatalogPool, Duration::from_millis(40), "queue full");
+    /// let problem = Problem::overloaded(Downstream::new("catalog").unwrap().pool(), Duration::from_millis(40), "queue full");
     /// assert_eq!(problem.status().as_u16(), 503);
     /// ```
     pub fn overloaded(stage: Stage, retry_after: Duration, detail: impl Into<String>) -> Self {
@@ -253,7 +238,7 @@ impl Problem {
     /// 503 for a dependency that is down (database unreachable).
     ///
     /// ```
-    /// use shared::{Problem, Stage};
+    /// use deadline_propagation::{Problem, Stage};
     ///
     /// let problem = Problem::unavailable(Stage::DbPool, "connection refused");
     /// assert_eq!(problem.status().as_u16(), 503);
@@ -271,9 +256,9 @@ impl Problem {
     /// 502: a downstream failed in a way that is not the client's fault.
     ///
     /// ```
-    /// use shared::{Problem, Stage};
+    /// use deadline_propagation::{Problem, Stage};
     ///
-    /// let problem = Problem::bad_gateway(Stage::Catalog, "500 Internal Server Error");
+    /// let problem = Problem::bad_gateway(Stage::named("catalog"), "500 Internal Server Error");
     /// assert_eq!(problem.detail(), "the catalog dependency failed");
     /// ```
     pub fn bad_gateway(stage: Stage, cause: impl ToString) -> Self {
@@ -291,7 +276,7 @@ impl Problem {
     /// 500: a bug or an unexpected failure. The cause is logged, never sent.
     ///
     /// ```
-    /// let problem = shared::Problem::internal("password=hunter2");
+    /// let problem = deadline_propagation::Problem::internal("password=hunter2");
     /// assert_eq!(problem.detail(), "internal error");
     /// ```
     pub fn internal(cause: impl ToString) -> Self {
@@ -308,7 +293,7 @@ impl Problem {
     /// `Idempotency-Key` finds the order if it was committed.
     ///
     /// ```
-    /// use shared::{Problem, Stage};
+    /// use deadline_propagation::{Problem, Stage};
     ///
     /// assert_eq!(Problem::outcome_unknown(Stage::Db).status().as_u16(), 500);
     /// ```
@@ -325,7 +310,7 @@ impl Problem {
     /// The HTTP status.
     ///
     /// ```
-    /// assert_eq!(shared::Problem::not_found("gone").status(), http::StatusCode::NOT_FOUND);
+    /// assert_eq!(deadline_propagation::Problem::not_found("gone").status(), http::StatusCode::NOT_FOUND);
     /// ```
     pub fn status(&self) -> StatusCode {
         StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
@@ -334,7 +319,7 @@ impl Problem {
     /// The stage, for deadline and overload answers.
     ///
     /// ```
-    /// assert_eq!(shared::Problem::not_found("gone").stage(), None);
+    /// assert_eq!(deadline_propagation::Problem::not_found("gone").stage(), None);
     /// ```
     pub fn stage(&self) -> Option<Stage> {
         self.0.stage
@@ -343,7 +328,7 @@ impl Problem {
     /// The human-readable explanation sent to the client.
     ///
     /// ```
-    /// assert_eq!(shared::Problem::not_found("no such order").detail(), "no such order");
+    /// assert_eq!(deadline_propagation::Problem::not_found("no such order").detail(), "no such order");
     /// ```
     pub fn detail(&self) -> &str {
         &self.0.detail
