@@ -107,7 +107,7 @@ impl serde::Serialize for Stage {
     }
 }
 
-/// Reads a wire name through [`Stage::lookup`]: a name that is neither in the contract
+/// Reads a wire name through `Stage::lookup`: a name that is neither in the contract
 /// nor configured in this process is an error, never a new (leaked) stage.
 impl<'de> serde::Deserialize<'de> for Stage {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

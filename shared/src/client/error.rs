@@ -26,7 +26,7 @@ pub enum CallError {
         retry_after: Duration,
     },
     /// Refused before taking a slot: recent calls say this one cannot finish in what it
-    /// has left (see [`Admission`](super::Admission)). 503 with the call's stage.
+    /// has left (the client's admission, docs/design.md §4.1). 503 with the call's stage.
     #[error("predicted to finish late: needs about {needed:?}, has {available:?}")]
     PredictedLate {
         /// Pool wait plus call time, as estimated.
@@ -43,7 +43,7 @@ pub enum CallError {
     /// The downstream answered 503: passed on with its `Retry-After`.
     #[error("the downstream is overloaded")]
     DownstreamOverloaded {
-        /// From the downstream's `Retry-After`, or [`DEFAULT_RETRY_AFTER`].
+        /// From the downstream's `Retry-After`, or 1 s when it sends none or one that is not whole seconds.
         retry_after: Duration,
     },
     /// The downstream answered 404 for what we asked: the caller's input was wrong.

@@ -53,7 +53,7 @@ pub struct DeadlineExceeded {
 
 /// An absolute deadline plus the budget it was created with.
 ///
-/// Cheap to clone; clones (and [children](Deadline::child)) share one [`StageLog`], so the
+/// Cheap to clone; clones (and [children](Deadline::child)) share one log of stages, so the
 /// time every stage took ends up in the response's `Server-Timing` header.
 ///
 /// ```
