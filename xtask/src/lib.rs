@@ -15,6 +15,9 @@
 //! [`readme`] turns the committed summaries into the README's tables. [`cost`] measures
 //! the technique's cost to PostgreSQL alone, with pgbench.
 //!
+//! The documentation: [`links`] checks that every relative link of every Markdown file
+//! resolves, headings included.
+//!
 //! The Docker path: [`images`] makes the images docker-compose.yml runs without a
 //! registry; [`compose`] brings that stack up and checks it from the host.
 
@@ -26,6 +29,7 @@ pub mod dashboards;
 pub mod experiment;
 pub mod images;
 pub mod k6;
+pub mod links;
 pub mod prometheus;
 pub mod promql;
 pub mod readme;

@@ -6,6 +6,7 @@
 //! - `dashboards`: the Grafana dashboards' static checks;
 //! - `cost`: the order transaction alone under pgbench, legacy against propagate;
 //! - `readme-tables`: the README's result tables, from the committed `docs/results/`;
+//! - `check-links`: every relative link of every Markdown file resolves;
 //! - `images`: the images docker-compose.yml runs, made without a registry;
 //! - `compose-check`: docker-compose.yml's stack up in containers, checked from the host.
 
@@ -37,6 +38,9 @@ enum Command {
     Cost(xtask::cost::CostArgs),
     /// Print the README's result tables, generated from docs/results/*/summary.json.
     ReadmeTables,
+    /// Check every relative link and `#anchor` of every Markdown file git has; fails
+    /// naming file:line for each one that does not resolve.
+    CheckLinks,
     /// Make the images docker-compose.yml runs (but Grafana, Jaeger and k6) without a
     /// registry: Debian's packages by debootstrap, the services from the host's build.
     Images(xtask::images::ImagesArgs),
@@ -88,6 +92,7 @@ async fn main() -> ExitCode {
                 print!("{t}");
                 0
             }),
+        Command::CheckLinks => check_links_command(),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -122,4 +127,16 @@ fn dashboards_command() -> anyhow::Result<u8> {
         report.problems.len()
     );
     Ok(u8::from(!report.problems.is_empty()))
+}
+
+fn check_links_command() -> anyhow::Result<u8> {
+    let (files, problems) = xtask::links::check_repository(&stack::workspace())?;
+    for problem in &problems {
+        println!("{problem}");
+    }
+    println!(
+        "check-links: {files} Markdown files, {} broken links",
+        problems.len()
+    );
+    Ok(u8::from(!problems.is_empty()))
 }
