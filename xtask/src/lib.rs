@@ -12,8 +12,12 @@
 //! figures; [`summary`] aggregates them; [`check`] applies the acceptance rules;
 //! [`chart`] draws; [`prometheus`] and [`dashboards`] (with [`promql`]) check the
 //! dashboards' queries and the rules;
-//! [`readme`] turns the committed summaries into the README's tables. [`cost`] measures
-//! the technique's cost to PostgreSQL alone, with pgbench.
+//! [`readme`] turns the committed summaries into the result tables of the README and
+//! docs/experiment.md. [`cost`] measures the technique's cost to PostgreSQL alone, with
+//! pgbench.
+//!
+//! The documentation: [`links`] checks that every relative link of every Markdown file
+//! resolves, headings included.
 //!
 //! The Docker path: [`images`] makes the images docker-compose.yml runs without a
 //! registry; [`compose`] brings that stack up and checks it from the host.
@@ -28,6 +32,7 @@ pub mod examples;
 pub mod experiment;
 pub mod images;
 pub mod k6;
+pub mod links;
 pub mod prometheus;
 pub mod promql;
 pub mod readme;
