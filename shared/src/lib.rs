@@ -82,6 +82,9 @@ pub mod db;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+#[path = "unobserved.rs"]
+mod metrics;
 
 #[cfg(feature = "axum")]
 mod extract;

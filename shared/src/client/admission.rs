@@ -66,7 +66,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use prometheus_client::metrics::gauge::Gauge;
+use crate::metrics::FloatGauge;
 use tokio::time::Instant;
 
 /// Recent calls the estimate is taken from.
@@ -126,19 +126,19 @@ pub(crate) struct Admission {
     /// Nanoseconds after `origin` before which no further probe goes out.
     next_probe: AtomicU64,
     origin: Instant,
-    gauge: Gauge<f64, AtomicU64>,
+    gauge: FloatGauge,
 }
 
 impl Default for Admission {
     fn default() -> Self {
-        Self::new(Gauge::default())
+        Self::new(FloatGauge::default())
     }
 }
 
 impl Admission {
     /// An admission with no history (it admits everything until calls are recorded);
     /// `gauge` shows the estimate (`http_client_latency_estimate_seconds`).
-    pub(crate) fn new(gauge: Gauge<f64, AtomicU64>) -> Self {
+    pub(crate) fn new(gauge: FloatGauge) -> Self {
         Self {
             samples: Mutex::new(VecDeque::with_capacity(WINDOW + 1)),
             estimate_nanos: AtomicU64::new(0),

@@ -65,7 +65,9 @@ pub use request::{CallRequest, Reply};
 
 use crate::deadline::Deadline;
 use crate::ingress::DeadlineMode;
-use crate::metrics::{ClientMetrics, Metrics, PoolLimits, RejectReason};
+use crate::metrics::{ClientMetrics, RejectReason};
+#[cfg(feature = "metrics")]
+use crate::metrics::{Metrics, PoolLimits};
 use crate::stage::Downstream;
 
 /// How a [`BudgetedClient`] is set up.
@@ -146,6 +148,8 @@ impl BudgetedClient {
     /// [`BudgetedClient::new`], reporting to `metrics`: its calls, its bulkhead's
     /// pending and active gauges (pool queueing against a slow downstream), its
     /// rejections, its latency estimate, and its configured limits.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn with_metrics(config: ClientConfig, metrics: &Metrics) -> Result<Self, reqwest::Error> {
         let limits = PoolLimits {
             max_connections: config.max_connections,

@@ -483,7 +483,7 @@ fn server_limit(left: Duration) -> u128 {
 }
 
 /// Counts a request waiting for a connection, also when its future is dropped.
-struct Pending(prometheus_client::metrics::gauge::Gauge);
+struct Pending(crate::metrics::IntGauge);
 
 impl Pending {
     fn enter(metrics: &DbMetrics) -> Self {

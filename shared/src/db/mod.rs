@@ -74,7 +74,9 @@ use tracing::Instrument;
 
 use crate::deadline::Deadline;
 use crate::ingress::DeadlineMode;
-use crate::metrics::{DbMetrics, Metrics};
+use crate::metrics::DbMetrics;
+#[cfg(feature = "metrics")]
+use crate::metrics::Metrics;
 
 pub use error::DbError;
 pub(crate) use error::classify;
@@ -306,6 +308,8 @@ impl Db {
     /// The same pool, reporting to `metrics`: `db_pool_connections{state}` (read at
     /// each scrape) and `db_pool_pending_acquires`, the gauge that tells a queue for
     /// connections from a slow database.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn with_metrics(mut self, metrics: &Metrics) -> Self {
         self.metrics = Some(metrics.db().clone());
         let db = self.clone();

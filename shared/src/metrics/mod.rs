@@ -27,6 +27,12 @@ pub(crate) use families::{
     ToolMetrics,
 };
 pub(crate) use families::{PoolLimits, SettingsMetrics};
+
+/// What the latency estimate is written to.
+pub(crate) type FloatGauge =
+    prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>;
+/// What a pool's pending count is written to.
+pub(crate) type IntGauge = prometheus_client::metrics::gauge::Gauge;
 #[cfg(feature = "axum")]
 pub(crate) use http::track_http;
 
