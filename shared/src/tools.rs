@@ -171,16 +171,6 @@ impl ToolBudget {
     }
 
     /// Counts every call in `tool_calls_total{tool_name,outcome}`.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use deadline_propagation::{ToolBudget, ToolPolicy, metrics::Metrics};
-    ///
-    /// let metrics = Metrics::new("orders-service");
-    /// let request = deadline_propagation::Deadline::after(Duration::from_secs(2));
-    /// let budget = ToolBudget::for_turn(&request, ToolPolicy::default())
-    ///     .with_metrics(&metrics);
-    /// ```
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn with_metrics(mut self, metrics: &crate::metrics::Metrics) -> Self {
@@ -189,16 +179,6 @@ impl ToolBudget {
     }
 
     /// The turn's deadline.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use deadline_propagation::{ToolBudget, ToolPolicy};
-    ///
-    /// let request = deadline_propagation::Deadline::after(Duration::from_secs(10));
-    /// let budget = ToolBudget::for_turn(&request, ToolPolicy::default());
-    /// // The planner gets the turn's deadline, not the request's.
-    /// assert_eq!(budget.turn().budget(), Duration::from_secs(2));
-    /// ```
     pub fn turn(&self) -> &Deadline {
         &self.turn
     }

@@ -212,16 +212,6 @@ impl BudgetedClient {
 
     /// The downstream this client calls: its name and its two stages, for turning a
     /// [`CallError`] into the answer ([`CallError::into_problem`]).
-    ///
-    /// ```no_run
-    /// # async fn example(client: deadline_propagation::client::BudgetedClient, deadline: deadline_propagation::Deadline)
-    /// # -> Result<bytes::Bytes, deadline_propagation::Problem> {
-    /// client
-    ///     .get_bytes(&deadline, "/stock")
-    ///     .await
-    ///     .map_err(|err| err.into_problem(client.downstream()))
-    /// # }
-    /// ```
     pub fn downstream(&self) -> Downstream {
         self.config.name
     }
@@ -254,13 +244,6 @@ impl BudgetedClient {
     /// shorthand for [`request`](Self::request) with `GET` and [`Reply::json`].
     ///
     /// `path` must already be percent-encoded where it carries user input.
-    ///
-    /// ```no_run
-    /// # async fn example(client: deadline_propagation::client::BudgetedClient, deadline: deadline_propagation::Deadline)
-    /// # -> Result<(), deadline_propagation::client::CallError> {
-    /// let item: serde_json::Value = client.get_json(&deadline, "/catalog/SKU-00001").await?;
-    /// # Ok(()) }
-    /// ```
     pub async fn get_json<T: DeserializeOwned>(
         &self,
         deadline: &Deadline,
@@ -270,13 +253,6 @@ impl BudgetedClient {
     }
 
     /// `GET base_url + path`, the whole body, under `deadline`.
-    ///
-    /// ```no_run
-    /// # async fn example(client: deadline_propagation::client::BudgetedClient, deadline: deadline_propagation::Deadline)
-    /// # -> Result<(), deadline_propagation::client::CallError> {
-    /// let body = client.get_bytes(&deadline, "/catalog/SKU-00001").await?;
-    /// # Ok(()) }
-    /// ```
     pub async fn get_bytes(
         &self,
         deadline: &Deadline,
@@ -288,13 +264,6 @@ impl BudgetedClient {
 
     /// Like [`get_bytes`](Self::get_bytes), for a health check: never refused by
     /// admission and not part of the estimate (see [`CallRequest::health_check`]).
-    ///
-    /// ```no_run
-    /// # async fn example(client: deadline_propagation::client::BudgetedClient, deadline: deadline_propagation::Deadline)
-    /// # -> Result<(), deadline_propagation::client::CallError> {
-    /// client.get_health(&deadline, "/healthz").await?;
-    /// # Ok(()) }
-    /// ```
     pub async fn get_health(
         &self,
         deadline: &Deadline,

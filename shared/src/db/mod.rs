@@ -319,14 +319,6 @@ impl Db {
 
     /// Applies `migrator` on a connection of its own, outside the per-request limits
     /// (a migration may legitimately take longer than any request).
-    ///
-    /// ```no_run
-    /// # async fn example(db: deadline_propagation::db::Db) -> Result<(), sqlx::migrate::MigrateError> {
-    /// // Usually `sqlx::migrate!("./migrations")`, embedded at compile time.
-    /// let migrator = sqlx::migrate::Migrator::new(std::path::Path::new("./migrations")).await?;
-    /// db.migrate(&migrator).await?;
-    /// # Ok(()) }
-    /// ```
     pub async fn migrate(&self, migrator: &Migrator) -> Result<(), sqlx::migrate::MigrateError> {
         let mut conn = PgConnection::connect_with(&self.options).await?;
         let result = migrator.run(&mut conn).await;
@@ -335,25 +327,12 @@ impl Db {
     }
 
     /// Closes the pools (at shutdown, after the last request).
-    ///
-    /// ```no_run
-    /// # async fn example(db: deadline_propagation::db::Db) {
-    /// // After `serve` has drained the last request:
-    /// db.close().await;
-    /// # }
-    /// ```
     pub async fn close(&self) {
         self.pool.close().await;
         self.side_pool.close().await;
     }
 
     /// Connections checked out right now.
-    ///
-    /// ```no_run
-    /// # fn example(db: deadline_propagation::db::Db) {
-    /// tracing::info!(in_use = db.in_use(), "pool");
-    /// # }
-    /// ```
     pub fn in_use(&self) -> usize {
         (self.pool.size() as usize).saturating_sub(self.pool.num_idle())
     }

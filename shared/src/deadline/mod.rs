@@ -81,12 +81,6 @@ pub struct Deadline {
 
 impl Deadline {
     /// A deadline `budget` from now, with a log of its own.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let deadline = deadline_propagation::Deadline::after(Duration::from_millis(300));
-    /// assert_eq!(deadline.budget(), Duration::from_millis(300));
-    /// ```
     pub fn after(budget: Duration) -> Self {
         Self::with_log(budget, Arc::new(StageLog::default()))
     }
@@ -106,14 +100,6 @@ impl Deadline {
 
     /// The same deadline, run in `mode` (the ingress stamps the mode in force when the
     /// request arrived; see [`LiveMode`](crate::ingress::LiveMode)).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use deadline_propagation::{Deadline, DeadlineMode};
-    ///
-    /// let deadline = Deadline::after(Duration::from_millis(300)).with_mode(DeadlineMode::Observe);
-    /// assert_eq!(deadline.mode(), DeadlineMode::Observe);
-    /// ```
     pub fn with_mode(mut self, mode: DeadlineMode) -> Self {
         self.mode = mode;
         self
@@ -134,14 +120,6 @@ impl Deadline {
 
     /// The mode this request runs in: every step reads it here, so a mode switch never
     /// changes a request half-way.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use deadline_propagation::{Deadline, DeadlineMode};
-    ///
-    /// // Propagate unless the ingress stamped another mode.
-    /// assert_eq!(Deadline::after(Duration::from_millis(300)).mode(), DeadlineMode::Propagate);
-    /// ```
     pub fn mode(&self) -> DeadlineMode {
         self.mode
     }
@@ -161,56 +139,26 @@ impl Deadline {
     }
 
     /// The instant by which the work must be done.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let deadline = deadline_propagation::Deadline::after(Duration::from_millis(300));
-    /// // For APIs that take an instant, e.g. `tokio::time::timeout_at`.
-    /// assert!(deadline.instant() > tokio::time::Instant::now());
-    /// ```
     pub fn instant(&self) -> Instant {
         self.at
     }
 
     /// The budget accepted at the ingress (for a child: its own, smaller budget).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let deadline = deadline_propagation::Deadline::after(Duration::from_millis(700));
-    /// assert_eq!(deadline.child(Duration::from_millis(100)).budget(), Duration::from_millis(100));
-    /// ```
     pub fn budget(&self) -> Duration {
         self.budget
     }
 
     /// Time spent since the deadline was created.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let deadline = deadline_propagation::Deadline::after(Duration::from_millis(300));
-    /// assert!(deadline.elapsed() < Duration::from_millis(300));
-    /// ```
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
     }
 
     /// What is left; zero once the deadline has passed, never negative.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// assert_eq!(deadline_propagation::Deadline::after(Duration::ZERO).remaining(), Duration::ZERO);
-    /// ```
     pub fn remaining(&self) -> Duration {
         self.at.saturating_duration_since(Instant::now())
     }
 
     /// True once nothing is left. No new I/O may start after this.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// assert!(deadline_propagation::Deadline::after(Duration::ZERO).is_expired());
-    /// assert!(!deadline_propagation::Deadline::after(Duration::from_secs(1)).is_expired());
-    /// ```
     pub fn is_expired(&self) -> bool {
         Instant::now() >= self.at
     }
@@ -256,16 +204,6 @@ impl Deadline {
     }
 
     /// Describes the budget as spent so far, for errors raised outside [`run`](Self::run).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use deadline_propagation::{Deadline, Problem, Stage};
-    ///
-    /// let deadline = Deadline::after(Duration::ZERO);
-    /// // A step that learned of the expiry itself (the server cancelled the statement).
-    /// let problem = Problem::from(deadline.exceeded(Stage::Db));
-    /// assert_eq!(problem.stage(), Some(Stage::Db));
-    /// ```
     pub fn exceeded(&self, stage: Stage) -> DeadlineExceeded {
         self.log.count_exceeded(stage);
         DeadlineExceeded {

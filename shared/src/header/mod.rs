@@ -88,19 +88,6 @@ impl InvalidBudget {
     }
 
     /// The header that was refused, as the 400 problem's `header` member names it.
-    ///
-    /// ```
-    /// use http::{HeaderMap, HeaderValue};
-    /// use deadline_propagation::{Problem, REQUEST_TIMEOUT_HEADER, read_budget};
-    ///
-    /// let mut headers = HeaderMap::new();
-    /// headers.insert(REQUEST_TIMEOUT_HEADER, HeaderValue::from_static("-5"));
-    /// let invalid = read_budget(&headers).unwrap_err();
-    /// assert_eq!(invalid.header(), "X-Request-Timeout-Ms");
-    /// // The 400 the ingress answers:
-    /// let problem = Problem::invalid_header(invalid.header(), invalid.to_string());
-    /// assert_eq!(problem.status().as_u16(), 400);
-    /// ```
     pub fn header(&self) -> &'static str {
         self.header
     }

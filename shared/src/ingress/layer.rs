@@ -56,12 +56,6 @@ impl IngressConfig {
 
 impl DeadlineLayer {
     /// A layer that applies `policy` to every request.
-    ///
-    /// ```
-    /// use deadline_propagation::{DeadlineLayer, DeadlinePolicy};
-    ///
-    /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000));
-    /// ```
     pub fn new(policy: DeadlinePolicy) -> Self {
         Self {
             config: Arc::new(IngressConfig {
@@ -76,13 +70,6 @@ impl DeadlineLayer {
 
     /// Sets the mode; in [`DeadlineMode::Legacy`] every budget header is ignored and the handler
     /// is not bounded, as in a service written without the technique.
-    ///
-    /// ```
-    /// use deadline_propagation::{DeadlineLayer, DeadlineMode, DeadlinePolicy};
-    ///
-    /// // The off switch: no budget is enforced, each step waits its fixed timeout.
-    /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000)).mode(DeadlineMode::Legacy);
-    /// ```
     pub fn mode(self, mode: DeadlineMode) -> Self {
         self.live_mode(LiveMode::new(mode))
     }
@@ -109,26 +96,11 @@ impl DeadlineLayer {
     /// Honour it in services that only other services call, never at the edge: there,
     /// any client could switch the protection off for its own requests. A value other
     /// than `observe` is a 400 naming the header.
-    ///
-    /// ```
-    /// use deadline_propagation::{DeadlineLayer, DeadlinePolicy};
-    ///
-    /// // An internal service (catalog-service): observed callers are observed here too.
-    /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(5000, 5000)).honour_mode_header(true);
-    /// ```
     pub fn honour_mode_header(self, honour: bool) -> Self {
         self.map(|c| c.honour_mode_header = honour)
     }
 
     /// Reports budgets, clamps, stage starts and expiries to `metrics`.
-    ///
-    /// ```
-    /// use deadline_propagation::{DeadlineLayer, DeadlinePolicy, metrics::Metrics};
-    ///
-    /// let metrics = Metrics::new("orders-service");
-    /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000))
-    ///     .metrics(&metrics);
-    /// ```
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn metrics(self, metrics: &crate::metrics::Metrics) -> Self {

@@ -50,11 +50,6 @@ pub enum DeadlineMode {
 
 impl DeadlineMode {
     /// Every mode, for the `deadline_mode` gauge.
-    ///
-    /// ```
-    /// let names = deadline_propagation::DeadlineMode::ALL.map(deadline_propagation::DeadlineMode::as_str);
-    /// assert_eq!(names, ["legacy", "observe", "propagate"]);
-    /// ```
     pub const ALL: [DeadlineMode; 3] = [
         DeadlineMode::Legacy,
         DeadlineMode::Observe,
@@ -62,10 +57,6 @@ impl DeadlineMode {
     ];
 
     /// The name used in settings, the admin API and the metric label.
-    ///
-    /// ```
-    /// assert_eq!(deadline_propagation::DeadlineMode::Propagate.as_str(), "propagate");
-    /// ```
     pub const fn as_str(self) -> &'static str {
         match self {
             DeadlineMode::Propagate => "propagate",
@@ -75,13 +66,6 @@ impl DeadlineMode {
     }
 
     /// Whether this mode refuses work (504, 503) where the budget says so.
-    ///
-    /// ```
-    /// use deadline_propagation::DeadlineMode;
-    ///
-    /// assert!(DeadlineMode::Propagate.enforces());
-    /// assert!(!DeadlineMode::Observe.enforces());
-    /// ```
     pub const fn enforces(self) -> bool {
         matches!(self, DeadlineMode::Propagate)
     }
@@ -125,12 +109,6 @@ pub struct LiveMode {
 
 impl LiveMode {
     /// Starts in `mode`.
-    ///
-    /// ```
-    /// use deadline_propagation::{DeadlineMode, LiveMode};
-    ///
-    /// assert_eq!(LiveMode::new(DeadlineMode::Observe).get(), DeadlineMode::Observe);
-    /// ```
     pub fn new(mode: DeadlineMode) -> Self {
         Self {
             current: Arc::new(AtomicU8::new(mode.to_u8())),
@@ -141,14 +119,6 @@ impl LiveMode {
     }
 
     /// Shows the mode as `deadline_mode{mode}` in `metrics`, from now on.
-    ///
-    /// ```
-    /// use deadline_propagation::{DeadlineMode, LiveMode, metrics::Metrics};
-    ///
-    /// let metrics = Metrics::new("orders-service");
-    /// let mode = LiveMode::new(DeadlineMode::Propagate).with_metrics(&metrics);
-    /// assert!(metrics.render().contains("deadline_mode{service=\"orders-service\",mode=\"propagate\"} 1"));
-    /// ```
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn with_metrics(mut self, metrics: &crate::metrics::Metrics) -> Self {
@@ -158,26 +128,12 @@ impl LiveMode {
     }
 
     /// The mode in force.
-    ///
-    /// ```
-    /// use deadline_propagation::{DeadlineMode, LiveMode};
-    ///
-    /// assert_eq!(LiveMode::from(DeadlineMode::Legacy).get(), DeadlineMode::Legacy);
-    /// ```
     pub fn get(&self) -> DeadlineMode {
         DeadlineMode::from_u8(self.current.load(Ordering::Relaxed))
     }
 
     /// Switches to `mode` for every request that starts from now on; returns the mode
     /// it replaced.
-    ///
-    /// ```
-    /// use deadline_propagation::{DeadlineMode, LiveMode};
-    ///
-    /// let mode = LiveMode::new(DeadlineMode::Propagate);
-    /// let before = mode.set(DeadlineMode::Observe); // a rollback, without a restart
-    /// assert_eq!((before, mode.get()), (DeadlineMode::Propagate, DeadlineMode::Observe));
-    /// ```
     pub fn set(&self, mode: DeadlineMode) -> DeadlineMode {
         // Requests read the mode without the lock; only switches take it.
         let _switching = self
