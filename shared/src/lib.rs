@@ -63,6 +63,17 @@
 //! ```
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// The core's crate-private helpers serve the ingress, the client and the database
+// envelope; with some of those features off, some helpers have no caller.
+#![cfg_attr(
+    not(all(
+        feature = "axum",
+        feature = "http-client",
+        feature = "sqlx",
+        feature = "metrics"
+    )),
+    allow(dead_code, unused_imports)
+)]
 
 mod deadline;
 mod header;
