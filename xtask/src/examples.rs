@@ -84,7 +84,7 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
     let cluster = tokio::task::spawn_blocking(PgCluster::start).await??;
     let database_url = fresh_database(&cluster, "examples").await?;
     let (catalog_port, admin_port) = (free_port(), free_port());
-    let catalog = ServiceProcess::start(
+    let mut catalog = ServiceProcess::start(
         &bin.join("catalog-service"),
         &[
             ("CATALOG_LISTEN_ADDR", format!("127.0.0.1:{catalog_port}")),
@@ -92,6 +92,9 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
         ],
         logs.join("catalog.log"),
     )?;
+    wait_listening(catalog_port, &mut catalog)
+        .await
+        .context("catalog-service")?;
     let env = [
         ("CATALOG_URL", format!("http://127.0.0.1:{catalog_port}")),
         ("DATABASE_URL", database_url),
@@ -150,7 +153,12 @@ async fn start(
     env.push(("LISTEN_ADDR", format!("127.0.0.1:{port}")));
     let name = binary.file_name().unwrap_or_default().to_string_lossy();
     let mut process = ServiceProcess::start(binary, &env, logs.join(format!("{name}.log")))?;
-    let url = format!("http://127.0.0.1:{port}");
+    wait_listening(port, &mut process).await?;
+    Ok((format!("http://127.0.0.1:{port}"), process))
+}
+
+/// Waits until `process` accepts connections on `port`; fails if it exits first.
+async fn wait_listening(port: u16, process: &mut ServiceProcess) -> anyhow::Result<()> {
     let started = Instant::now();
     while tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
@@ -166,7 +174,7 @@ async fn start(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Ok((url, process))
+    Ok(())
 }
 
 /// One answer, as a client saw it.
