@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue};
 use deadline_propagation::read_budget;
 use deadline_propagation::testing::{
     GRPC_TIMEOUT_HEADER, GRPC_TIMEOUT_HEADER_DISPLAY, InvalidValue, MAX_GRPC_DIGITS,
     MAX_VALUE_BYTES, parse_grpc_timeout, parse_grpc_value,
 };
+use http::{HeaderMap, HeaderValue};
 
 /// Nanoseconds per unit, from the gRPC spec's table (PROTOCOL-HTTP2.md).
 fn unit_nanos(unit: u8) -> Option<u128> {

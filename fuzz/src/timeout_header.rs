@@ -1,11 +1,11 @@
 //! The `timeout_header` target: `X-Request-Timeout-Ms` against an oracle of its own.
 
-use http::{HeaderMap, HeaderName, HeaderValue};
 use deadline_propagation::testing::{
     InvalidValue, MAX_VALUE_BYTES, REQUEST_TIMEOUT_HEADER_DISPLAY, parse_millis,
     parse_request_timeout,
 };
 use deadline_propagation::{REQUEST_TIMEOUT_HEADER, read_budget};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The class of answer `parse_millis` must give, without the error's payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,7 +164,11 @@ pub fn timeout_header(data: &[u8]) {
     // The error a request gets names the header.
     if let Err(invalid) = read_budget(&headers) {
         assert_eq!(invalid.header(), REQUEST_TIMEOUT_HEADER_DISPLAY);
-        assert!(invalid.to_string().starts_with(REQUEST_TIMEOUT_HEADER_DISPLAY));
+        assert!(
+            invalid
+                .to_string()
+                .starts_with(REQUEST_TIMEOUT_HEADER_DISPLAY)
+        );
     }
     assert_eq!(
         got, expected,
