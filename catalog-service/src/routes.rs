@@ -19,9 +19,9 @@ pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
         .route("/healthz", get(|| async { "ok" }));
     // The public API takes no bodies at all.
     let routes = service_kit::json::limit_bodies(routes, 1024);
-    // Only orders-service calls the catalog: when it observes, the catalog observes
-    // that call too instead of refusing it (docs/design.md §4.3).
-    let layer = DeadlineLayer::new(policy).honour_mode_header(true);
+    // When orders-service observes, the catalog observes that call too instead of
+    // refusing it (docs/design.md §4.3), unless CATALOG_HONOUR_OBSERVE is off.
+    let layer = DeadlineLayer::new(policy).honour_mode_header(config.honour_observe);
     deadline_propagation::instrument(routes, layer, &metrics)
 }
 
