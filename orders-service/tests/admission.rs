@@ -70,8 +70,11 @@ async fn orders(app: &TestApp, n: usize, workers: usize) -> Vec<(StatusCode, Dur
 }
 
 /// Drives orders through a catalog slower than the budget until admission has learned it.
+/// The catalog's delay in these tests: far past every budget.
+const SLOW_CATALOG_MS: u64 = 1000;
+
 async fn learn_slow_catalog(app: &TestApp) {
-    app.slow_catalog(1000);
+    app.slow_catalog(SLOW_CATALOG_MS);
     wait_until(
         "admission learned the slow catalog",
         Duration::from_secs(10),
@@ -137,8 +140,14 @@ async fn a_catalog_slower_than_every_budget_gets_few_calls_and_callers_a_fast_50
     }
     let mut times: Vec<Duration> = refused.iter().map(|(_, took, _)| *took).collect();
     times.sort();
+    // Refused without waiting: the median answer comes in a tenth of the time the
+    // catalog would take (the rest is the margin for a loaded 2-core machine).
     let median = times[times.len() / 2];
-    assert!(median < MS(50), "a refusal takes {median:?} (median)");
+    let fast = MS(SLOW_CATALOG_MS / 10);
+    assert!(
+        median < fast,
+        "a refusal takes {median:?} (median), over {fast:?}"
+    );
     assert!(predicted_late(&app) >= 360.0);
     assert!(
         metric_value(
