@@ -12,7 +12,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
-use shared::{JsonBody, Problem};
+use deadline_propagation::Problem;
+use service_kit::json::JsonBody;
 
 use crate::faults::{FaultConfig, Faults};
 
@@ -24,7 +25,7 @@ pub fn router(faults: Faults, allow_remote: bool) -> Router {
             get(get_faults).put(put_faults).delete(delete_faults),
         )
         .with_state(faults);
-    shared::admin::guard(router, allow_remote, "CATALOG_ADMIN_ALLOW_REMOTE")
+    service_kit::admin::guard(router, allow_remote, "CATALOG_ADMIN_ALLOW_REMOTE")
 }
 
 async fn get_faults(State(faults): State<Faults>) -> Json<FaultConfig> {

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use clap::Parser;
-use shared::telemetry::LogFormat;
+use service_kit::telemetry::LogFormat;
 
 /// catalog-service settings. `--help` lists each with its variable and default.
 #[derive(Parser, Debug, Clone)]
@@ -40,6 +40,14 @@ pub struct Config {
     #[arg(long, env = "CATALOG_FAULT_DELAY_MS", default_value_t = 0,
           value_parser = clap::value_parser!(u64).range(0..=crate::faults::MAX_DELAY_MS))]
     pub fault_delay_ms: u64,
+
+    /// Whether a request marked `X-Deadline-Mode: observe` runs in observe mode here
+    /// (docs/design.md §4.3). On by default: only orders-service calls the catalog, and
+    /// an observing orders-service must not meet real refusals one hop down. Turn it
+    /// off where clients outside your control reach the catalog, so none of them can
+    /// switch its protection off for their own requests.
+    #[arg(long, env = "CATALOG_HONOUR_OBSERVE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub honour_observe: bool,
 
     /// Log format: readable text, or JSON lines.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]

@@ -9,9 +9,9 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use deadline_propagation::Problem;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
-use shared::Problem;
 
 /// The largest delay or jitter the admin API accepts, in milliseconds.
 pub const MAX_DELAY_MS: u64 = 60_000;

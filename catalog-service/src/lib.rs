@@ -24,8 +24,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use shared::metrics::Metrics;
-use shared::server::{ServerOptions, serve};
+use deadline_propagation::metrics::Metrics;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::gauge::ConstGauge;
+use service_kit::server::{ServerOptions, serve};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -53,8 +56,7 @@ impl Application {
             delay_ms: config.fault_delay_ms,
             ..FaultConfig::default()
         });
-        let metrics = Metrics::new("catalog-service");
-        export_settings(&config, &metrics, &faults);
+        let metrics = metrics_with_fault_delay(&faults);
         Ok(Self {
             port: public.local_addr()?.port(),
             admin_port: admin.local_addr()?.port(),
@@ -62,7 +64,7 @@ impl Application {
             admin,
             faults,
             metrics,
-            drain_timeout: shared::server::drain_timeout(Duration::from_millis(
+            drain_timeout: service_kit::server::drain_timeout(Duration::from_millis(
                 config.deadline_max_ms,
             )),
             config,
@@ -110,19 +112,33 @@ impl Application {
     }
 }
 
-/// Exports the budget policy, and the injected delay as it is at each scrape: the
-/// admin API changes it at any time, and the dashboard marks when latency was injected
-/// from this gauge (docs/design.md §7). Jitter and error rate are not exported.
-fn export_settings(config: &Config, metrics: &Metrics, faults: &Faults) {
-    metrics.settings().set_deadline_policy(
-        Duration::from_millis(config.deadline_max_ms),
-        Duration::from_millis(config.deadline_default_ms),
-        None,
-    );
-    let (settings, faults) = (metrics.settings().clone(), faults.clone());
-    metrics.on_scrape(move || {
-        settings.set_fault_delay(Duration::from_millis(faults.get().delay_ms));
-    });
+/// The service's metrics, with `catalog_fault_delay_seconds`: the delay injected now,
+/// read at each scrape, since the admin API changes it at any time; the dashboard marks
+/// when latency was injected from it (docs/design.md §7). Jitter and error rate are not
+/// exported.
+fn metrics_with_fault_delay(faults: &Faults) -> Metrics {
+    let faults = faults.clone();
+    service_kit::metrics::for_service("catalog-service", move |registry| {
+        registry.register_collector(Box::new(FaultDelay(faults)));
+    })
+}
+
+/// Encodes `catalog_fault_delay_seconds` from the fault injector at each scrape.
+#[derive(Debug)]
+struct FaultDelay(Faults);
+
+impl Collector for FaultDelay {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let delay = Duration::from_millis(self.0.get().delay_ms).as_secs_f64();
+        let gauge = ConstGauge::new(delay);
+        let metric = encoder.encode_descriptor(
+            "catalog_fault_delay_seconds",
+            "The delay injected into every catalog answer now; 0 when none",
+            None,
+            gauge.metric_type(),
+        )?;
+        gauge.encode(metric)
+    }
 }
 
 async fn bind(addr: SocketAddr, variable: &str) -> anyhow::Result<TcpListener> {

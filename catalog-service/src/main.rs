@@ -6,13 +6,13 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
-    let _telemetry = shared::telemetry::init("catalog-service", config.log_format);
+    let _telemetry = service_kit::telemetry::init("catalog-service", config.log_format);
     let app = Application::build(config).await?;
     tracing::info!(
         port = app.port(),
         admin_port = app.admin_port(),
         "catalog-service listening"
     );
-    app.run_until(shared::server::shutdown_signal()).await;
+    app.run_until(service_kit::server::shutdown_signal()).await;
     Ok(())
 }

@@ -3,8 +3,8 @@
 use axum::extract::{Path, State};
 use axum::routing::get;
 use axum::{Json, Router};
-use shared::metrics::Metrics;
-use shared::{Deadline, DeadlineLayer, DeadlinePolicy, Problem};
+use deadline_propagation::metrics::Metrics;
+use deadline_propagation::{Deadline, DeadlineLayer, DeadlinePolicy, Problem};
 
 use crate::catalog::{self, Item};
 use crate::config::Config;
@@ -18,11 +18,11 @@ pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
         .with_state(faults)
         .route("/healthz", get(|| async { "ok" }));
     // The public API takes no bodies at all.
-    let routes = shared::json::limit_bodies(routes, 1024);
-    // Only orders-service calls the catalog: when it observes, the catalog observes
-    // that call too instead of refusing it (docs/design.md §4.3).
-    let layer = DeadlineLayer::new(policy).honour_mode_header(true);
-    shared::ingress::instrument(routes, layer, &metrics)
+    let routes = service_kit::json::limit_bodies(routes, 1024);
+    // When orders-service observes, the catalog observes that call too instead of
+    // refusing it (docs/design.md §4.3), unless CATALOG_HONOUR_OBSERVE is off.
+    let layer = DeadlineLayer::new(policy).honour_mode_header(config.honour_observe);
+    deadline_propagation::instrument(routes, layer, &metrics)
 }
 
 /// One catalog item, after the injected faults.

@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use catalog_service::{Application, Config, FaultConfig, Faults};
+use deadline_propagation::metrics::Metrics;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use shared::metrics::Metrics;
 use test_support::{Running, metric_value, wait_until};
 use tokio::time::Instant;
 
@@ -249,6 +249,32 @@ async fn the_start_up_fault_delay_applies_to_every_answer() {
         StatusCode::OK
     );
     assert!(started.elapsed() >= MS(200));
+}
+
+/// A call marked `X-Deadline-Mode: observe` with a budget shorter than the catalog's
+/// delay: observed (answered when the work is done) by default, refused at its budget
+/// when `CATALOG_HONOUR_OBSERVE` is off.
+#[tokio::test]
+async fn the_observe_marker_is_honoured_only_while_the_setting_allows_it() {
+    for (honour, expected) in [(true, StatusCode::OK), (false, StatusCode::GATEWAY_TIMEOUT)] {
+        let mut config = Config::for_tests();
+        config.fault_delay_ms = 300;
+        config.honour_observe = honour;
+        let app = spawn_app_with(config).await;
+        let response = app
+            .client
+            .get(format!("{}/catalog/SKU-00001", app.base))
+            .header("X-Request-Timeout-Ms", 100)
+            .header("X-Deadline-Mode", "observe")
+            .send()
+            .await
+            .expect("request sent");
+        assert_eq!(
+            response.status(),
+            expected,
+            "CATALOG_HONOUR_OBSERVE={honour}"
+        );
+    }
 }
 
 #[tokio::test]

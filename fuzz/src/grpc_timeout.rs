@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue};
-use shared::header::{
-    GRPC_TIMEOUT_HEADER, InvalidBudget, InvalidValue, MAX_GRPC_DIGITS, MAX_VALUE_BYTES,
-    parse_grpc_timeout, parse_grpc_value, read_budget,
+use deadline_propagation::read_budget;
+use deadline_propagation::testing::{
+    GRPC_TIMEOUT_HEADER, GRPC_TIMEOUT_HEADER_DISPLAY, InvalidValue, MAX_GRPC_DIGITS,
+    MAX_VALUE_BYTES, parse_grpc_timeout, parse_grpc_value,
 };
+use http::{HeaderMap, HeaderValue};
 
 /// Nanoseconds per unit, from the gRPC spec's table (PROTOCOL-HTTP2.md).
 fn unit_nanos(unit: u8) -> Option<u128> {
@@ -81,7 +82,9 @@ pub fn grpc_timeout(data: &[u8]) {
     match expected {
         Err(err) => {
             let message = format!("{}", budget.as_ref().unwrap_err());
-            assert_eq!(budget, Err(InvalidBudget::GrpcTimeout(err)), "{data:?}");
+            let invalid = budget.as_ref().unwrap_err();
+            assert_eq!(invalid.header(), GRPC_TIMEOUT_HEADER_DISPLAY, "{data:?}");
+            assert_eq!(invalid.reason(), &err, "{data:?}");
             assert!(message.starts_with("grpc-timeout "), "{message}");
         }
         Ok(None) => assert_eq!(budget, Ok(None)),

@@ -14,9 +14,10 @@
 use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
+use deadline_propagation::DeadlineMode;
+use deadline_propagation::LiveMode;
 use serde::{Deserialize, Serialize};
-use shared::ingress::LiveMode;
-use shared::{DeadlineMode, JsonBody};
+use service_kit::json::JsonBody;
 
 /// The body of `GET` and `PUT /admin/mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,7 +32,7 @@ pub fn router(mode: LiveMode, allow_remote: bool) -> Router {
     let router = Router::new()
         .route("/admin/mode", get(get_mode).put(put_mode))
         .with_state(mode);
-    shared::admin::guard(router, allow_remote, "ORDERS_ADMIN_ALLOW_REMOTE")
+    service_kit::admin::guard(router, allow_remote, "ORDERS_ADMIN_ALLOW_REMOTE")
 }
 
 async fn get_mode(State(mode): State<LiveMode>) -> Json<ModeBody> {

@@ -1,10 +1,10 @@
 //! The catalog as orders-service sees it: prices, fetched under the request's deadline.
 
+use deadline_propagation::Downstream;
+use deadline_propagation::client::{BudgetedClient, ClientConfig};
+use deadline_propagation::metrics::Metrics;
+use deadline_propagation::{Deadline, Problem};
 use serde::Deserialize;
-use shared::client::{BudgetedClient, ClientConfig};
-use shared::metrics::{Metrics, PoolLimits};
-use shared::stage::Downstream;
-use shared::{Deadline, Problem};
 
 use crate::config::Config;
 
@@ -27,9 +27,9 @@ pub struct CatalogClient {
 
 impl CatalogClient {
     /// Builds the client from the service settings.
-    pub fn new(config: &Config, metrics: &Metrics) -> Result<Self, shared::client::BuildError> {
+    pub fn new(config: &Config, metrics: &Metrics) -> Result<Self, reqwest::Error> {
         let base_url = config.catalog_url.trim_end_matches('/').to_owned();
-        let http = pooled_client(config, Downstream::CATALOG, base_url, metrics)?;
+        let http = pooled_client(config, service_kit::metrics::catalog(), base_url, metrics)?;
         Ok(Self { http })
     }
 
@@ -39,10 +39,10 @@ impl CatalogClient {
             .get_json(deadline, &format!("/catalog/{sku}"))
             .await
             .map_err(|err| match err {
-                shared::client::CallError::NotFound => {
+                deadline_propagation::client::CallError::NotFound => {
                     Problem::not_found(format!("unknown sku {sku:?}"))
                 }
-                other => other.into_problem(Downstream::CATALOG),
+                other => other.into_problem(self.http.downstream()),
             })
     }
 
@@ -52,7 +52,7 @@ impl CatalogClient {
             .get_health(deadline, "/healthz")
             .await
             .map(drop)
-            .map_err(|err| err.into_problem(Downstream::CATALOG))
+            .map_err(|err| err.into_problem(self.http.downstream()))
     }
 
     /// The underlying budgeted client (bulkhead gauges, tests).
@@ -64,14 +64,15 @@ impl CatalogClient {
 /// A budgeted client for `downstream` at `base_url` with the catalog's pool settings
 /// (`CATALOG_POOL_*`, `CATALOG_ADMISSION`): the catalog's own client and each
 /// precheck's (`ORDERS_PRECHECKS`) are built here, each with a bulkhead of its own.
-/// Its limits are exported as configured, for panels and alerts to compare against.
+/// Its limits are exported as configured (by the client), for panels and alerts to
+/// compare against.
 pub(crate) fn pooled_client(
     config: &Config,
     downstream: Downstream,
     base_url: String,
     metrics: &Metrics,
-) -> Result<BudgetedClient, shared::client::BuildError> {
-    let http = BudgetedClient::new(
+) -> Result<BudgetedClient, reqwest::Error> {
+    BudgetedClient::with_metrics(
         ClientConfig {
             name: downstream,
             base_url,
@@ -83,16 +84,6 @@ pub(crate) fn pooled_client(
             admission: config.catalog_admission,
             idle_timeout: Config::ms(config.catalog_pool_idle_timeout_ms),
         },
-        Some(metrics.client().clone()),
-    )?;
-    let limits = http.config();
-    metrics.settings().set_pool_limits(
-        downstream.name(),
-        PoolLimits {
-            max_connections: limits.max_connections,
-            pending_max: limits.pending_max,
-            acquire_timeout: limits.acquire_timeout,
-        },
-    );
-    Ok(http)
+        metrics,
+    )
 }

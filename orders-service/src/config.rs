@@ -4,9 +4,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use shared::DeadlineMode;
-use shared::client::AdmissionMode;
-use shared::telemetry::LogFormat;
+use deadline_propagation::DeadlineMode;
+use deadline_propagation::client::AdmissionMode;
+use service_kit::telemetry::LogFormat;
 
 use crate::prechecks::{self, PrecheckSpec};
 

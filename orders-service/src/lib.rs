@@ -12,7 +12,7 @@
 //! # Module map
 //!
 //! - [`config`]: settings from the environment and `--flags`.
-//! - [`catalog`]: the catalog client: a [`BudgetedClient`](shared::client::BudgetedClient)
+//! - [`catalog`]: the catalog client: a [`BudgetedClient`](deadline_propagation::client::BudgetedClient)
 //!   that looks up prices under the request's deadline.
 //! - [`orders`]: validation and the order transaction (stock decrement and insert commit
 //!   together; `Idempotency-Key` makes retries safe).
@@ -39,12 +39,12 @@ use std::future::Future;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use shared::DeadlineMode;
-use shared::db::{Db, DbConfig};
-use shared::ingress::LiveMode;
-use shared::metrics::Metrics;
-use shared::server::{ServerOptions, serve};
-use shared::tools::ToolPolicy;
+use deadline_propagation::DeadlineMode;
+use deadline_propagation::LiveMode;
+use deadline_propagation::ToolPolicy;
+use deadline_propagation::db::{Db, DbConfig};
+use deadline_propagation::metrics::Metrics;
+use service_kit::server::{ServerOptions, serve};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -115,8 +115,9 @@ pub struct Application {
 impl Application {
     /// Connects, migrates and binds (port 0 picks a free port, as tests do).
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let metrics = Metrics::new("orders-service");
-        export_settings(&config, &metrics);
+        let metrics = service_kit::metrics::for_service("orders-service", |_| {});
+        // Every tool's series exist at 0 from the first scrape.
+        metrics.declare_tools(assistant::Tool::ALL.map(assistant::Tool::name));
         // Before the database: a bad precheck setting fails start-up at once.
         let prechecks = prechecks::Prechecks::new(&config, &metrics)?;
         let db = Db::connect_lazy(
@@ -125,14 +126,10 @@ impl Application {
                 max_connections: config.db_pool_max_connections,
                 acquire_timeout: Config::ms(config.db_pool_acquire_timeout_ms),
             },
-            Some(metrics.db().clone()),
         )
-        .context("DATABASE_URL is not a valid PostgreSQL URL")?;
+        .context("DATABASE_URL is not a valid PostgreSQL URL")?
+        .with_metrics(&metrics);
         migrate(&db).await?;
-        {
-            let db = db.clone();
-            metrics.on_scrape(move || db.report_pool());
-        }
         let catalog =
             CatalogClient::new(&config, &metrics).context("cannot build the catalog client")?;
         let listener = TcpListener::bind(config.listen_addr)
@@ -148,7 +145,7 @@ impl Application {
             .with_context(|| {
                 format!("cannot listen on {} (ORDERS_ADMIN_ADDR)", config.admin_addr)
             })?;
-        let mode = LiveMode::new(config.deadline_mode).with_metrics(metrics.deadline().clone());
+        let mode = LiveMode::new(config.deadline_mode).with_metrics(&metrics);
         Ok(Self {
             port: listener.local_addr()?.port(),
             admin_port: admin.local_addr()?.port(),
@@ -190,7 +187,9 @@ impl Application {
     /// legitimately need longer than the maximum budget, so that bounds the drain.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) {
         let options = ServerOptions {
-            drain_timeout: shared::server::drain_timeout(Config::ms(self.config.deadline_max_ms)),
+            drain_timeout: service_kit::server::drain_timeout(Config::ms(
+                self.config.deadline_max_ms,
+            )),
             header_read_timeout: Config::ms(self.config.header_read_timeout_ms),
             ..ServerOptions::default()
         };
@@ -209,20 +208,6 @@ impl Application {
         );
         self.state.db.close().await;
     }
-}
-
-/// Exports the budget policy as metrics, and makes every tool's series exist at 0, so
-/// dashboards and alerts read the limits in force (docs/design.md §7). The catalog
-/// pool's limits (and each precheck's) are exported where the clients are built.
-fn export_settings(config: &Config, metrics: &Metrics) {
-    metrics.settings().set_deadline_policy(
-        Config::ms(config.deadline_max_ms),
-        Config::ms(config.deadline_default_ms),
-        Some(Config::ms(config.deadline_reserve_ms)),
-    );
-    metrics
-        .tools()
-        .init(assistant::Tool::ALL.map(assistant::Tool::name));
 }
 
 /// The schema, embedded at compile time; public so that harnesses (`cargo xtask cost`)

@@ -6,9 +6,9 @@ use orders_service::{Application, Config};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
-    let _telemetry = shared::telemetry::init("orders-service", config.log_format);
+    let _telemetry = service_kit::telemetry::init("orders-service", config.log_format);
     let app = Application::build(config).await?;
     tracing::info!(port = app.port(), mode = ?app.mode(), "orders-service listening");
-    app.run_until(shared::server::shutdown_signal()).await;
+    app.run_until(service_kit::server::shutdown_signal()).await;
     Ok(())
 }

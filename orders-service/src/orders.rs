@@ -9,9 +9,9 @@
 //! Ten identical retries at once give one order.
 
 use chrono::{DateTime, Utc};
+use deadline_propagation::db::{Check, Db, DbError, End};
+use deadline_propagation::{Deadline, Problem};
 use serde::{Deserialize, Serialize};
-use shared::db::{Check, Db, DbError, End};
-use shared::{Deadline, Problem};
 use sqlx::FromRow;
 
 /// The largest quantity one order may ask for.

@@ -24,12 +24,12 @@
 //! order.
 
 use anyhow::Context as _;
+use deadline_propagation::Downstream;
+use deadline_propagation::client::{BudgetedClient, CallError};
+use deadline_propagation::metrics::Metrics;
+use deadline_propagation::{Deadline, Problem};
 use futures_util::future::try_join_all;
 use http::Method;
-use shared::client::{BudgetedClient, CallError};
-use shared::metrics::Metrics;
-use shared::stage::Downstream;
-use shared::{Deadline, Problem};
 
 use crate::config::Config;
 use crate::orders::NewOrder;
@@ -53,7 +53,7 @@ pub fn parse_spec(value: &str) -> Result<PrecheckSpec, String> {
         format!("{value:?} is not name=url (like fraud=http://127.0.0.1:8083/check)")
     })?;
     let name = Downstream::new(name.trim()).map_err(|err| err.to_string())?;
-    if name == Downstream::CATALOG {
+    if name == service_kit::metrics::catalog() {
         return Err("the name catalog is taken by the catalog client".to_owned());
     }
     let url = reqwest::Url::parse(url.trim()).map_err(|err| format!("{url:?}: {err}"))?;

@@ -5,9 +5,9 @@ mod common;
 use axum::Json;
 use axum::routing::post;
 use common::{MS, json_of, spawn_app, spawn_app_with};
+use deadline_propagation::client::AdmissionMode;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use shared::client::AdmissionMode;
 use test_support::metric_value;
 use tokio::time::Instant;
 

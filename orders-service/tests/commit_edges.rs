@@ -8,10 +8,10 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::{MS, TestApp, json_of, own_cluster, sleep_on_server, spawn_app, spawn_app_on};
+use deadline_propagation::Deadline;
+use deadline_propagation::db::{DbError, End};
 use reqwest::StatusCode;
 use serde_json::json;
-use shared::Deadline;
-use shared::db::{DbError, End};
 use sqlx::Connection as _;
 use test_support::wait_until;
 use tokio::time::Instant;

@@ -3,9 +3,9 @@
 mod common;
 
 use common::{MS, json_of, own_cluster, sleep_on_server, spawn_app, spawn_app_on, spawn_app_with};
+use deadline_propagation::{Deadline, DeadlineMode, Stage};
 use futures_util::future::join_all;
 use reqwest::StatusCode;
-use shared::{Deadline, DeadlineMode, Stage};
 use test_support::wait_until;
 use tokio::time::Instant;
 
@@ -17,7 +17,9 @@ async fn a_long_statement_is_cancelled_by_the_server_at_the_budget() {
     let result = sleep_on_server(&app.state.db, &deadline).await;
     let took = started.elapsed();
     match result {
-        Err(shared::db::DbError::Deadline(exceeded)) => assert_eq!(exceeded.stage, Stage::Db),
+        Err(deadline_propagation::db::DbError::Deadline(exceeded)) => {
+            assert_eq!(exceeded.stage, Stage::Db)
+        }
         other => panic!("expected a deadline error, got {other:?}"),
     }
     assert!(took < MS(400), "took {took:?}");
@@ -107,7 +109,7 @@ async fn a_body_that_panics_leaves_no_transaction_open() {
                 .await?;
                 panic!("a bug in the body, mid-transaction");
                 #[allow(unreachable_code)]
-                Ok(shared::db::End::Commit(()))
+                Ok(deadline_propagation::db::End::Commit(()))
             })
         })
         .await;
@@ -158,7 +160,7 @@ async fn the_database_limits_follow_the_mode_in_force_not_the_one_at_start_up() 
     let started = Instant::now();
     let cut = sleep_on_server(&app.state.db, &deadline).await;
     assert!(
-        matches!(cut, Err(shared::db::DbError::Deadline(_))),
+        matches!(cut, Err(deadline_propagation::db::DbError::Deadline(_))),
         "{cut:?}"
     );
     assert!(started.elapsed() < MS(1000), "took {:?}", started.elapsed());

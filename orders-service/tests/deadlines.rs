@@ -3,9 +3,9 @@
 mod common;
 
 use common::{MS, json_of, spawn_app, spawn_app_with, spawn_app_with_catalog};
+use deadline_propagation::DeadlineMode;
 use futures_util::future::join_all;
 use reqwest::StatusCode;
-use shared::DeadlineMode;
 use test_support::metric_value;
 use tokio::time::Instant;
 

@@ -106,7 +106,7 @@ fn check_lifecycle(deployment: &Yaml, max_budget: Duration, ready: &str, what: &
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("{what}: preStop is not `sleep N`"));
     let grace = pod["terminationGracePeriodSeconds"].as_i64().unwrap();
-    let needed = Duration::from_secs(pause) + shared::server::drain_timeout(max_budget);
+    let needed = Duration::from_secs(pause) + service_kit::server::drain_timeout(max_budget);
     assert!(
         Duration::from_secs(grace as u64) > needed,
         "{what}: terminationGracePeriodSeconds {grace} s must outlast preStop + drain = {needed:?}"

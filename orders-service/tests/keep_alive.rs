@@ -1,7 +1,7 @@
 //! The keep-alive race: a pooled connection reused just as the catalog closes it.
 //!
 //! hyper's header read timeout also runs while a keep-alive connection sits idle
-//! (`shared::server`: 5 s on catalog-service), so the server closes idle connections
+//! (`service_kit::server`: 5 s on catalog-service), so the server closes idle connections
 //! after that long. A client that keeps idle connections longer may send a request on a
 //! connection the server is closing at that very moment: the request is lost, the
 //! connection ends without an answer, and the order fails with 502 although the catalog
@@ -17,7 +17,7 @@ use std::time::Duration;
 use common::{MS, spawn_app_with};
 use orders_service::Config;
 use reqwest::StatusCode;
-use shared::server::ServerOptions;
+use service_kit::server::ServerOptions;
 use test_support::wait_until;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -242,9 +242,11 @@ fn traced() -> &'static (InMemorySpanExporter, SdkTracerProvider) {
             .with_simple_exporter(exporter.clone())
             .build();
         let subscriber =
-            tracing_subscriber::registry().with(shared::telemetry::layer(&provider, "test"));
+            tracing_subscriber::registry().with(service_kit::telemetry::layer(&provider, "test"));
         tracing::subscriber::set_global_default(subscriber).expect("the only subscriber here");
-        shared::telemetry::propagation::install_propagator();
+        opentelemetry::global::set_text_map_propagator(
+            opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+        );
         (exporter, provider)
     })
 }

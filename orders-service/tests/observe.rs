@@ -5,9 +5,9 @@
 mod common;
 
 use common::{MS, TestApp, json_of, spawn_app_with};
+use deadline_propagation::DeadlineMode;
 use reqwest::StatusCode;
 use serde_json::json;
-use shared::DeadlineMode;
 use test_support::metric_value;
 use tokio::time::Instant;
 

@@ -13,9 +13,9 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use criterion::{Criterion, criterion_group, criterion_main};
+use deadline_propagation::metrics::Metrics;
+use deadline_propagation::{Deadline, DeadlineLayer, DeadlinePolicy};
 use http::{Request, StatusCode};
-use shared::metrics::Metrics;
-use shared::{Deadline, DeadlineLayer, DeadlinePolicy};
 use tower::ServiceExt;
 
 async fn plain() -> &'static str {
@@ -63,7 +63,7 @@ fn bench(c: &mut Criterion) {
             "DeadlineLayer + metrics",
             Router::new()
                 .route("/", get(with_deadline))
-                .route_layer(DeadlineLayer::new(policy).metrics(metrics.deadline().clone())),
+                .route_layer(DeadlineLayer::new(policy).metrics(&metrics)),
         ),
     ];
 

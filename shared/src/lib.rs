@@ -4,106 +4,114 @@
 //! to a maximum and turns it into a [`Deadline`], an absolute instant. Every step after
 //! that (a pooled HTTP call, a database statement, an AI tool call) gets only what is
 //! left, and a step that would start with nothing left is answered with 504 at once,
-//! without doing any I/O. This crate is the part every service shares; copy it into your
-//! own workspace.
+//! without doing any I/O. Copy this crate (the folder `shared/`) into your workspace: it
+//! names its own dependencies and builds alone.
 //!
 //! # Module map
 //!
-//! The core is always built (it compiles with `--no-default-features`); the rest comes
-//! with a Cargo feature, all of them on by default (see the README, "Use it in your
-//! service", for what each pulls in).
+//! The core is always built; the rest comes with a Cargo feature, all of them on by
+//! default but `tls`.
 //!
-//! - [`deadline`]: [`Deadline`], [`DeadlinePolicy`] (clamping) and [`Deadline::run`], the
-//!   one function that runs an I/O step under the remaining time.
-//! - [`header`]: parsing the budget headers (`X-Request-Timeout-Ms`, `grpc-timeout`,
-//!   `x-envoy-expected-rq-timeout-ms`): absent, valid or invalid, never a panic.
-//! - [`stage`]: the named [`Stage`]s a budget is spent on (`ingress`, `catalog_pool`, ...),
-//!   and [`Downstream`](stage::Downstream), the two stages of a client named by configuration.
-//! - [`problem`]: [`Problem`], the RFC 9457 error answer of both services (with `axum`,
-//!   also an `IntoResponse`).
-//! - [`timing`]: the per-request [`StageLog`](timing::StageLog) behind `Server-Timing`.
-//! - [`ingress`]: [`DeadlineMode`] and its run-time switch; with `axum`, the tower layer
-//!   that builds the deadline, bounds the handler, answers 400/504 and writes
-//!   `Server-Timing`.
-//! - [`tools`]: [`ToolBudget`](tools::ToolBudget), quotas for the tool calls of an AI assistant turn.
-//! - [`telemetry`]: `traceparent` propagation (a no-op without `otel`); with `otel`, the
-//!   log and trace setup of a binary.
-//! - `json` (feature `axum`): `JsonBody`, a JSON extractor whose rejections are problems.
-//! - `server` (feature `axum`): serving a router with a header read timeout and graceful
-//!   shutdown.
-//! - `admin` (feature `axum`): the loopback-only guard of an admin API.
-//! - `client` (feature `http-client`): `BudgetedClient`, the bulkhead-guarded reqwest
-//!   client that spends only the remaining budget on pool wait + request + body, for
-//!   any request (`CallRequest`) to a downstream named by configuration.
-//! - `db` (feature `sqlx`): PostgreSQL helpers: pool acquire bounded by the budget,
-//!   transactions whose `statement_timeout` comes from the remaining time, and a COMMIT
-//!   whose answer is always true about the table.
-//! - `metrics` (feature `metrics`): the Prometheus families of the contract; with `axum`,
-//!   the HTTP middleware and `GET /metrics`.
-//! - `clap` (feature): `clap::ValueEnum` for the enums that are settings.
+//! - [`Deadline`] and [`DeadlinePolicy`]: the budget as an absolute instant, clamped at
+//!   the ingress; [`Deadline::run`] is the one function that runs an I/O step under the
+//!   remaining time, and [`Deadline::point_of_no_return`] marks a step (a COMMIT) whose
+//!   outcome must be awaited rather than abandoned.
+//! - [`read_budget`]: the budget headers (`X-Request-Timeout-Ms`, `grpc-timeout`,
+//!   `x-envoy-expected-rq-timeout-ms`), absent, valid or [`InvalidBudget`], never a panic.
+//! - [`Stage`] and [`Downstream`]: the named steps a budget is spent on; the stages of a
+//!   downstream are named by your configuration (`Downstream::new("inventory")`).
+//! - [`Problem`]: the RFC 9457 answer (504 with its stage, 503 with `Retry-After`, 400
+//!   naming a header).
+//! - [`DeadlineMode`] and [`LiveMode`]: propagate, observe (count, refuse nothing) or
+//!   the off switch, changeable at run time.
+//! - [`ToolBudget`]: the budget of an AI assistant's turn shared by its tool calls.
+//! - [`DeadlineLayer`] (feature `axum`): the tower layer that builds the deadline,
+//!   bounds the handler, answers 400 and 504 and writes `Server-Timing`; [`Deadline`] is
+//!   an extractor.
+//! - [`client`] (feature `http-client`): [`BudgetedClient`](client::BudgetedClient),
+//!   which spends only the remaining budget on pool wait + request + body, admits only
+//!   the calls that can finish, and sends the rest of the budget on.
+//! - [`db`] (feature `sqlx`): PostgreSQL under the budget: pool wait, `statement_timeout`
+//!   from the remaining time, a cancel at the deadline, COMMIT as a point of no return.
+//! - [`metrics`] (feature `metrics`): the Prometheus families of the contract
+//!   (docs/design.md §7), and [`instrument`] to wire them with the layer.
 //!
-//! A whole service in one file: `shared/examples/minimal.rs`.
+//! `otel` carries W3C `traceparent` across each hop (a no-op without it), `clap` lets
+//! settings take [`DeadlineMode`] and the admission mode, `tls` gives the client HTTPS.
+//!
+//! The examples, a ladder: `ingress` (the layer alone), `client` (a budgeted call), and
+//! `database` (a whole service), under `shared/examples/`.
 //!
 //! # Example
 //!
 //! ```
 //! use std::time::Duration;
 //! use axum::{Router, routing::get};
-//! use shared::{Deadline, DeadlineLayer, DeadlinePolicy, Problem, Stage};
+//! use deadline_propagation::{Deadline, DeadlineLayer, DeadlinePolicy, Problem, Stage};
 //!
 //! async fn handler(deadline: Deadline) -> Result<&'static str, Problem> {
 //!     // Any I/O goes through `run`: it never starts once the budget is gone.
-//!     deadline.run(Stage::Catalog, async { "catalog answer" }).await?;
+//!     const WORK: Stage = Stage::named("work");
+//!     deadline.run(WORK, tokio::time::sleep(Duration::from_millis(5))).await?;
 //!     Ok("done")
 //! }
 //!
-//! let policy = DeadlinePolicy::new(Duration::from_millis(2000), Duration::from_millis(1000));
+//! let policy = DeadlinePolicy::from_millis(2000, 1000);
 //! let app: Router = Router::new()
 //!     .route("/", get(handler))
 //!     .route_layer(DeadlineLayer::new(policy));
 //! ```
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// The core's crate-private helpers serve the ingress, the client and the database
+// envelope; with some of those features off, some helpers have no caller.
+#![cfg_attr(
+    not(all(
+        feature = "axum",
+        feature = "http-client",
+        feature = "sqlx",
+        feature = "metrics"
+    )),
+    allow(dead_code, unused_imports)
+)]
 
-// The core: always built (`--no-default-features` too).
-pub mod deadline;
-pub mod header;
-pub mod ingress;
-pub mod problem;
-pub mod stage;
-pub mod telemetry;
-pub mod timing;
-pub mod tools;
+mod deadline;
+mod header;
+mod ingress;
+mod problem;
+mod propagation;
+mod stage;
+mod timing;
+mod tools;
 
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub mod admin;
 #[cfg(feature = "http-client")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http-client")))]
 pub mod client;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod db;
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub mod json;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub mod server;
+#[cfg(not(feature = "metrics"))]
+#[path = "unobserved.rs"]
+mod metrics;
 
 #[cfg(feature = "axum")]
 mod extract;
 
-pub use deadline::{Deadline, DeadlineExceeded, DeadlinePolicy};
+#[doc(hidden)]
+pub mod testing;
+
+pub use deadline::{Deadline, DeadlineExceeded, DeadlinePolicy, NoReturn};
+pub use header::{DEADLINE_MODE_HEADER, InvalidBudget, REQUEST_TIMEOUT_HEADER, read_budget};
+#[cfg(all(feature = "axum", feature = "metrics"))]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "axum", feature = "metrics"))))]
+pub use ingress::instrument;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub use ingress::DeadlineLayer;
-pub use ingress::DeadlineMode;
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub use json::JsonBody;
+pub use ingress::{DeadlineLayer, DeadlineService, ResponseFuture};
+pub use ingress::{DeadlineMode, LiveMode};
 pub use problem::Problem;
-pub use stage::Stage;
+pub use stage::{Downstream, InvalidName, Stage};
+pub use tools::{ToolBudget, ToolCall, ToolOutcome, ToolPolicy};

@@ -6,14 +6,10 @@
 //! constants here; each outbound HTTP downstream adds two more, named by configuration
 //! ([`Downstream`]): `inventory_pool` and `inventory` for a client named `inventory`.
 //!
-//! # Why a name and not an enum
-//!
-//! A closed enum made every second downstream report as `catalog`: its 504s, 503s,
-//! metrics and `Server-Timing` all blamed the wrong service. A [`Stage`] is its wire
-//! name, a `&'static str`, so it stays `Copy` and can label metrics without allocating.
-//! The names of a downstream come from runtime configuration and are leaked once per
-//! distinct name ([`Downstream::new`] interns them): clients are built once at start-up,
-//! so the set of stage names (and of metric label values) is bounded by configuration,
+//! A [`Stage`] is its wire name, a `&'static str`: `Copy`, and a metric label without
+//! an allocation. A downstream's names come from configuration and are leaked once per
+//! distinct name ([`Downstream::new`] interns them): clients are built at start-up, so
+//! the set of stage names (and of metric label values) is bounded by configuration,
 //! never by requests. No request can create a stage.
 
 use std::fmt;
@@ -21,35 +17,28 @@ use std::sync::Mutex;
 
 mod name;
 
-pub use name::{DownstreamNameError, MAX_NAME_LEN};
+pub use name::InvalidName;
 
 /// One step of a request that runs under the request's [`Deadline`](crate::Deadline).
 ///
-/// The fixed stages are associated constants spelled like the enum variants they used
-/// to be (`Stage::Catalog`), so code and `match` patterns written against the enum keep
-/// compiling. A downstream's stages come from [`Downstream`].
+/// The library's own stages are associated constants, spelled as enum variants so a
+/// `match` reads like one; a downstream's two stages come from [`Downstream`], and a
+/// step of your own is [`Stage::named`].
 ///
 /// ```
-/// use shared::Stage;
+/// use deadline_propagation::Stage;
 ///
+/// const PRICING: Stage = Stage::named("pricing");
+/// assert_eq!(PRICING.to_string(), "pricing");
 /// assert_eq!(Stage::DbPool.as_str(), "db_pool");
-/// assert_eq!(Stage::Catalog.to_string(), "catalog");
-/// match Stage::Db {
-///     Stage::Db => {}
-///     other => panic!("unexpected {other}"),
-/// }
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Stage(&'static str);
 
-#[allow(non_upper_case_globals)] // the spelling of the former enum variants, kept on purpose
+#[allow(non_upper_case_globals)] // read as enum variants in `match`
 impl Stage {
     /// The handler as a whole, bounded by the ingress layer.
     pub const Ingress: Stage = Stage("ingress");
-    /// Waiting for a slot in the catalog client's bulkhead (its pool queue).
-    pub const CatalogPool: Stage = Stage("catalog_pool");
-    /// The catalog call itself: connect, send, headers and body.
-    pub const Catalog: Stage = Stage("catalog");
     /// Waiting for a PostgreSQL connection from the pool.
     pub const DbPool: Stage = Stage("db_pool");
     /// SQL statements, cancelled by the server at the deadline.
@@ -59,55 +48,36 @@ impl Stage {
 }
 
 impl Stage {
-    /// The contract's stages, in the order a request meets them. Their metric series
-    /// exist from start-up in every service; a configured downstream adds its own two
-    /// when its client is built.
-    ///
-    /// ```
-    /// assert!(shared::Stage::ALL.contains(&shared::Stage::CatalogPool));
-    /// ```
-    pub const ALL: [Stage; 6] = [
-        Stage::Ingress,
-        Stage::CatalogPool,
-        Stage::Catalog,
-        Stage::DbPool,
-        Stage::Db,
-        Stage::Tool,
-    ];
+    /// The library's own stages, in the order a request meets them. Their metric series
+    /// exist from start-up; a downstream adds its own two when it is declared. A
+    /// downstream or a [named](Stage::named) step may not take these names.
+    pub(crate) const ALL: [Stage; 4] = [Stage::Ingress, Stage::DbPool, Stage::Db, Stage::Tool];
 
-    /// The stages that belong to no downstream; a downstream may not take their names.
+    /// A step of your own (a call to a cache, a file read) run with
+    /// [`Deadline::run`](crate::Deadline::run): its 504 and `Server-Timing` entry carry
+    /// this name. Use it in a `const`, so a bad name fails the build: the name follows
+    /// a downstream's rules ([`Downstream::new`]).
     ///
-    /// ```
-    /// use shared::{Stage, stage::Downstream};
+    /// # Panics
     ///
-    /// for fixed in Stage::FIXED {
-    ///     assert!(Downstream::new(fixed.as_str()).is_err(), "{fixed}");
-    /// }
-    /// ```
-    pub const FIXED: [Stage; 4] = [Stage::Ingress, Stage::DbPool, Stage::Db, Stage::Tool];
+    /// On a name that a downstream could not take (in a `const`, at compile time).
+    pub const fn named(name: &'static str) -> Stage {
+        assert!(
+            name::is_valid(name),
+            "a stage name is [a-z][a-z0-9_]*, at most 32 bytes, not reserved"
+        );
+        Stage(name)
+    }
 
     /// The wire name used in problem bodies, metric labels and `Server-Timing`.
-    ///
-    /// ```
-    /// assert_eq!(shared::Stage::Tool.as_str(), "tool");
-    /// ```
     pub const fn as_str(self) -> &'static str {
         self.0
     }
 
-    /// The stage with wire name `name`: one of [`Stage::ALL`] or a stage of a downstream
-    /// built in this process; `None` for any other name. Nothing is allocated, so text
-    /// from outside (a problem body being read) can never add a stage.
-    ///
-    /// ```
-    /// use shared::{Stage, stage::Downstream};
-    ///
-    /// assert_eq!(Stage::lookup("db"), Some(Stage::Db));
-    /// let payment = Downstream::new("payment").unwrap();
-    /// assert_eq!(Stage::lookup("payment_pool"), Some(payment.pool()));
-    /// assert_eq!(Stage::lookup("never_configured"), None);
-    /// ```
-    pub fn lookup(name: &str) -> Option<Stage> {
+    /// The stage with wire name `name`: one of the library's stages or a stage of a
+    /// downstream declared in this process; `None` for any other name. Nothing is
+    /// allocated, so text from outside (a problem body being read) never adds a stage.
+    pub(crate) fn lookup(name: &str) -> Option<Stage> {
         if let Some(stage) = Stage::ALL.into_iter().find(|s| s.0 == name) {
             return Some(stage);
         }
@@ -137,7 +107,7 @@ impl serde::Serialize for Stage {
     }
 }
 
-/// Reads a wire name through [`Stage::lookup`]: a name that is neither in the contract
+/// Reads a wire name through `Stage::lookup`: a name that is neither in the contract
 /// nor configured in this process is an error, never a new (leaked) stage.
 impl<'de> serde::Deserialize<'de> for Stage {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -156,7 +126,7 @@ impl<'de> serde::Deserialize<'de> for Stage {
 /// metrics and `Server-Timing` name the service that was slow.
 ///
 /// ```
-/// use shared::stage::Downstream;
+/// use deadline_propagation::Downstream;
 ///
 /// let inventory = Downstream::new("inventory").expect("a valid name");
 /// assert_eq!(inventory.name(), "inventory");
@@ -171,35 +141,17 @@ pub struct Downstream {
 }
 
 impl Downstream {
-    /// The catalog, as orders-service configures it: stages `catalog` and
-    /// `catalog_pool` of the contract.
-    pub const CATALOG: Downstream = Downstream {
-        call: Stage::Catalog,
-        pool: Stage::CatalogPool,
-    };
-
     /// The downstream named `name`, if the name is valid: `[a-z][a-z0-9_]*`, at most
-    /// [`MAX_NAME_LEN`] characters, not ending in `_pool` (that would collide with
-    /// another downstream's pool stage), and not a [fixed stage](Stage::FIXED)
-    /// (`ingress`, `db_pool`, `db`, `tool`). Call it at start-up and fail there with the
+    /// 32 characters, not ending in `_pool` (that would collide with
+    /// another downstream's pool stage), and not one of the library's stages (`ingress`,
+    /// `db_pool`, `db`, `tool`). Call it at start-up and fail there with the
     /// error's message: the names become metric labels and must be valid for Prometheus
     /// and unambiguous in a problem body.
     ///
     /// The names are leaked, once per distinct name however often this is called, so a
     /// process holds at most as many as its configuration names.
-    ///
-    /// ```
-    /// use shared::stage::Downstream;
-    ///
-    /// assert_eq!(Downstream::new("catalog").unwrap(), Downstream::CATALOG);
-    /// let err = Downstream::new("Payment").unwrap_err();
-    /// assert!(err.to_string().contains("Payment"), "{err}");
-    /// ```
-    pub fn new(name: &str) -> Result<Self, DownstreamNameError> {
+    pub fn new(name: &str) -> Result<Self, InvalidName> {
         name::validate(name)?;
-        if name == Downstream::CATALOG.name() {
-            return Ok(Downstream::CATALOG);
-        }
         let mut known = interned();
         if let Some(found) = known.iter().find(|d| d.name() == name) {
             return Ok(*found);
@@ -215,41 +167,22 @@ impl Downstream {
     }
 
     /// The name: the `client` label of its metrics and the name of its call stage.
-    ///
-    /// ```
-    /// assert_eq!(shared::stage::Downstream::CATALOG.name(), "catalog");
-    /// ```
     pub const fn name(self) -> &'static str {
         self.call.0
     }
 
     /// The call stage (`{name}`): connect, send, headers and body.
-    ///
-    /// ```
-    /// use shared::{Stage, stage::Downstream};
-    /// assert_eq!(Downstream::CATALOG.call(), Stage::Catalog);
-    /// ```
     pub const fn call(self) -> Stage {
         self.call
     }
 
     /// The pool stage (`{name}_pool`): waiting for a slot in the client's bulkhead.
-    ///
-    /// ```
-    /// use shared::{Stage, stage::Downstream};
-    /// assert_eq!(Downstream::CATALOG.pool(), Stage::CatalogPool);
-    /// ```
     pub const fn pool(self) -> Stage {
         self.pool
     }
 
     /// Both stages, pool first (the order a call meets them): what a metrics family
     /// pre-registers for this downstream.
-    ///
-    /// ```
-    /// use shared::{Stage, stage::Downstream};
-    /// assert_eq!(Downstream::CATALOG.stages(), [Stage::CatalogPool, Stage::Catalog]);
-    /// ```
     pub const fn stages(self) -> [Stage; 2] {
         [self.pool, self.call]
     }
@@ -261,7 +194,7 @@ impl fmt::Display for Downstream {
     }
 }
 
-/// Every downstream built in this process except the catalog (which is constant).
+/// Every downstream declared in this process.
 static INTERNED: Mutex<Vec<Downstream>> = Mutex::new(Vec::new());
 
 fn interned() -> std::sync::MutexGuard<'static, Vec<Downstream>> {
@@ -278,17 +211,7 @@ mod tests {
     #[test]
     fn the_contract_names_are_unchanged() {
         let names = Stage::ALL.map(Stage::as_str);
-        assert_eq!(
-            names,
-            [
-                "ingress",
-                "catalog_pool",
-                "catalog",
-                "db_pool",
-                "db",
-                "tool"
-            ]
-        );
+        assert_eq!(names, ["ingress", "db_pool", "db", "tool"]);
     }
 
     #[test]
@@ -307,10 +230,10 @@ mod tests {
     #[test]
     fn stages_serialize_as_their_wire_names_and_read_back_only_when_known() {
         let inventory = Downstream::new("stage_test_serde").unwrap();
-        let json = serde_json::to_string(&[Stage::CatalogPool, inventory.pool()]).unwrap();
-        assert_eq!(json, r#"["catalog_pool","stage_test_serde_pool"]"#);
+        let json = serde_json::to_string(&[Stage::DbPool, inventory.pool()]).unwrap();
+        assert_eq!(json, r#"["db_pool","stage_test_serde_pool"]"#);
         let back: Vec<Stage> = serde_json::from_str(&json).unwrap();
-        assert_eq!(back, [Stage::CatalogPool, inventory.pool()]);
+        assert_eq!(back, [Stage::DbPool, inventory.pool()]);
         assert!(serde_json::from_str::<Stage>(r#""made_up_by_a_client""#).is_err());
     }
 }

@@ -14,21 +14,8 @@ use crate::metrics::DeadlineMetrics;
 use crate::stage::Stage;
 
 /// The stages a request went through, and the metrics they report to.
-///
-/// ```
-/// use std::time::Duration;
-/// use shared::{Stage, timing::StageLog};
-///
-/// let log = StageLog::default();
-/// log.record(Stage::CatalogPool, Duration::from_micros(100));
-/// log.record(Stage::Catalog, Duration::from_millis(12));
-/// assert_eq!(
-///     log.server_timing(Duration::from_millis(15)),
-///     "catalog_pool;dur=0.1, catalog;dur=12.0, total;dur=15.0"
-/// );
-/// ```
 #[derive(Debug, Default)]
-pub struct StageLog {
+pub(crate) struct StageLog {
     entries: Mutex<Vec<(Stage, Duration)>>,
     /// Without the `metrics` feature a log only feeds `Server-Timing`.
     #[cfg(feature = "metrics")]
@@ -40,16 +27,9 @@ pub struct StageLog {
 
 impl StageLog {
     /// A log that also reports to a service's deadline metrics.
-    ///
-    /// ```
-    /// use shared::{metrics::Metrics, timing::StageLog};
-    ///
-    /// let metrics = Metrics::new("orders-service");
-    /// let log = StageLog::with_metrics(metrics.deadline().clone());
-    /// ```
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn with_metrics(metrics: DeadlineMetrics) -> Self {
+    pub(crate) fn with_metrics(metrics: DeadlineMetrics) -> Self {
         Self {
             entries: Mutex::default(),
             metrics: Some(metrics),
@@ -58,29 +38,13 @@ impl StageLog {
     }
 
     /// Adds one finished stage.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use shared::{Stage, timing::StageLog};
-    ///
-    /// let log = StageLog::default();
-    /// log.record(Stage::Db, Duration::from_millis(3));
-    /// ```
-    pub fn record(&self, stage: Stage, took: Duration) {
+    pub(crate) fn record(&self, stage: Stage, took: Duration) {
         self.lock().push((stage, took));
     }
 
     /// The stages recorded so far, in order.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use shared::{Stage, timing::StageLog};
-    ///
-    /// let log = StageLog::default();
-    /// log.record(Stage::Db, Duration::from_millis(3));
-    /// assert_eq!(log.entries(), vec![(Stage::Db, Duration::from_millis(3))]);
-    /// ```
-    pub fn entries(&self) -> Vec<(Stage, Duration)> {
+    #[cfg(test)]
+    pub(crate) fn entries(&self) -> Vec<(Stage, Duration)> {
         self.lock().clone()
     }
 
@@ -129,20 +93,7 @@ impl StageLog {
     ///
     /// A stage that ran more than once (three tool calls) is summed into one entry with
     /// a count, since `Server-Timing` names should be unique.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use shared::{Stage, timing::StageLog};
-    ///
-    /// let log = StageLog::default();
-    /// log.record(Stage::Tool, Duration::from_millis(2));
-    /// log.record(Stage::Tool, Duration::from_millis(3));
-    /// assert_eq!(
-    ///     log.server_timing(Duration::from_millis(6)),
-    ///     "tool;dur=5.0;desc=\"2 calls\", total;dur=6.0"
-    /// );
-    /// ```
-    pub fn server_timing(&self, total: Duration) -> String {
+    pub(crate) fn server_timing(&self, total: Duration) -> String {
         let mut sums: Vec<(Stage, Duration, u32)> = Vec::new();
         for (stage, took) in self.lock().iter() {
             match sums.iter_mut().find(|(s, _, _)| s == stage) {
@@ -166,14 +117,7 @@ impl StageLog {
     }
 
     /// True while a step of the request is past its point of no return.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
-    /// let _commit_sent = deadline.point_of_no_return();
-    /// assert!(deadline.log().past_no_return());
-    /// ```
-    pub fn past_no_return(&self) -> bool {
+    pub(crate) fn past_no_return(&self) -> bool {
         self.no_return.load(Ordering::Acquire) > 0
     }
 
@@ -204,8 +148,9 @@ mod tests {
     #[test]
     fn server_timing_lists_stages_in_order_then_total() {
         let log = StageLog::default();
-        log.record(Stage::CatalogPool, Duration::from_micros(100));
-        log.record(Stage::Catalog, Duration::from_millis(12));
+        let catalog = crate::Downstream::new("catalog").unwrap();
+        log.record(catalog.pool(), Duration::from_micros(100));
+        log.record(Stage::named("catalog"), Duration::from_millis(12));
         log.record(Stage::Tool, Duration::from_millis(2));
         log.record(Stage::Tool, Duration::from_millis(3));
         assert_eq!(

@@ -2,9 +2,9 @@
 //!
 //! An assistant turn may call several tools, and each tool does real I/O (a catalog
 //! call, a SQL query) on the same pools as ordinary requests. Without quotas one chatty
-//! agent drains those pools. The seed's numbers are the defaults: a turn gets 2 s (never
-//! more than the request's own deadline), each tool at most 800 ms of what is left of
-//! the turn, and at most 3 calls; a fourth is refused without running.
+//! agent drains those pools. By default a turn gets 2 s (never more than the request's
+//! own deadline), each tool at most 800 ms of what is left of the turn, and at most 3
+//! calls; a fourth is refused without running.
 //!
 //! A tool's own HTTP and SQL work runs under the tool's deadline (a
 //! [child](crate::Deadline::child) of the turn), so a cut tool leaves nothing behind.
@@ -28,18 +28,6 @@ use crate::problem::Problem;
 use crate::stage::Stage;
 
 /// The quotas of a turn.
-///
-/// ```
-/// use std::time::Duration;
-/// use shared::tools::ToolPolicy;
-///
-/// // The seed's numbers.
-/// assert_eq!(ToolPolicy::default(), ToolPolicy {
-///     turn: Duration::from_secs(2),
-///     per_tool: Duration::from_millis(800),
-///     max_calls: 3,
-/// });
-/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ToolPolicy {
     /// The whole turn (`ASSISTANT_TURN_BUDGET_MS`, default 2000).
@@ -61,15 +49,9 @@ impl Default for ToolPolicy {
 }
 
 /// How a tool call ended (`tool_calls_total{outcome}`).
-///
-/// ```
-/// use shared::tools::Outcome;
-///
-/// assert_eq!(serde_json::to_string(&Outcome::Timeout).unwrap(), "\"timeout\"");
-/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub enum ToolOutcome {
     /// It returned a result.
     Ok,
     /// It failed (a 4xx/5xx from its work).
@@ -82,32 +64,24 @@ pub enum Outcome {
     Cancelled,
 }
 
-impl Outcome {
+impl ToolOutcome {
     /// Every outcome, for series that must exist before the first call.
-    ///
-    /// ```
-    /// assert!(shared::tools::Outcome::ALL.contains(&shared::tools::Outcome::Cancelled));
-    /// ```
-    pub const ALL: [Outcome; 5] = [
-        Outcome::Ok,
-        Outcome::Error,
-        Outcome::Timeout,
-        Outcome::Refused,
-        Outcome::Cancelled,
+    pub const ALL: [ToolOutcome; 5] = [
+        ToolOutcome::Ok,
+        ToolOutcome::Error,
+        ToolOutcome::Timeout,
+        ToolOutcome::Refused,
+        ToolOutcome::Cancelled,
     ];
 
     /// The label value.
-    ///
-    /// ```
-    /// assert_eq!(shared::tools::Outcome::Refused.as_str(), "refused");
-    /// ```
     pub fn as_str(self) -> &'static str {
         match self {
-            Outcome::Ok => "ok",
-            Outcome::Error => "error",
-            Outcome::Timeout => "timeout",
-            Outcome::Refused => "refused",
-            Outcome::Cancelled => "cancelled",
+            ToolOutcome::Ok => "ok",
+            ToolOutcome::Error => "error",
+            ToolOutcome::Timeout => "timeout",
+            ToolOutcome::Refused => "refused",
+            ToolOutcome::Cancelled => "cancelled",
         }
     }
 }
@@ -116,14 +90,14 @@ impl Outcome {
 ///
 /// ```
 /// use std::time::Duration;
-/// use shared::tools::{Outcome, ToolBudget, ToolPolicy};
+/// use deadline_propagation::{ToolOutcome, ToolBudget, ToolPolicy};
 /// use tokio_util::sync::CancellationToken;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let budget = ToolBudget::for_turn(&shared::Deadline::after(Duration::from_secs(5)), ToolPolicy::default());
+/// let budget = ToolBudget::for_turn(&deadline_propagation::Deadline::after(Duration::from_secs(5)), ToolPolicy::default());
 /// let call = budget.call("echo", &CancellationToken::new(), |_| async { Ok("hi") }).await;
 /// // What the assistant endpoint returns for each call, as JSON.
-/// assert_eq!(call.outcome, Outcome::Ok);
+/// assert_eq!(call.outcome, ToolOutcome::Ok);
 /// assert_eq!(serde_json::to_value(&call).unwrap()["result"], "hi");
 /// # }
 /// ```
@@ -132,7 +106,7 @@ pub struct ToolCall<T> {
     /// The tool's name.
     pub tool: String,
     /// How it ended.
-    pub outcome: Outcome,
+    pub outcome: ToolOutcome,
     /// How long it ran.
     pub elapsed_ms: u64,
     /// Its result, when `outcome` is `ok`.
@@ -147,8 +121,8 @@ pub struct ToolCall<T> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use shared::tools::{Outcome, ToolBudget, ToolPolicy};
-/// use shared::{Deadline, Stage};
+/// use deadline_propagation::{ToolOutcome, ToolBudget, ToolPolicy};
+/// use deadline_propagation::{Deadline, Stage};
 /// use tokio_util::sync::CancellationToken;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
@@ -158,11 +132,11 @@ pub struct ToolCall<T> {
 /// // A tool that would take 2 s is cut at its 800 ms cap.
 /// let call = budget
 ///     .call("catalog_lookup", &cancel, |deadline| async move {
-///         deadline.run(Stage::Catalog, tokio::time::sleep(Duration::from_secs(2))).await?;
+///         deadline.run(Stage::named("catalog"), tokio::time::sleep(Duration::from_secs(2))).await?;
 ///         Ok(())
 ///     })
 ///     .await;
-/// assert_eq!(call.outcome, Outcome::Timeout);
+/// assert_eq!(call.outcome, ToolOutcome::Timeout);
 /// # }
 /// ```
 #[derive(Debug)]
@@ -179,9 +153,9 @@ impl ToolBudget {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// use shared::tools::{ToolBudget, ToolPolicy};
+    /// use deadline_propagation::{ToolBudget, ToolPolicy};
     ///
-    /// let request = shared::Deadline::after(Duration::from_millis(500));
+    /// let request = deadline_propagation::Deadline::after(Duration::from_millis(500));
     /// // A 2 s turn inside a 500 ms request ends with the request.
     /// let budget = ToolBudget::for_turn(&request, ToolPolicy::default());
     /// assert_eq!(budget.turn().instant(), request.instant());
@@ -197,34 +171,14 @@ impl ToolBudget {
     }
 
     /// Counts every call in `tool_calls_total{tool_name,outcome}`.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use shared::{metrics::Metrics, tools::{ToolBudget, ToolPolicy}};
-    ///
-    /// let metrics = Metrics::new("orders-service");
-    /// let request = shared::Deadline::after(Duration::from_secs(2));
-    /// let budget = ToolBudget::for_turn(&request, ToolPolicy::default())
-    ///     .with_metrics(metrics.tools().clone());
-    /// ```
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn with_metrics(mut self, metrics: ToolMetrics) -> Self {
-        self.metrics = Some(metrics);
+    pub fn with_metrics(mut self, metrics: &crate::metrics::Metrics) -> Self {
+        self.metrics = Some(metrics.tools().clone());
         self
     }
 
     /// The turn's deadline.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use shared::tools::{ToolBudget, ToolPolicy};
-    ///
-    /// let request = shared::Deadline::after(Duration::from_secs(10));
-    /// let budget = ToolBudget::for_turn(&request, ToolPolicy::default());
-    /// // The planner gets the turn's deadline, not the request's.
-    /// assert_eq!(budget.turn().budget(), Duration::from_secs(2));
-    /// ```
     pub fn turn(&self) -> &Deadline {
         &self.turn
     }
@@ -236,16 +190,16 @@ impl ToolBudget {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// use shared::tools::{Outcome, ToolBudget, ToolPolicy};
+    /// use deadline_propagation::{ToolOutcome, ToolBudget, ToolPolicy};
     /// use tokio_util::sync::CancellationToken;
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let policy = ToolPolicy { max_calls: 1, ..ToolPolicy::default() };
-    /// let budget = ToolBudget::for_turn(&shared::Deadline::after(Duration::from_secs(5)), policy);
+    /// let budget = ToolBudget::for_turn(&deadline_propagation::Deadline::after(Duration::from_secs(5)), policy);
     /// let never = CancellationToken::new();
     /// let first = budget.call("inventory_check", &never, |_| async { Ok(7) }).await;
     /// let second = budget.call("inventory_check", &never, |_| async { Ok(7) }).await;
-    /// assert_eq!((first.outcome, second.outcome), (Outcome::Ok, Outcome::Refused));
+    /// assert_eq!((first.outcome, second.outcome), (ToolOutcome::Ok, ToolOutcome::Refused));
     /// # }
     /// ```
     pub async fn call<T, F, Fut>(
@@ -263,14 +217,14 @@ impl ToolBudget {
         let (outcome, result) = if made >= self.policy.max_calls {
             let quota = self.policy.max_calls;
             (
-                Outcome::Refused,
+                ToolOutcome::Refused,
                 Err(format!(
                     "refused: this turn already made {quota} tool calls"
                 )),
             )
         } else if self.turn.is_expired() {
             (
-                Outcome::Refused,
+                ToolOutcome::Refused,
                 Err("refused: nothing is left of the turn's budget".to_owned()),
             )
         } else {
@@ -278,14 +232,14 @@ impl ToolBudget {
             let budget = deadline.budget();
             tokio::select! {
                 // Dropping `run` drops the tool's HTTP request and SQL future.
-                () = cancel.cancelled() => (Outcome::Cancelled, Err("cancelled by the caller".to_owned())),
+                () = cancel.cancelled() => (ToolOutcome::Cancelled, Err("cancelled by the caller".to_owned())),
                 ran = deadline.run(Stage::Tool, tool(deadline.clone())) => match ran {
-                    Ok(Ok(value)) => (Outcome::Ok, Ok(value)),
+                    Ok(Ok(value)) => (ToolOutcome::Ok, Ok(value)),
                     Ok(Err(problem)) if problem.status().as_u16() == 504 => {
-                        (Outcome::Timeout, Err(problem.detail().to_owned()))
+                        (ToolOutcome::Timeout, Err(problem.detail().to_owned()))
                     }
-                    Ok(Err(problem)) => (Outcome::Error, Err(problem.detail().to_owned())),
-                    Err(_) => (Outcome::Timeout, Err(format!("timed out after its {} ms budget", budget.as_millis()))),
+                    Ok(Err(problem)) => (ToolOutcome::Error, Err(problem.detail().to_owned())),
+                    Err(_) => (ToolOutcome::Timeout, Err(format!("timed out after its {} ms budget", budget.as_millis()))),
                 },
             }
         };
@@ -315,7 +269,7 @@ mod tests {
 
     async fn slow(deadline: Deadline, ms: u64) -> Result<u64, Problem> {
         deadline
-            .run(Stage::Catalog, tokio::time::sleep(MS(ms)))
+            .run(Stage::named("catalog"), tokio::time::sleep(MS(ms)))
             .await?;
         Ok(ms)
     }
@@ -329,12 +283,12 @@ mod tests {
         let mut ends = Vec::new();
         for _ in 0..3 {
             let call = budget.call("slow", &never, |d| slow(d, 2000)).await;
-            assert_eq!(call.outcome, Outcome::Timeout);
+            assert_eq!(call.outcome, ToolOutcome::Timeout);
             ends.push(started.elapsed());
         }
         assert_eq!(ends, vec![MS(800), MS(1600), MS(2000)]);
         let fourth = budget.call("slow", &never, |d| slow(d, 1)).await;
-        assert_eq!(fourth.outcome, Outcome::Refused);
+        assert_eq!(fourth.outcome, ToolOutcome::Refused);
         assert_eq!(started.elapsed(), MS(2000), "a refused call does not run");
     }
 
@@ -350,7 +304,7 @@ mod tests {
         let budget = ToolBudget::for_turn(&Deadline::after(MS(5000)), ToolPolicy::default());
         let cancel = CancellationToken::new();
         let ok = budget.call("fast", &cancel, |d| slow(d, 10)).await;
-        assert_eq!((ok.outcome, ok.result), (Outcome::Ok, Some(10)));
+        assert_eq!((ok.outcome, ok.result), (ToolOutcome::Ok, Some(10)));
 
         let trigger = cancel.clone();
         tokio::spawn(async move {
@@ -359,7 +313,7 @@ mod tests {
         });
         let started = Instant::now();
         let cancelled = budget.call("slow", &cancel, |d| slow(d, 700)).await;
-        assert_eq!(cancelled.outcome, Outcome::Cancelled);
+        assert_eq!(cancelled.outcome, ToolOutcome::Cancelled);
         assert_eq!(started.elapsed(), MS(100));
     }
 }

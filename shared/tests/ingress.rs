@@ -7,10 +7,10 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
+use deadline_propagation::metrics::Metrics;
+use deadline_propagation::{Deadline, DeadlineLayer, DeadlineMode, DeadlinePolicy, Problem, Stage};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use shared::metrics::Metrics;
-use shared::{Deadline, DeadlineLayer, DeadlineMode, DeadlinePolicy, Problem, Stage};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
@@ -235,7 +235,7 @@ async fn an_already_expired_deadline_means_the_io_step_never_starts() {
 async fn responses_carry_server_timing_with_each_stage() {
     let handler = |deadline: Deadline| async move {
         deadline
-            .run(Stage::Catalog, tokio::time::sleep(MS(20)))
+            .run(Stage::named("catalog"), tokio::time::sleep(MS(20)))
             .await?;
         deadline.run(Stage::Db, async {}).await?;
         Ok::<_, Problem>("ok")
@@ -252,15 +252,24 @@ async fn responses_carry_server_timing_with_each_stage() {
     );
 }
 
+/// The sample `name{labels}`, `labels` as the exposition spells them.
+fn metric_value(exposition: &str, name: &str, labels: &str) -> Option<f64> {
+    let prefix = format!("{name}{{{labels}}} ");
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|value| value.split_whitespace().next()?.parse().ok())
+}
+
 #[tokio::test]
 async fn clamps_budgets_and_expiries_are_counted() {
     let metrics = Metrics::new("test");
-    let layer = DeadlineLayer::new(policy(500, 300)).metrics(metrics.deadline().clone());
+    let layer = DeadlineLayer::new(policy(500, 300)).metrics(&metrics);
     call(app(layer.clone()), "/budget", Some("60000")).await;
     call(app(layer.clone()), "/budget", Some("100")).await;
     call(app(layer), "/slow", Some("50")).await;
     let text = metrics.render();
-    let value = |name, labels| test_support::metric_value(&text, name, labels);
+    let value = |name, labels| metric_value(&text, name, labels);
     assert_eq!(
         value("deadline_clamped_total", r#"service="test""#),
         Some(1.0)
@@ -343,7 +352,7 @@ async fn a_commit_whose_outcome_never_comes_is_a_500_that_promises_nothing() {
     assert_eq!(json(&body)["type"], "urn:problem:outcome-unknown");
     assert_eq!(
         started.elapsed(),
-        MS(300) + shared::deadline::NO_RETURN_GRACE,
+        MS(300) + deadline_propagation::testing::NO_RETURN_GRACE,
         "bounded by the grace"
     );
 }

@@ -23,9 +23,9 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::Context as _;
+use deadline_propagation::testing::{Access, begin_sql, commit_sql};
 use orders_service::orders::PLACE_ORDER;
 use serde::Serialize;
-use shared::db::{Access, begin_sql, commit_sql};
 use sqlx::Connection as _;
 use test_support::PgCluster;
 

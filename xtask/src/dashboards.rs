@@ -6,7 +6,7 @@
 //! needs a description and at least one query; every query's variables must resolve,
 //! it must not depend on the scrape job's name (`job`), its range windows are
 //! `$__rate_interval`, and every metric it selects must be a contract family
-//! ([`shared::metrics::names`]), a recording rule of `prometheus/rules/`, or one of k6's
+//! ([`deadline_propagation::metrics::names`]), a recording rule of `prometheus/rules/`, or one of k6's
 //! own (written only under compose), so a typo fails before any Prometheus is involved.
 //! The seed's p99 query must appear unchanged (docs/design.md §7).
 
@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use anyhow::Context as _;
+use deadline_propagation::metrics::names;
 use serde_json::Value;
-use shared::metrics::names;
 
 pub use crate::promql::metric_names;
 use crate::promql::substitute;

@@ -4,7 +4,7 @@
 //! One implementation of each thing, shared with the tests through test-support:
 //! PostgreSQL from [`test_support::PgCluster`], the services from
 //! [`test_support::ServiceProcess`], `/metrics` read by [`test_support::exposition`],
-//! metric names from [`shared::metrics::names`].
+//! metric names from [`deadline_propagation::metrics::names`].
 //!
 //! The experiment, in the order it runs: [`experiment`] parses the command line and
 //! runs every repeat; [`run`] runs one mode (database, services, warm-up, fault, k6 from
@@ -12,8 +12,12 @@
 //! figures; [`summary`] aggregates them; [`check`] applies the acceptance rules;
 //! [`chart`] draws; [`prometheus`] and [`dashboards`] (with [`promql`]) check the
 //! dashboards' queries and the rules;
-//! [`readme`] turns the committed summaries into the README's tables. [`cost`] measures
-//! the technique's cost to PostgreSQL alone, with pgbench.
+//! [`readme`] turns the committed summaries into the result tables of the README and
+//! docs/experiment.md. [`cost`] measures the technique's cost to PostgreSQL alone, with
+//! pgbench.
+//!
+//! The documentation: [`links`] checks that every relative link of every Markdown file
+//! resolves, headings included.
 //!
 //! The Docker path: [`images`] makes the images docker-compose.yml runs without a
 //! registry; [`compose`] brings that stack up and checks it from the host.
@@ -21,11 +25,14 @@
 pub mod chart;
 pub mod check;
 pub mod compose;
+pub mod copy_check;
 pub mod cost;
 pub mod dashboards;
+pub mod examples;
 pub mod experiment;
 pub mod images;
 pub mod k6;
+pub mod links;
 pub mod prometheus;
 pub mod promql;
 pub mod readme;

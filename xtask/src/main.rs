@@ -5,7 +5,9 @@
 //! - `stack -- <command>`: a running stack for an outside check (the MCP SDK check);
 //! - `dashboards`: the Grafana dashboards' static checks;
 //! - `cost`: the order transaction alone under pgbench, legacy against propagate;
-//! - `readme-tables`: the README's result tables, from the committed `docs/results/`;
+//! - `readme-tables`: the result tables of the README and docs/experiment.md, from the
+//!   committed `docs/results/`;
+//! - `check-links`: every relative link of every Markdown file resolves;
 //! - `images`: the images docker-compose.yml runs, made without a registry;
 //! - `compose-check`: docker-compose.yml's stack up in containers, checked from the host.
 
@@ -35,14 +37,42 @@ enum Command {
     Dashboards,
     /// The order transaction alone under pgbench, as legacy and as propagate send it.
     Cost(xtask::cost::CostArgs),
-    /// Print the README's result tables, generated from docs/results/*/summary.json.
-    ReadmeTables,
+    /// Regenerate the result tables of README.md and docs/experiment.md (between their
+    /// `<!-- tables:begin -->` and `<!-- tables:end -->` lines) from
+    /// docs/results/*/summary.json.
+    ReadmeTables(ReadmeArgs),
+    /// Check every relative link and `#anchor` of every Markdown file git has; fails
+    /// naming file:line for each one that does not resolve.
+    CheckLinks,
     /// Make the images docker-compose.yml runs (but Grafana, Jaeger and k6) without a
     /// registry: Debian's packages by debootstrap, the services from the host's build.
     Images(xtask::images::ImagesArgs),
     /// Start docker-compose.yml's PostgreSQL, catalog, orders and Prometheus, check them
     /// from the host, and take them down (the images first: `cargo xtask images`).
     ComposeCheck(xtask::compose::ComposeArgs),
+    /// Run the crate's example ladder (ingress, client, database) and ask each what its
+    /// doc comment says to ask; the database example gets the catalog and PostgreSQL.
+    Examples(ExamplesArgs),
+    /// Copy shared/ into a new project with a two-line main and build it offline.
+    CopyCheck,
+}
+
+#[derive(clap::Args)]
+struct ExamplesArgs {
+    /// Which build to run (`dev` is target/debug).
+    #[arg(long, default_value = "dev", value_parser = ["dev", "release"])]
+    profile: String,
+    /// Run the binaries already built (CI: `cargo test` built the examples).
+    #[arg(long)]
+    no_build: bool,
+}
+
+#[derive(clap::Args)]
+struct ReadmeArgs {
+    /// Change nothing; fail (exit 1) when a file's tables are not what the committed
+    /// summaries give.
+    #[arg(long)]
+    check: bool,
 }
 
 #[derive(clap::Args)]
@@ -83,11 +113,12 @@ async fn main() -> ExitCode {
         Command::ComposeCheck(args) => xtask::compose::compose_check(&args)
             .await
             .map(|ok| u8::from(!ok)),
-        Command::ReadmeTables => xtask::readme::tables(&stack::workspace().join("docs/results"))
-            .map(|t| {
-                print!("{t}");
-                0
-            }),
+        Command::Examples(args) => xtask::examples::examples(&args.profile, args.no_build)
+            .await
+            .map(|()| 0),
+        Command::CopyCheck => xtask::copy_check::copy_check().map(|()| 0),
+        Command::ReadmeTables(args) => readme_command(&args),
+        Command::CheckLinks => check_links_command(),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -122,4 +153,33 @@ fn dashboards_command() -> anyhow::Result<u8> {
         report.problems.len()
     );
     Ok(u8::from(!report.problems.is_empty()))
+}
+
+fn readme_command(args: &ReadmeArgs) -> anyhow::Result<u8> {
+    let outcomes = xtask::readme::update(&stack::workspace(), args.check)?;
+    let mut stale = false;
+    for outcome in &outcomes {
+        let file = outcome.file.display();
+        match (outcome.changed, args.check) {
+            (false, _) => println!("{file}: up to date"),
+            (true, false) => println!("{file}: tables regenerated"),
+            (true, true) => {
+                println!("FAIL {file}: tables out of date (run `cargo xtask readme-tables`)");
+                stale = true;
+            }
+        }
+    }
+    Ok(u8::from(stale))
+}
+
+fn check_links_command() -> anyhow::Result<u8> {
+    let (files, problems) = xtask::links::check_repository(&stack::workspace())?;
+    for problem in &problems {
+        println!("{problem}");
+    }
+    println!(
+        "check-links: {files} Markdown files, {} broken links",
+        problems.len()
+    );
+    Ok(u8::from(!problems.is_empty()))
 }

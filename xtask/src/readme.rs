@@ -1,41 +1,242 @@
-//! `cargo xtask readme-tables`: the README's result tables, generated from the
-//! summaries committed under `docs/results/`, so every figure in the README names the
-//! commit that produced it and can be traced to its files.
+//! `cargo xtask readme-tables`: the result tables of the README and of
+//! docs/experiment.md, generated from the summaries committed under `docs/results/`, so
+//! every figure names the commit that produced it and can be traced to its files.
+//!
+//! Each file holds its generated block between [`BEGIN`] and [`END`]; the command
+//! rewrites what lies between them and leaves the rest of the file alone. The README
+//! gets the `goodput` scenario in brief, docs/experiment.md every published run in full.
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
+
+use anyhow::Context as _;
 
 use crate::scenario::Scenario;
 use crate::summary::{self, Summary};
 
-/// The markdown for every scenario that has a committed summary under `dir`.
-pub fn tables(dir: &Path) -> anyhow::Result<String> {
+/// The line before a generated block.
+pub const BEGIN: &str = "<!-- tables:begin -->";
+/// The line after a generated block.
+pub const END: &str = "<!-- tables:end -->";
+
+/// What a file's block holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Content {
+    /// The `goodput` scenario: its headline and the rows in [`BRIEF_ROWS`].
+    Brief,
+    /// Every published run, each with its headline, provenance and whole table.
+    Full,
+}
+
+/// The files the command keeps up to date (relative to the workspace), and their blocks.
+pub const TARGETS: &[(&str, Content)] = &[
+    ("README.md", Content::Brief),
+    ("docs/experiment.md", Content::Full),
+];
+
+/// The figures of the brief table, in the full table's order.
+pub const BRIEF_ROWS: &[&str] = &[
+    "goodput_per_s",
+    "created_per_s",
+    "refused_per_s",
+    "expired_per_s",
+    "gave_up_per_s",
+    "p99_ms",
+    "pending_peak",
+    "in_flight_peak",
+    "rss_peak_mib",
+];
+
+/// What the command did to one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The file, relative to the workspace.
+    pub file: PathBuf,
+    /// Whether its block differed from the generated one (and, unless checking, was
+    /// rewritten).
+    pub changed: bool,
+}
+
+/// Regenerates every target's block under `workspace`; with `check`, only compares.
+pub fn update(workspace: &Path, check: bool) -> anyhow::Result<Vec<Outcome>> {
+    let results = workspace.join("docs/results");
+    let mut outcomes = Vec::new();
+    for &(file, content) in TARGETS {
+        let path = workspace.join(file);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let prefix = relative(Path::new(file), Path::new("docs/results"));
+        let block = match content {
+            Content::Brief => brief(&results, &prefix)?,
+            Content::Full => full(&results, &prefix)?,
+        };
+        let new = replace_block(&text, &block).with_context(|| format!("in {file}"))?;
+        let changed = new != text;
+        if changed && !check {
+            std::fs::write(&path, &new)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        outcomes.push(Outcome {
+            file: PathBuf::from(file),
+            changed,
+        });
+    }
+    Ok(outcomes)
+}
+
+/// `text` with what lies between its one [`BEGIN`] line and its one [`END`] line
+/// replaced by `block` (set off by blank lines, so Markdown reads it as its own blocks).
+pub fn replace_block(text: &str, block: &str) -> anyhow::Result<String> {
+    let marker_lines = |marker: &str| -> Vec<usize> {
+        let mut offset = 0;
+        let mut found = Vec::new();
+        for line in text.split_inclusive('\n') {
+            if line.trim() == marker {
+                found.push(offset);
+            }
+            offset += line.len();
+        }
+        found
+    };
+    let (begins, ends) = (marker_lines(BEGIN), marker_lines(END));
+    anyhow::ensure!(
+        begins.len() == 1 && ends.len() == 1,
+        "expected one `{BEGIN}` line and one `{END}` line, found {} and {}",
+        begins.len(),
+        ends.len()
+    );
+    let (begin, end) = (begins[0], ends[0]);
+    anyhow::ensure!(begin < end, "`{END}` comes before `{BEGIN}`");
+    let after_begin = begin
+        + text[begin..]
+            .find('\n')
+            .map_or(text.len() - begin, |n| n + 1);
+    let block = block.trim_matches('\n');
+    let mut out = String::with_capacity(text.len() + block.len());
+    out.push_str(&text[..after_begin]);
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    if !block.is_empty() {
+        out.push('\n');
+        out.push_str(block);
+        out.push_str("\n\n");
+    }
+    out.push_str(&text[end..]);
+    Ok(out)
+}
+
+/// The README's block: the `goodput` run's headline, its main rows, where it came from.
+pub fn brief(results: &Path, prefix: &str) -> anyhow::Result<String> {
+    let summary = read(&results.join("goodput"))?
+        .context("no docs/results/goodput/summary.json: publish a goodput run first")?;
+    let mut out = String::new();
+    writeln!(out, "{}\n", headline(&summary))?;
+    out.push_str(&summary::markdown_table_of(&summary, BRIEF_ROWS));
+    writeln!(
+        out,
+        "\n{}; [all figures]({prefix}/goodput/summary.md), command `{}`.",
+        provenance(&summary),
+        command(&summary, "goodput"),
+    )?;
+    Ok(out)
+}
+
+/// docs/experiment.md's block: every scenario with a committed summary, each followed
+/// by its `-admission-off` twin when there is one.
+pub fn full(results: &Path, prefix: &str) -> anyhow::Result<String> {
     use clap::ValueEnum as _;
     let mut out = String::new();
     for scenario in Scenario::value_variants() {
-        let path = dir.join(scenario.name()).join("summary.json");
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            continue;
-        };
-        let summary: Summary = serde_json::from_str(&text)?;
-        writeln!(out, "#### `{}`\n", scenario.name())?;
-        writeln!(out, "{}\n", headline(&summary))?;
-        writeln!(
-            out,
-            "Commit `{}`, {} build, {} run(s) per mode, median (min–max); \
-             [summary](docs/results/{name}/summary.md), [chart](docs/results/{name}/chart.svg), \
-             command `cargo xtask experiment {name} --repeat {} --duration {}s --out docs/results/{name}`.\n",
-            summary.commit,
-            summary.profile,
-            summary.repeats,
-            summary.repeats,
-            summary.load["duration"].as_f64().unwrap_or(0.0),
-            name = scenario.name(),
-        )?;
-        out.push_str(&summary::markdown_table(&summary));
-        out.push('\n');
+        for (dir, title) in [
+            (scenario.name().to_owned(), format!("`{}`", scenario.name())),
+            (
+                format!("{}-admission-off", scenario.name()),
+                format!("`{}`, admission off", scenario.name()),
+            ),
+        ] {
+            let Some(summary) = read(&results.join(&dir))? else {
+                continue;
+            };
+            writeln!(out, "### {title}\n")?;
+            writeln!(out, "{}\n", headline(&summary))?;
+            writeln!(
+                out,
+                "{}; [summary]({prefix}/{dir}/summary.md), [chart]({prefix}/{dir}/chart.svg), \
+                 command `{}`.{}\n",
+                provenance(&summary),
+                command(&summary, &dir),
+                clients(&summary),
+            )?;
+            out.push_str(&summary::markdown_table(&summary));
+            out.push('\n');
+        }
     }
     Ok(out)
+}
+
+/// The summary in `dir`, or `None` when there is none.
+fn read(dir: &Path) -> anyhow::Result<Option<Summary>> {
+    let path = dir.join("summary.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(None);
+    };
+    let summary =
+        serde_json::from_str(&text).with_context(|| format!("cannot parse {}", path.display()))?;
+    Ok(Some(summary))
+}
+
+/// Which commit, build and number of runs.
+fn provenance(summary: &Summary) -> String {
+    format!(
+        "Commit `{}`, {} build, {} run(s) per mode, median (min–max)",
+        summary.commit, summary.profile, summary.repeats
+    )
+}
+
+/// The budget and how long clients wait, as the run's load recorded them (with a
+/// leading space), or nothing.
+fn clients(summary: &Summary) -> String {
+    let ms = |key: &str| summary.load[key].as_u64();
+    match (ms("budget_ms"), ms("timeout_ms")) {
+        (Some(budget), Some(timeout)) => {
+            format!(" Budget {budget} ms; clients give up after {timeout} ms.")
+        }
+        _ => String::new(),
+    }
+}
+
+/// The command that publishes the run in `docs/results/<dir>`.
+fn command(summary: &Summary, dir: &str) -> String {
+    let admission = if dir.ends_with("-admission-off") {
+        " --admission off"
+    } else {
+        ""
+    };
+    format!(
+        "cargo xtask experiment {} --repeat {} --duration {}s{admission} --out docs/results/{dir}",
+        summary.scenario,
+        summary.repeats,
+        summary.load["duration"].as_f64().unwrap_or(0.0),
+    )
+}
+
+/// `to` as a link written in `from` (both relative to the workspace), with `/`.
+fn relative(from: &Path, to: &Path) -> String {
+    let parts = |p: &Path| -> Vec<String> {
+        p.components()
+            .filter_map(|c| match c {
+                Component::Normal(s) => Some(s.to_string_lossy().into_owned()),
+                _ => None,
+            })
+            .collect()
+    };
+    let from = parts(from.parent().unwrap_or(Path::new("")));
+    let to = parts(to);
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut out: Vec<String> = vec!["..".to_owned(); from.len() - common];
+    out.extend(to[common..].iter().cloned());
+    out.join("/")
 }
 
 /// The one sentence a reader wants from a scenario.
@@ -64,5 +265,70 @@ fn headline(summary: &Summary) -> String {
             median("legacy", "p99_ms"),
             median("propagate", "p99_ms")
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_block_between_the_markers_is_replaced_and_the_rest_kept() {
+        let text = format!("# Title\n\nBefore.\n\n{BEGIN}\nold table\nmore\n{END}\n\nAfter.\n");
+        let new = replace_block(&text, "| a | b |\n").unwrap();
+        assert_eq!(
+            new,
+            format!("# Title\n\nBefore.\n\n{BEGIN}\n\n| a | b |\n\n{END}\n\nAfter.\n")
+        );
+        // Idempotent: a second run changes nothing.
+        assert_eq!(replace_block(&new, "| a | b |\n").unwrap(), new);
+        // An empty block leaves the markers next to each other.
+        assert_eq!(
+            replace_block(&new, "").unwrap(),
+            format!("# Title\n\nBefore.\n\n{BEGIN}\n{END}\n\nAfter.\n")
+        );
+    }
+
+    #[test]
+    fn missing_repeated_or_swapped_markers_are_errors() {
+        assert!(replace_block("no markers\n", "x").is_err());
+        assert!(replace_block(&format!("{BEGIN}\n{END}\n{BEGIN}\n{END}\n"), "x").is_err());
+        assert!(replace_block(&format!("{END}\n{BEGIN}\n"), "x").is_err());
+        // A marker quoted inside a line is not a marker line.
+        let quoted = format!("say `{BEGIN}`\n{BEGIN}\n{END}\n");
+        assert!(replace_block(&quoted, "x").unwrap().starts_with("say `"));
+    }
+
+    #[test]
+    fn links_are_written_relative_to_the_file() {
+        let results = Path::new("docs/results");
+        assert_eq!(relative(Path::new("README.md"), results), "docs/results");
+        assert_eq!(
+            relative(Path::new("docs/experiment.md"), results),
+            "results"
+        );
+        assert_eq!(
+            relative(Path::new("k6/README.md"), results),
+            "../docs/results"
+        );
+    }
+
+    #[test]
+    fn the_committed_results_make_both_blocks() {
+        let results = crate::stack::workspace().join("docs/results");
+        let brief = brief(&results, "docs/results").unwrap();
+        assert!(brief.starts_with("Goodput: legacy "), "{brief}");
+        assert_eq!(
+            brief.lines().filter(|l| l.starts_with("| ")).count(),
+            BRIEF_ROWS.len() + 2, // the header and its separator
+            "{brief}"
+        );
+        let full = full(&results, "results").unwrap();
+        assert!(full.contains("### `goodput`\n"), "{full}");
+        assert!(full.contains("(results/goodput/summary.md)"), "{full}");
+        assert!(
+            full.contains("--admission off --out docs/results/seed-admission-off"),
+            "{full}"
+        );
     }
 }

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
+use deadline_propagation::metrics::names;
 use serde::{Deserialize, Serialize};
-use shared::metrics::names;
 use test_support::PgCluster;
 use test_support::exposition::{self, Sample as Series};
 

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use deadline_propagation::metrics::names;
 use serde::{Deserialize, Serialize};
-use shared::metrics::names;
 use test_support::exposition::{self, Sample as Series};
 use test_support::process::rss_kib;
 use tokio::sync::watch;

@@ -1,5 +1,5 @@
 //! The summary of one invocation: every run's figures, their median and min–max per
-//! mode, and the markdown the README's tables are generated from.
+//! mode, and the markdown the published result tables are generated from.
 
 use std::collections::BTreeMap;
 
@@ -138,11 +138,7 @@ const ROWS: &[(&str, &str, usize)] = &[
         1,
     ),
     ("expired_per_s", "504 deadline ran out, per s", 1),
-    (
-        "gave_up_per_s",
-        "client gave up at its timeout (budget + 1 s), per s",
-        1,
-    ),
+    ("gave_up_per_s", "client gave up at its timeout, per s", 1),
     (
         "late_per_s",
         "answered later than budget + margin, or never, per s",
@@ -198,8 +194,17 @@ pub fn cell(spread: Option<Spread>, decimals: usize) -> String {
 
 /// The summary as a markdown table, legacy against propagate.
 pub fn markdown_table(summary: &Summary) -> String {
+    table(summary, |_| true)
+}
+
+/// The rows of `figures` only (in the whole table's order), legacy against propagate.
+pub fn markdown_table_of(summary: &Summary, figures: &[&str]) -> String {
+    table(summary, |figure| figures.contains(&figure))
+}
+
+fn table(summary: &Summary, keep: impl Fn(&str) -> bool) -> String {
     let mut out = String::from("| | legacy | propagate |\n| --- | ---: | ---: |\n");
-    for (figure, label, decimals) in ROWS {
+    for (figure, label, decimals) in ROWS.iter().filter(|(figure, ..)| keep(figure)) {
         let cells: Vec<String> = MODES
             .iter()
             .map(|m| cell(summary.get(m, figure), *decimals))
@@ -256,5 +261,7 @@ mod tests {
         }
         assert_eq!(summary.ratio("goodput_per_s"), Some(2.0));
         assert!(markdown_table(&summary).contains("| 41.0 (40.0–42.0) | 82.0 (80.0–84.0) |"));
+        assert!(markdown_table_of(&summary, &["goodput_per_s"]).contains("| goodput: "));
+        assert!(!markdown_table_of(&summary, &["p99_ms"]).contains("| goodput: "));
     }
 }

@@ -2,10 +2,11 @@
 
 use axum::Json;
 use axum::extract::State;
+use deadline_propagation::{Deadline, Problem};
+use deadline_propagation::{ToolBudget, ToolCall, ToolOutcome as Outcome};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use shared::tools::{Outcome, ToolBudget, ToolCall};
-use shared::{Deadline, JsonBody, Problem};
+use service_kit::json::JsonBody;
 use tokio_util::sync::CancellationToken;
 
 use super::planner::PlannedCall;
@@ -61,8 +62,8 @@ pub async fn chat(
         )));
     }
     let answerable = deadline.child(deadline.remaining().saturating_sub(ANSWER_RESERVE));
-    let budget = ToolBudget::for_turn(&answerable, state.assistant.policy)
-        .with_metrics(state.metrics.tools().clone());
+    let budget =
+        ToolBudget::for_turn(&answerable, state.assistant.policy).with_metrics(&state.metrics);
     let plan = state
         .assistant
         .planner

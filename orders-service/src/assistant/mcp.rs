@@ -27,6 +27,8 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use pin_project_lite::pin_project;
 
+use deadline_propagation::{Deadline, Problem};
+use deadline_propagation::{ToolBudget, ToolOutcome as Outcome, ToolPolicy};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool as McpTool,
@@ -36,8 +38,6 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::Value;
-use shared::tools::{Outcome, ToolBudget, ToolPolicy};
-use shared::{Deadline, Problem};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::tools::Tool;
@@ -115,7 +115,7 @@ impl ServerHandler for McpServer {
         };
         let cancel = cancelled_or_gone(&context);
         let budget = ToolBudget::for_turn(&request_deadline(&context, policy), one_call)
-            .with_metrics(self.state.metrics.tools().clone());
+            .with_metrics(&self.state.metrics);
         let call = budget
             .call(tool.name(), &cancel, |deadline| {
                 tool.run(&self.state, deadline, &arguments)

@@ -2,7 +2,7 @@
 //!
 //! The same two read-only tools are offered two ways:
 //! - `POST /api/assistant/chat` ([`chat`]): a [`Planner`] reads the message and plans
-//!   tool calls; they run one after another under a [`ToolBudget`](shared::tools::ToolBudget)
+//!   tool calls; they run one after another under a [`ToolBudget`](deadline_propagation::ToolBudget)
 //!   (2 s turn, 800 ms per tool, at most 3 calls), and the answer lists every call with
 //!   its outcome, partial results included.
 //! - MCP at `/mcp` ([`mcp`]): each `tools/call` runs under the per-tool cap, and an MCP

@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
+use deadline_propagation::{Deadline, Problem, Stage};
 use serde::Serialize;
 use serde_json::{Value, json};
-use shared::{Deadline, Problem, Stage};
 
 use super::tools::Tool;
 

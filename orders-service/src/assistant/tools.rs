@@ -1,7 +1,7 @@
 //! The tools: what an assistant may call, each bounded by the deadline it is handed.
 
+use deadline_propagation::{Deadline, Problem};
 use serde_json::{Value, json};
-use shared::{Deadline, Problem};
 
 use crate::AppState;
 use crate::orders::validate_sku;

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
+use deadline_propagation::{Deadline, Problem, Stage};
 use serde_json::{Value, json};
-use shared::{Deadline, Problem, Stage};
 
 use crate::AppState;
 
@@ -44,7 +44,7 @@ pub(super) async fn readyz(
     let stage = if database.is_err() {
         Stage::DbPool
     } else {
-        Stage::Catalog
+        state.catalog.http().downstream().call()
     };
     Err(Problem::unavailable(
         stage,

@@ -5,7 +5,7 @@ mod orders;
 
 use axum::routing::{get, post};
 use axum::{Router, middleware};
-use shared::{DeadlineLayer, DeadlinePolicy};
+use deadline_propagation::{DeadlineLayer, DeadlinePolicy};
 use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
@@ -37,7 +37,7 @@ pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> 
         .route("/readyz", get(health::readyz))
         .route("/healthz", get(health::healthz))
         .with_state(state);
-    let routes = shared::json::limit_bodies(routes, MAX_BODY_BYTES);
+    let routes = service_kit::json::limit_bodies(routes, MAX_BODY_BYTES);
     let layer = DeadlineLayer::new(policy).live_mode(mode);
-    shared::ingress::instrument(routes, layer, &metrics)
+    deadline_propagation::instrument(routes, layer, &metrics)
 }

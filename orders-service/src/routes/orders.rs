@@ -4,7 +4,8 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use shared::{Deadline, JsonBody, Problem};
+use deadline_propagation::{Deadline, Problem};
+use service_kit::json::JsonBody;
 
 use crate::AppState;
 use crate::orders::{self, NewOrderRequest, Order, Placed};

@@ -102,9 +102,9 @@ pub async fn own_cluster() -> (test_support::PgCluster, TestDatabase) {
 
 /// `SELECT pg_sleep(5)` under `deadline`, through the service's database.
 pub async fn sleep_on_server(
-    db: &shared::db::Db,
-    deadline: &shared::Deadline,
-) -> Result<(), shared::db::DbError> {
+    db: &deadline_propagation::db::Db,
+    deadline: &deadline_propagation::Deadline,
+) -> Result<(), deadline_propagation::db::DbError> {
     db.read(deadline, |conn| {
         Box::pin(async move {
             sqlx::query("SELECT pg_sleep(5)")
@@ -133,7 +133,7 @@ async fn spawn_recorded_catalog(
     let mut config = catalog_service::Config::for_tests();
     customize(&mut config);
     let faults = Faults::new(FaultConfig::default());
-    let metrics = shared::metrics::Metrics::new("catalog-service");
+    let metrics = deadline_propagation::metrics::Metrics::new("catalog-service");
     let budgets: Arc<Mutex<Vec<Option<u64>>>> = Arc::default();
     let recorder = budgets.clone();
     let router = catalog_service::routes::router(&config, faults.clone(), metrics).layer(
@@ -157,11 +157,11 @@ pub async fn serve(router: axum::Router) -> (String, Running) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let running = test_support::spawn(|shutdown| {
-        shared::server::serve(
+        service_kit::server::serve(
             listener,
             router,
             shutdown,
-            shared::server::ServerOptions::default(),
+            service_kit::server::ServerOptions::default(),
         )
     });
     (url, running)

@@ -40,6 +40,7 @@ pub enum AcquireError {
 }
 
 /// A concurrency cap with a bounded queue. Share it behind an `Arc`.
+#[doc(hidden)]
 pub struct Bulkhead {
     slots: Arc<Semaphore>,
     max_in_flight: usize,
@@ -64,7 +65,7 @@ impl std::fmt::Debug for Bulkhead {
 
 /// A held slot; dropping it frees the slot.
 #[derive(Debug)]
-pub struct Slot {
+pub(crate) struct Slot {
     _permit: OwnedSemaphorePermit,
     bulkhead: Arc<Bulkhead>,
 }
@@ -95,7 +96,7 @@ impl Drop for Waiting<'_> {
 impl Bulkhead {
     /// At most `max_in_flight` calls at once; at most `pending_max` waiting (`None`:
     /// no limit, as in legacy code).
-    pub fn new(max_in_flight: usize, pending_max: Option<usize>) -> Self {
+    pub(crate) fn new(max_in_flight: usize, pending_max: Option<usize>) -> Self {
         let max_in_flight = max_in_flight.max(1);
         Self {
             slots: Arc::new(Semaphore::new(max_in_flight)),
@@ -110,14 +111,17 @@ impl Bulkhead {
 
     /// Reports the queue and the slots in use to `gauges` (by default, gauges nobody
     /// reads).
-    pub fn with_gauges(mut self, gauges: PoolGauges) -> Self {
+    pub(crate) fn with_gauges(mut self, gauges: PoolGauges) -> Self {
         self.gauges = gauges;
         self
     }
 
     /// Takes a slot, waiting at most `wait` (`None`: as long as it takes), or refuses
     /// at once when `pending_max` calls like this one already wait.
-    pub async fn acquire(self: &Arc<Self>, wait: Option<Duration>) -> Result<Slot, AcquireError> {
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        wait: Option<Duration>,
+    ) -> Result<Slot, AcquireError> {
         if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
             return Ok(self.slot(permit));
         }
@@ -136,7 +140,7 @@ impl Bulkhead {
     /// Takes a slot however long the queue and the wait (legacy and observe modes, which
     /// refuse nothing), without counting against the queue limit. The flag says whether
     /// the queue was already at `pending_max`: propagate would have refused this call.
-    pub async fn acquire_unbounded(self: &Arc<Self>) -> (Slot, bool) {
+    pub(crate) async fn acquire_unbounded(self: &Arc<Self>) -> (Slot, bool) {
         if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
             return (self.slot(permit), false);
         }

@@ -26,7 +26,7 @@ pub enum CallError {
         retry_after: Duration,
     },
     /// Refused before taking a slot: recent calls say this one cannot finish in what it
-    /// has left (see [`Admission`](super::Admission)). 503 with the call's stage.
+    /// has left (the client's admission, docs/design.md §4.1). 503 with the call's stage.
     #[error("predicted to finish late: needs about {needed:?}, has {available:?}")]
     PredictedLate {
         /// Pool wait plus call time, as estimated.
@@ -43,7 +43,7 @@ pub enum CallError {
     /// The downstream answered 503: passed on with its `Retry-After`.
     #[error("the downstream is overloaded")]
     DownstreamOverloaded {
-        /// From the downstream's `Retry-After`, or [`DEFAULT_RETRY_AFTER`].
+        /// From the downstream's `Retry-After`, or 1 s when it sends none or one that is not whole seconds.
         retry_after: Duration,
     },
     /// The downstream answered 404 for what we asked: the caller's input was wrong.
@@ -65,7 +65,7 @@ pub enum CallError {
 }
 
 /// The wait passed on with a downstream 503 whose `Retry-After` is missing or unreadable.
-pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The wait a downstream asks for in `Retry-After`, in delay-seconds (the form both
 /// services send). The HTTP-date form counts as unreadable: turning it into a wait would
@@ -102,21 +102,6 @@ impl CallError {
     /// refusal by its bulkhead, `{name}` for the rest (a deadline answer carries the
     /// stage it ran out in). A bad request of our own is a 500, never blamed on the
     /// downstream.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use shared::client::{AcquireError, CallError};
-    /// use shared::stage::Downstream;
-    ///
-    /// let inventory = Downstream::new("inventory").unwrap();
-    /// let refused = CallError::Rejected {
-    ///     reason: AcquireError::QueueFull,
-    ///     retry_after: Duration::from_secs(1),
-    /// };
-    /// let problem = refused.into_problem(inventory);
-    /// assert_eq!(problem.status(), http::StatusCode::SERVICE_UNAVAILABLE);
-    /// assert_eq!(problem.stage(), Some(inventory.pool()));
-    /// ```
     pub fn into_problem(self, downstream: Downstream) -> Problem {
         let stage = downstream.call();
         match self {

@@ -6,8 +6,8 @@
 //! 504s, 503s and `Server-Timing` name the service that was slow.
 //!
 //! One call is two stages under one deadline:
-//! 1. [`acquire_slot`](BudgetedClient::acquire_slot) (`{name}_pool`): wait for a slot in
-//!    the [`Bulkhead`] for at most `min(acquire_timeout, remaining)`. A full queue or a
+//! 1. `acquire_slot` (`{name}_pool`): wait for a slot in
+//!    the bulkhead for at most `min(acquire_timeout, remaining)`. A full queue or a
 //!    passed acquire timeout is a 503 with `Retry-After` (refused before any work); the
 //!    deadline passing while waiting is a 504.
 //! 2. the request (`{name}`): connect, send, headers *and body* under what is left, with
@@ -19,7 +19,7 @@
 //! Both stages end at the same instant, so together they are the one timeout over pool
 //! wait + request + body that a per-request "response timeout" cannot give.
 //!
-//! Before either, [`Admission`] refuses a call that recent calls say cannot finish in
+//! Before either, admission refuses a call that recent calls say cannot finish in
 //! its remaining budget (503 `{name}`), so a doomed call never takes a slot.
 //!
 //! Any method, headers and body go through [`BudgetedClient::request`] (a
@@ -30,17 +30,19 @@
 //!
 //! Each call runs in the mode its [`Deadline`] carries. In [`DeadlineMode::Legacy`] the
 //! client behaves like code written without the technique: an unbounded queue, no
-//! budget header, and a fixed 30 s reqwest timeout that covers the request but not the
+//! budget header, and a fixed reqwest timeout (the ingress policy's `legacy_timeout`) that covers the request but not the
 //! time spent queueing for a slot. [`DeadlineMode::Observe`] waits and times out like
 //! legacy but sends the budget header, with `X-Deadline-Mode: observe` so that a
-//! downstream which honours it observes too (see [`crate::header::mode`]), and counts
+//! downstream which honours it observes too (docs/design.md §4.3), and counts
 //! each refusal propagate would make.
 
-pub mod admission;
+mod admission;
 mod bulkhead;
 mod error;
 mod request;
 mod send;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,26 +51,31 @@ use http::Method;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
-pub use admission::{Admission, AdmissionMode, Verdict, expected_wait};
-pub use bulkhead::{AcquireError, Bulkhead, Slot};
-pub use error::{CallError, DEFAULT_RETRY_AFTER};
+pub use admission::AdmissionMode;
+#[doc(hidden)]
+pub use admission::PROBE_INTERVAL;
+pub(crate) use admission::{Admission, Verdict, expected_wait};
+pub use bulkhead::AcquireError;
+#[doc(hidden)]
+pub use bulkhead::Bulkhead;
+pub(crate) use bulkhead::Slot;
+pub use error::CallError;
+pub(crate) use error::DEFAULT_RETRY_AFTER;
 pub use request::{CallRequest, Reply};
 
 use crate::deadline::Deadline;
 use crate::ingress::DeadlineMode;
 use crate::metrics::{ClientMetrics, RejectReason};
+#[cfg(feature = "metrics")]
+use crate::metrics::{Metrics, PoolLimits};
 use crate::stage::Downstream;
-
-/// Why the client could not be built (reqwest's error, named so callers need not
-/// depend on reqwest).
-pub type BuildError = reqwest::Error;
 
 /// How a [`BudgetedClient`] is set up.
 ///
 /// ```
 /// use std::time::Duration;
-/// use shared::client::{AdmissionMode, BudgetedClient, ClientConfig};
-/// use shared::stage::Downstream;
+/// use deadline_propagation::client::{AdmissionMode, BudgetedClient, ClientConfig};
+/// use deadline_propagation::Downstream;
 ///
 /// let config = ClientConfig {
 ///     // From configuration; a bad name fails here, at start-up.
@@ -81,7 +88,7 @@ pub type BuildError = reqwest::Error;
 ///     admission: AdmissionMode::Predict,
 ///     idle_timeout: Duration::from_secs(2),
 /// };
-/// let client = BudgetedClient::new(config, None).expect("the client builds");
+/// let client = BudgetedClient::new(config).expect("the client builds");
 /// assert_eq!(client.downstream().pool().as_str(), "inventory_pool");
 /// ```
 #[derive(Clone, Debug)]
@@ -134,7 +141,29 @@ impl BudgetedClient {
     /// the series of this downstream's name and stages at once (at 0), so they are
     /// there from the first scrape. Build clients at start-up: see [`Downstream`].
     /// (An example is on [`ClientConfig`].)
-    pub fn new(config: ClientConfig, metrics: Option<ClientMetrics>) -> Result<Self, BuildError> {
+    pub fn new(config: ClientConfig) -> Result<Self, reqwest::Error> {
+        Self::build(config, None)
+    }
+
+    /// [`BudgetedClient::new`], reporting to `metrics`: its calls, its bulkhead's
+    /// pending and active gauges (pool queueing against a slow downstream), its
+    /// rejections, its latency estimate, and its configured limits.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn with_metrics(config: ClientConfig, metrics: &Metrics) -> Result<Self, reqwest::Error> {
+        let limits = PoolLimits {
+            max_connections: config.max_connections,
+            pending_max: config.pending_max,
+            acquire_timeout: config.acquire_timeout,
+        };
+        let settings = metrics.settings();
+        settings.set_pool_limits(config.name.name(), limits);
+        settings.set_policy_kind("reserve", config.reserve);
+        metrics.declare_downstream(config.name);
+        Self::build(config, Some(metrics.client().clone()))
+    }
+
+    fn build(config: ClientConfig, metrics: Option<ClientMetrics>) -> Result<Self, reqwest::Error> {
         let name = config.name.name();
         // Legacy and observe ignore the queue limit per call (the mode can switch).
         let mut bulkhead = Bulkhead::new(config.max_connections, Some(config.pending_max));
@@ -165,12 +194,14 @@ impl BudgetedClient {
     }
 
     /// The bulkhead, for gauges and tests.
+    #[doc(hidden)]
     pub fn bulkhead(&self) -> &Arc<Bulkhead> {
         &self.bulkhead
     }
 
     /// The latency estimate, unless admission is off.
-    pub fn admission(&self) -> Option<&Arc<Admission>> {
+    #[cfg(test)]
+    pub(crate) fn admission(&self) -> Option<&Arc<Admission>> {
         self.admission.as_ref()
     }
 
@@ -181,16 +212,6 @@ impl BudgetedClient {
 
     /// The downstream this client calls: its name and its two stages, for turning a
     /// [`CallError`] into the answer ([`CallError::into_problem`]).
-    ///
-    /// ```no_run
-    /// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
-    /// # -> Result<bytes::Bytes, shared::Problem> {
-    /// client
-    ///     .get_bytes(&deadline, "/stock")
-    ///     .await
-    ///     .map_err(|err| err.into_problem(client.downstream()))
-    /// # }
-    /// ```
     pub fn downstream(&self) -> Downstream {
         self.config.name
     }
@@ -202,8 +223,8 @@ impl BudgetedClient {
     /// `path` must already be percent-encoded where it carries user input.
     ///
     /// ```no_run
-    /// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
-    /// # -> Result<(), shared::client::CallError> {
+    /// # async fn example(client: deadline_propagation::client::BudgetedClient, deadline: deadline_propagation::Deadline)
+    /// # -> Result<(), deadline_propagation::client::CallError> {
     /// use http::Method;
     ///
     /// let reply = client
@@ -223,13 +244,6 @@ impl BudgetedClient {
     /// shorthand for [`request`](Self::request) with `GET` and [`Reply::json`].
     ///
     /// `path` must already be percent-encoded where it carries user input.
-    ///
-    /// ```no_run
-    /// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
-    /// # -> Result<(), shared::client::CallError> {
-    /// let item: serde_json::Value = client.get_json(&deadline, "/catalog/SKU-00001").await?;
-    /// # Ok(()) }
-    /// ```
     pub async fn get_json<T: DeserializeOwned>(
         &self,
         deadline: &Deadline,
@@ -239,13 +253,6 @@ impl BudgetedClient {
     }
 
     /// `GET base_url + path`, the whole body, under `deadline`.
-    ///
-    /// ```no_run
-    /// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
-    /// # -> Result<(), shared::client::CallError> {
-    /// let body = client.get_bytes(&deadline, "/catalog/SKU-00001").await?;
-    /// # Ok(()) }
-    /// ```
     pub async fn get_bytes(
         &self,
         deadline: &Deadline,
@@ -257,13 +264,6 @@ impl BudgetedClient {
 
     /// Like [`get_bytes`](Self::get_bytes), for a health check: never refused by
     /// admission and not part of the estimate (see [`CallRequest::health_check`]).
-    ///
-    /// ```no_run
-    /// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
-    /// # -> Result<(), shared::client::CallError> {
-    /// client.get_health(&deadline, "/healthz").await?;
-    /// # Ok(()) }
-    /// ```
     pub async fn get_health(
         &self,
         deadline: &Deadline,
@@ -277,14 +277,7 @@ impl BudgetedClient {
     /// that the recent latency says cannot finish in what it has left, before it takes
     /// a slot. A call whose budget is already spent is not predicted but refused as
     /// spent: 504 `{name}` in propagate. [`CallRequest::send`] calls it first.
-    ///
-    /// ```no_run
-    /// # fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
-    /// # -> Result<(), shared::client::CallError> {
-    /// client.admit(&deadline)?; // with no history yet, every call is admitted
-    /// # Ok(()) }
-    /// ```
-    pub fn admit(&self, deadline: &Deadline) -> Result<(), CallError> {
+    pub(crate) fn admit(&self, deadline: &Deadline) -> Result<(), CallError> {
         let mode = deadline.mode();
         if self.is_spent(deadline) {
             // Nothing to predict: the call cannot be sent at all.
@@ -350,16 +343,7 @@ impl BudgetedClient {
     /// Stage `{name}_pool`: a slot, or a refusal before any I/O (503 `{name}_pool`,
     /// or 504 when the deadline passes while waiting). [`CallRequest::send`] calls it;
     /// call it yourself only to hold a slot across something that is not a request.
-    ///
-    /// ```no_run
-    /// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
-    /// # -> Result<(), shared::client::CallError> {
-    /// let slot = client.acquire_slot(&deadline).await?;
-    /// assert_eq!(client.bulkhead().active(), 1);
-    /// drop(slot); // frees it
-    /// # Ok(()) }
-    /// ```
-    pub async fn acquire_slot(&self, deadline: &Deadline) -> Result<Slot, CallError> {
+    pub(crate) async fn acquire_slot(&self, deadline: &Deadline) -> Result<Slot, CallError> {
         let (name, pool) = (self.config.name.name(), self.config.name.pool());
         let started = Instant::now();
         let result = match deadline.mode() {

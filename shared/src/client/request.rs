@@ -31,8 +31,8 @@ use crate::deadline::Deadline;
 /// chain of builder calls needs no `?` of its own.
 ///
 /// ```no_run
-/// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
-/// # -> Result<(), shared::client::CallError> {
+/// # async fn example(client: deadline_propagation::client::BudgetedClient, deadline: deadline_propagation::Deadline)
+/// # -> Result<(), deadline_propagation::client::CallError> {
 /// use http::Method;
 ///
 /// let reply = client
@@ -76,14 +76,6 @@ impl<'c> CallRequest<'c> {
     /// The client owns `X-Request-Timeout-Ms` (the remaining budget) and the trace
     /// context (`traceparent`, `tracestate`): values given here for them are replaced, so
     /// a caller can never send a budget larger than what is left.
-    ///
-    /// ```no_run
-    /// # fn example(client: &shared::client::BudgetedClient) {
-    /// let request = client
-    ///     .request(http::Method::DELETE, "/reservations/17")
-    ///     .header("if-match", "\"v3\"");
-    /// # }
-    /// ```
     pub fn header<K, V>(mut self, name: K, value: V) -> Self
     where
         K: TryInto<HeaderName>,
@@ -101,29 +93,12 @@ impl<'c> CallRequest<'c> {
     /// The body, sent as given (set a `content-type` with [`header`](Self::header)).
     /// Bytes are cheap to clone, so the one retry after a refused connection sends the
     /// same body again without copying it.
-    ///
-    /// ```no_run
-    /// # fn example(client: &shared::client::BudgetedClient) {
-    /// let request = client
-    ///     .request(http::Method::POST, "/events")
-    ///     .header("content-type", "application/x-ndjson")
-    ///     .body(bytes::Bytes::from_static(b"{\"e\":1}\n"));
-    /// # }
-    /// ```
     pub fn body(mut self, body: impl Into<bytes::Bytes>) -> Self {
         self.body = Some(body.into());
         self
     }
 
     /// `value` as a JSON body, with `content-type: application/json`.
-    ///
-    /// ```no_run
-    /// # fn example(client: &shared::client::BudgetedClient) {
-    /// let request = client
-    ///     .request(http::Method::POST, "/check")
-    ///     .json(&serde_json::json!({"sku": "SKU-00001", "quantity": 1}));
-    /// # }
-    /// ```
     pub fn json<T: Serialize + ?Sized>(mut self, value: &T) -> Self {
         match serde_json::to_vec(value) {
             Ok(body) => {
@@ -140,12 +115,6 @@ impl<'c> CallRequest<'c> {
     /// its latency estimate. A health endpoint answers at once however slow the real
     /// calls are; its times would tell admission the downstream is quick. The bulkhead
     /// and the deadline still apply.
-    ///
-    /// ```no_run
-    /// # fn example(client: &shared::client::BudgetedClient) {
-    /// let probe = client.request(http::Method::GET, "/healthz").health_check();
-    /// # }
-    /// ```
     pub fn health_check(mut self) -> Self {
         self.admission = false;
         self
@@ -157,8 +126,8 @@ impl<'c> CallRequest<'c> {
     /// [`CallError`] (a 504 from the downstream is never retried).
     ///
     /// ```no_run
-    /// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
-    /// # -> Result<(), shared::Problem> {
+    /// # async fn example(client: deadline_propagation::client::BudgetedClient, deadline: deadline_propagation::Deadline)
+    /// # -> Result<(), deadline_propagation::Problem> {
     /// let reply = client
     ///     .request(http::Method::POST, "/check")
     ///     .json(&serde_json::json!({"sku": "SKU-00001", "quantity": 1}))
@@ -191,14 +160,6 @@ impl<'c> CallRequest<'c> {
 
 /// A downstream's successful (2xx) answer, body read in full: any other status is a
 /// [`CallError`], so holding a `Reply` means the downstream said yes.
-///
-/// ```no_run
-/// # async fn example(client: shared::client::BudgetedClient, deadline: shared::Deadline)
-/// # -> Result<(), shared::client::CallError> {
-/// let reply = client.request(http::Method::GET, "/stock/SKU-1").send(&deadline).await?;
-/// let etag = reply.headers.get("etag");
-/// # Ok(()) }
-/// ```
 #[derive(Clone, Debug)]
 pub struct Reply {
     /// The status, 200 to 299.
@@ -212,18 +173,6 @@ pub struct Reply {
 impl Reply {
     /// The body parsed as JSON; a body that does not parse is [`CallError::Invalid`]
     /// (502: the downstream broke its side of the interface).
-    ///
-    /// ```
-    /// use shared::client::Reply;
-    ///
-    /// let reply = Reply {
-    ///     status: http::StatusCode::OK,
-    ///     headers: http::HeaderMap::new(),
-    ///     body: bytes::Bytes::from_static(br#"{"ok":true}"#),
-    /// };
-    /// let value: serde_json::Value = reply.json().unwrap();
-    /// assert_eq!(value["ok"], true);
-    /// ```
     pub fn json<T: DeserializeOwned>(&self) -> Result<T, CallError> {
         serde_json::from_slice(&self.body).map_err(|err| CallError::Invalid(err.to_string()))
     }

@@ -12,8 +12,7 @@ use tracing::Instrument;
 use super::request::{CallRequest, Reply};
 use super::{BudgetedClient, CallError};
 use crate::deadline::{Deadline, DeadlineExceeded};
-use crate::header::mode::OBSERVE;
-use crate::header::{DEADLINE_MODE_HEADER, REQUEST_TIMEOUT_HEADER};
+use crate::header::{DEADLINE_MODE_HEADER, OBSERVE, REQUEST_TIMEOUT_HEADER};
 use crate::ingress::DeadlineMode;
 
 /// The least budget worth a retry of a refused connection.
@@ -70,7 +69,7 @@ impl BudgetedClient {
         for owned in &OWNED_HEADERS {
             headers.remove(owned);
         }
-        crate::telemetry::propagation::inject(span, &mut headers);
+        crate::propagation::inject(span, &mut headers);
         let started = Instant::now();
         let mut outcome = self.attempt(deadline, request, headers.clone()).await;
         // A refused connection sent nothing, so one retry is safe, for any method (a
@@ -140,13 +139,13 @@ impl BudgetedClient {
             budget
         };
         let timeout = match deadline.mode() {
-            DeadlineMode::Legacy => Some(DeadlineMode::LEGACY_TIMEOUT),
+            DeadlineMode::Legacy => Some(deadline.legacy_timeout()),
             // The budget goes downstream (unless spent), but nothing here enforces it,
             // and the marker asks the downstream not to enforce it either.
             DeadlineMode::Observe => {
                 budget(&mut headers);
                 headers.insert(DEADLINE_MODE_HEADER, OBSERVE);
-                Some(DeadlineMode::LEGACY_TIMEOUT)
+                Some(deadline.legacy_timeout())
             }
             DeadlineMode::Propagate => {
                 // No more than the reserve left: the budget is spent, and no I/O starts.

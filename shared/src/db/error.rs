@@ -5,17 +5,6 @@ use crate::problem::Problem;
 use crate::stage::Stage;
 
 /// A failed database step.
-///
-/// ```
-/// use std::time::Duration;
-/// use shared::{Deadline, Problem, Stage, db::DbError};
-///
-/// let deadline = Deadline::after(Duration::ZERO);
-/// let err = DbError::from(deadline.exceeded(Stage::Db));
-/// // A handler's `?` answers the status the contract gives each case.
-/// assert_eq!(Problem::from(err).status().as_u16(), 504);
-/// assert_eq!(Problem::from(DbError::Unavailable("refused".into())).status().as_u16(), 503);
-/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
     /// The budget ran out (client-side bound or server-side cancel); nothing was
@@ -25,7 +14,7 @@ pub enum DbError {
     /// The database is unreachable or the pool is saturated; nothing was written: 503.
     #[error("database unavailable: {0}")]
     Unavailable(String),
-    /// COMMIT was sent but its outcome could not be learned within [`COMMIT_GRACE`](super::COMMIT_GRACE)
+    /// COMMIT was sent but its outcome could not be learned within 250 ms
     /// past the deadline: 500, which promises nothing (a 504 would say "not written").
     #[error("the outcome of the commit is unknown")]
     OutcomeUnknown,
@@ -46,17 +35,7 @@ impl From<DbError> for Problem {
 }
 
 /// Maps a sqlx error to what the caller should answer.
-///
-/// ```
-/// use std::time::Duration;
-/// use shared::{Deadline, Stage, db::{DbError, classify}};
-///
-/// let deadline = Deadline::after(Duration::from_millis(300));
-/// let err = classify(sqlx::Error::PoolTimedOut, &deadline, Stage::DbPool);
-/// // Budget left, but no connection in time: refused early (503), not timed out.
-/// assert!(matches!(err, DbError::Unavailable(_)));
-/// ```
-pub fn classify(err: sqlx::Error, deadline: &Deadline, stage: Stage) -> DbError {
+pub(crate) fn classify(err: sqlx::Error, deadline: &Deadline, stage: Stage) -> DbError {
     match &err {
         sqlx::Error::Database(db) => match db.code().as_deref() {
             // query_canceled (statement_timeout, or our pg_cancel_backend at the

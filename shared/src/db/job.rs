@@ -43,13 +43,7 @@ const MIN_STEP: Duration = Duration::from_millis(12);
 /// flush or network, and learning the outcome of a COMMIT whose connection was lost.
 /// Shorter than [`NO_RETURN_GRACE`](crate::deadline::NO_RETURN_GRACE), the ingress
 /// layer's backstop.
-///
-/// ```
-/// use shared::{db::COMMIT_GRACE, deadline::NO_RETURN_GRACE};
-///
-/// assert!(COMMIT_GRACE < NO_RETURN_GRACE);
-/// ```
-pub const COMMIT_GRACE: Duration = Duration::from_millis(250);
+pub(crate) const COMMIT_GRACE: Duration = Duration::from_millis(250);
 
 /// How long a cancelled statement (or a `ROLLBACK`) may take to come back before the
 /// connection is given up and closed instead of returned.
@@ -489,7 +483,7 @@ fn server_limit(left: Duration) -> u128 {
 }
 
 /// Counts a request waiting for a connection, also when its future is dropped.
-struct Pending(prometheus_client::metrics::gauge::Gauge);
+struct Pending(crate::metrics::IntGauge);
 
 impl Pending {
     fn enter(metrics: &DbMetrics) -> Self {

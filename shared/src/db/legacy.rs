@@ -3,24 +3,25 @@
 
 use super::{Body, Db, DbError, End, classify};
 use crate::deadline::Deadline;
-use crate::ingress::DeadlineMode;
 use crate::stage::Stage;
 
 impl Db {
     /// The same transaction as code without the technique writes it: no budget, no
     /// server-side limits, statements dropped wherever the caller's future is dropped.
-    /// `observed` (observe mode) counts where propagate would have refused it.
+    /// The wait for a connection is bounded by the fixed legacy timeout only. `observe`
+    /// counts where propagate would have refused it.
     pub(super) async fn legacy<T, B: Body<T>>(
         &self,
         body: B,
-        observed: Option<&Deadline>,
+        deadline: &Deadline,
+        observe: bool,
     ) -> Result<T, DbError> {
-        let unbounded = Deadline::after(DeadlineMode::LEGACY_TIMEOUT);
+        let observed = observe.then_some(deadline);
+        let unbounded = Deadline::after(deadline.legacy_timeout());
         let started = tokio::time::Instant::now();
-        let mut tx = self
-            .pool
-            .begin()
-            .await
+        let begun = tokio::time::timeout(deadline.legacy_timeout(), self.pool.begin()).await;
+        let mut tx = begun
+            .unwrap_or(Err(sqlx::Error::PoolTimedOut))
             .map_err(|err| classify(err, &unbounded, Stage::DbPool))?;
         let mut counted = false;
         if let Some(deadline) = observed {

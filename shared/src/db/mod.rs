@@ -11,7 +11,7 @@
 //! fired just before it under the remaining time (`SET CONSTRAINTS ALL IMMEDIATE`); the
 //! batch is cancelled at the deadline, which still aborts it until the commit record is
 //! written; and its outcome is awaited (a little past the deadline at most,
-//! [`COMMIT_GRACE`]) and answered truthfully. Only an error the server reports in a
+//! 250 ms) and answered truthfully. Only an error the server reports in a
 //! session that goes on proves a rollback; when the connection is lost instead, the
 //! outcome is learned on another connection if the body gave an [`End::CommitVerified`]
 //! check, and is otherwise a 500 that promises nothing, never a 504.
@@ -58,7 +58,7 @@
 mod error;
 mod job;
 mod legacy;
-mod sql;
+pub(crate) mod sql;
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
@@ -75,16 +75,18 @@ use tracing::Instrument;
 use crate::deadline::Deadline;
 use crate::ingress::DeadlineMode;
 use crate::metrics::DbMetrics;
+#[cfg(feature = "metrics")]
+use crate::metrics::Metrics;
 
-pub use error::{DbError, classify};
-pub use job::COMMIT_GRACE;
+pub use error::DbError;
+pub(crate) use error::classify;
 use job::Job;
-pub use sql::{Access, begin_sql, commit_sql};
+use sql::Access;
 
 /// What a transaction's body decides: commit or roll back, with the value to return.
 ///
 /// ```
-/// use shared::db::End;
+/// use deadline_propagation::db::End;
 ///
 /// // Nothing to write after all: roll back, and still return the value.
 /// let end: End<u32> = End::Rollback(0);
@@ -97,7 +99,7 @@ pub enum End<T> {
     Commit(T),
     /// Commit, and should the connection be lost once COMMIT is sent, learn whether it
     /// committed by running the [`Check`] on another connection (within
-    /// [`COMMIT_GRACE`] past the deadline) instead of answering that the outcome is
+    /// 250 ms past the deadline) instead of answering that the outcome is
     /// unknown.
     CommitVerified(T, Check),
     /// Roll the transaction back and return the value (a read, or nothing to write).
@@ -109,7 +111,7 @@ pub enum End<T> {
 /// knows. It runs only once the transaction has ended on the server.
 ///
 /// ```
-/// use shared::db::{Check, End};
+/// use deadline_propagation::db::{Check, End};
 ///
 /// let id: i64 = 42; // returned by the body's INSERT
 /// let check = Check::new(move |conn| {
@@ -178,7 +180,7 @@ impl<T, F> Body<T> for F where
 ///
 /// ```
 /// use std::time::Duration;
-/// use shared::db::DbConfig;
+/// use deadline_propagation::db::DbConfig;
 ///
 /// let config = DbConfig {
 ///     max_connections: 10,
@@ -231,15 +233,15 @@ impl Markers {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use shared::db::{Db, DbConfig};
-/// use shared::Deadline;
+/// use deadline_propagation::db::{Db, DbConfig};
+/// use deadline_propagation::Deadline;
 ///
 /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let config = DbConfig {
 ///     max_connections: 10,
 ///     acquire_timeout: Duration::from_millis(250),
 /// };
-/// let db = Db::connect_lazy("postgres://app@127.0.0.1/app", config, None)?;
+/// let db = Db::connect_lazy("postgres://app@127.0.0.1/app", config)?;
 /// let deadline = Deadline::after(Duration::from_millis(300));
 /// // Pool wait, BEGIN with statement_timeout = what is left, the query, ROLLBACK.
 /// let one: i32 = db
@@ -267,7 +269,7 @@ impl Db {
     ///
     /// ```no_run
     /// # use std::time::Duration;
-    /// use shared::{db::{Db, DbConfig}, metrics::Metrics};
+    /// use deadline_propagation::{db::{Db, DbConfig}, metrics::Metrics};
     ///
     /// # #[tokio::main] async fn main() -> Result<(), sqlx::Error> {
     /// let metrics = Metrics::new("orders-service");
@@ -276,23 +278,18 @@ impl Db {
     ///     acquire_timeout: Duration::from_millis(250),
     /// };
     /// // Nothing is connected yet: a database that is down is a 503 per request, not a crash.
-    /// let db = Db::connect_lazy("postgres://app@127.0.0.1/app", config, Some(metrics.db().clone()))?;
+    /// let db = Db::connect_lazy("postgres://app@127.0.0.1/app", config)?.with_metrics(&metrics);
     /// # Ok(()) }
     /// ```
-    pub fn connect_lazy(
-        url: &str,
-        config: DbConfig,
-        metrics: Option<DbMetrics>,
-    ) -> Result<Self, sqlx::Error> {
+    pub fn connect_lazy(url: &str, config: DbConfig) -> Result<Self, sqlx::Error> {
         let options: PgConnectOptions = url.parse()?;
         // No per-connection limits: the mode can switch at run time, and a connection
         // outlives many requests of either mode. Each propagate transaction sets its own
         // limit; legacy sets none, as code without the technique would. The pool's own
-        // acquire limit is legacy's: propagate bounds each acquire by
-        // `min(acquire_timeout, remaining)` itself.
+        // acquire limit stays sqlx's: propagate bounds each acquire by
+        // `min(acquire_timeout, remaining)`, legacy by its fixed timeout.
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
-            .acquire_timeout(DeadlineMode::LEGACY_TIMEOUT)
             .connect_lazy_with(options.clone());
         let side_pool = PgPoolOptions::new()
             .max_connections(2)
@@ -304,20 +301,24 @@ impl Db {
             markers: Arc::new(Markers::new(options.get_application_name())),
             options,
             config,
-            metrics,
+            metrics: None,
         })
+    }
+
+    /// The same pool, reporting to `metrics`: `db_pool_connections{state}` (read at
+    /// each scrape) and `db_pool_pending_acquires`, the gauge that tells a queue for
+    /// connections from a slow database.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn with_metrics(mut self, metrics: &Metrics) -> Self {
+        self.metrics = Some(metrics.db().clone());
+        let db = self.clone();
+        metrics.on_scrape(move || db.report_pool());
+        self
     }
 
     /// Applies `migrator` on a connection of its own, outside the per-request limits
     /// (a migration may legitimately take longer than any request).
-    ///
-    /// ```no_run
-    /// # async fn example(db: shared::db::Db) -> Result<(), sqlx::migrate::MigrateError> {
-    /// // Usually `sqlx::migrate!("./migrations")`, embedded at compile time.
-    /// let migrator = sqlx::migrate::Migrator::new(std::path::Path::new("./migrations")).await?;
-    /// db.migrate(&migrator).await?;
-    /// # Ok(()) }
-    /// ```
     pub async fn migrate(&self, migrator: &Migrator) -> Result<(), sqlx::migrate::MigrateError> {
         let mut conn = PgConnection::connect_with(&self.options).await?;
         let result = migrator.run(&mut conn).await;
@@ -326,38 +327,18 @@ impl Db {
     }
 
     /// Closes the pools (at shutdown, after the last request).
-    ///
-    /// ```no_run
-    /// # async fn example(db: shared::db::Db) {
-    /// // After `serve` has drained the last request:
-    /// db.close().await;
-    /// # }
-    /// ```
     pub async fn close(&self) {
         self.pool.close().await;
         self.side_pool.close().await;
     }
 
     /// Connections checked out right now.
-    ///
-    /// ```no_run
-    /// # fn example(db: shared::db::Db) {
-    /// tracing::info!(in_use = db.in_use(), "pool");
-    /// # }
-    /// ```
     pub fn in_use(&self) -> usize {
         (self.pool.size() as usize).saturating_sub(self.pool.num_idle())
     }
 
     /// Copies the pool's idle and in-use counts into the gauges.
-    ///
-    /// ```no_run
-    /// # fn example(db: shared::db::Db, metrics: shared::metrics::Metrics) {
-    /// // Copied at every scrape, so the gauges are never stale.
-    /// metrics.on_scrape(move || db.report_pool());
-    /// # }
-    /// ```
-    pub fn report_pool(&self) {
+    pub(crate) fn report_pool(&self) {
         if let Some(metrics) = &self.metrics {
             metrics.set_connections(self.pool.num_idle(), self.in_use());
         }
@@ -367,9 +348,9 @@ impl Db {
     /// as the body's [`End`] says.
     ///
     /// ```no_run
-    /// use shared::db::End;
+    /// use deadline_propagation::db::End;
     ///
-    /// # async fn example(db: shared::db::Db, deadline: shared::Deadline) -> Result<(), shared::Problem> {
+    /// # async fn example(db: deadline_propagation::db::Db, deadline: deadline_propagation::Deadline) -> Result<(), deadline_propagation::Problem> {
     /// // The stock change and the order commit together, or not at all.
     /// let taken: bool = db
     ///     .transaction(&deadline, |conn| {
@@ -401,7 +382,7 @@ impl Db {
     /// `deadline`, so it gets the same server-side limits as any other statement.
     ///
     /// ```no_run
-    /// # async fn example(db: shared::db::Db, deadline: shared::Deadline) -> Result<(), shared::Problem> {
+    /// # async fn example(db: deadline_propagation::db::Db, deadline: deadline_propagation::Deadline) -> Result<(), deadline_propagation::Problem> {
     /// let available: Option<i32> = db
     ///     .read(&deadline, |conn| {
     ///         Box::pin(
@@ -433,8 +414,8 @@ impl Db {
         B: Body<T>,
     {
         match deadline.mode() {
-            DeadlineMode::Legacy => return self.legacy(body, None).await,
-            DeadlineMode::Observe => return self.legacy(body, Some(deadline)).await,
+            DeadlineMode::Legacy => return self.legacy(body, deadline, false).await,
+            DeadlineMode::Observe => return self.legacy(body, deadline, true).await,
             DeadlineMode::Propagate => {}
         }
         let (reply, answer) = oneshot::channel();

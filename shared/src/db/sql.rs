@@ -21,14 +21,6 @@ pub enum Access {
 /// `statement_timeout` also bounds lock waits (a statement waiting on a lock is still
 /// running), so no `lock_timeout` is set beside it. `marker` must be a plain word (it is
 /// formatted into the SQL); [`Db`](super::Db) makes it from letters, digits and `-`.
-///
-/// ```
-/// use shared::db::{Access, begin_sql};
-/// assert_eq!(
-///     begin_sql(Access::ReadOnly, 640, "app-1f-7"),
-///     "BEGIN READ ONLY; SET LOCAL statement_timeout = 640; SET LOCAL application_name = 'app-1f-7'"
-/// );
-/// ```
 pub fn begin_sql(access: Access, limit_ms: u128, marker: &str) -> String {
     let mode = match access {
         Access::ReadWrite => "",
@@ -47,13 +39,6 @@ pub fn begin_sql(access: Access, limit_ms: u128, marker: &str) -> String {
 /// commits, so deferred work left to `COMMIT` itself would run unbounded; fired by
 /// `SET CONSTRAINTS ALL IMMEDIATE` it is stopped at the deadline and the transaction
 /// rolls back.
-///
-/// ```
-/// assert_eq!(
-///     shared::db::commit_sql(90),
-///     "SET LOCAL statement_timeout = 90; SET CONSTRAINTS ALL IMMEDIATE; COMMIT"
-/// );
-/// ```
 pub fn commit_sql(limit_ms: u128) -> String {
     format!("SET LOCAL statement_timeout = {limit_ms}; SET CONSTRAINTS ALL IMMEDIATE; COMMIT")
 }

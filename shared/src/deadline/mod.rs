@@ -21,14 +21,16 @@ use crate::timing::StageLog;
 mod no_return;
 mod policy;
 
-pub use no_return::{NO_RETURN_GRACE, NoReturn};
+pub use no_return::NO_RETURN_GRACE;
+pub use no_return::NoReturn;
+use policy::DEFAULT_LEGACY_TIMEOUT;
 pub use policy::DeadlinePolicy;
 
 /// The budget ran out before or during `stage`.
 ///
 /// ```
 /// use std::time::Duration;
-/// use shared::{Deadline, DeadlineExceeded, Problem, Stage};
+/// use deadline_propagation::{Deadline, DeadlineExceeded, Problem, Stage};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let deadline = Deadline::after(Duration::ZERO);
@@ -51,17 +53,17 @@ pub struct DeadlineExceeded {
 
 /// An absolute deadline plus the budget it was created with.
 ///
-/// Cheap to clone; clones (and [children](Deadline::child)) share one [`StageLog`], so the
+/// Cheap to clone; clones (and [children](Deadline::child)) share one log of stages, so the
 /// time every stage took ends up in the response's `Server-Timing` header.
 ///
 /// ```
 /// use std::time::Duration;
-/// use shared::{Deadline, Stage};
+/// use deadline_propagation::{Deadline, Stage};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let deadline = Deadline::after(Duration::from_millis(300));
 /// // Every I/O step runs under what is left, and is timed for `Server-Timing`.
-/// let answer = deadline.run(Stage::Catalog, async { 42 }).await;
+/// let answer = deadline.run(Stage::named("catalog"), async { 42 }).await;
 /// assert_eq!(answer, Ok(42));
 /// assert!(deadline.remaining() <= Duration::from_millis(300));
 /// # }
@@ -73,31 +75,18 @@ pub struct Deadline {
     budget: Duration,
     log: Arc<StageLog>,
     mode: DeadlineMode,
+    /// Legacy's fixed step timeout, from the ingress's policy.
+    legacy_timeout: Duration,
 }
 
 impl Deadline {
     /// A deadline `budget` from now, with a log of its own.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
-    /// assert_eq!(deadline.budget(), Duration::from_millis(300));
-    /// ```
     pub fn after(budget: Duration) -> Self {
         Self::with_log(budget, Arc::new(StageLog::default()))
     }
 
     /// A deadline `budget` from now that records its stages into `log`.
-    ///
-    /// ```
-    /// # use std::{sync::Arc, time::Duration};
-    /// use shared::{Deadline, timing::StageLog};
-    ///
-    /// let log = Arc::new(StageLog::default());
-    /// let deadline = Deadline::with_log(Duration::from_millis(300), Arc::clone(&log));
-    /// assert!(Arc::ptr_eq(deadline.log(), &log));
-    /// ```
-    pub fn with_log(budget: Duration, log: Arc<StageLog>) -> Self {
+    pub(crate) fn with_log(budget: Duration, log: Arc<StageLog>) -> Self {
         let started = Instant::now();
         Self {
             started,
@@ -105,123 +94,71 @@ impl Deadline {
             budget,
             log,
             mode: DeadlineMode::Propagate,
+            legacy_timeout: DEFAULT_LEGACY_TIMEOUT,
         }
     }
 
     /// The same deadline, run in `mode` (the ingress stamps the mode in force when the
     /// request arrived; see [`LiveMode`](crate::ingress::LiveMode)).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use shared::{Deadline, DeadlineMode};
-    ///
-    /// let deadline = Deadline::after(Duration::from_millis(300)).with_mode(DeadlineMode::Observe);
-    /// assert_eq!(deadline.mode(), DeadlineMode::Observe);
-    /// ```
     pub fn with_mode(mut self, mode: DeadlineMode) -> Self {
         self.mode = mode;
         self
     }
 
+    /// The same deadline with `timeout` as the fixed step timeout of legacy and observe
+    /// mode (the ingress copies its policy's).
+    pub(crate) fn with_legacy_timeout(mut self, timeout: Duration) -> Self {
+        self.legacy_timeout = timeout;
+        self
+    }
+
+    /// The fixed timeout a step waits in legacy and observe mode, where the budget is
+    /// not enforced.
+    pub(crate) fn legacy_timeout(&self) -> Duration {
+        self.legacy_timeout
+    }
+
     /// The mode this request runs in: every step reads it here, so a mode switch never
     /// changes a request half-way.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use shared::{Deadline, DeadlineMode};
-    ///
-    /// // Propagate unless the ingress stamped another mode.
-    /// assert_eq!(Deadline::after(Duration::from_millis(300)).mode(), DeadlineMode::Propagate);
-    /// ```
     pub fn mode(&self) -> DeadlineMode {
         self.mode
     }
 
     /// Counts, in observe mode, a refusal propagate would have made in `stage`.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use shared::{Deadline, DeadlineMode, Stage};
-    ///
-    /// let deadline = Deadline::after(Duration::ZERO).with_mode(DeadlineMode::Observe);
-    /// if deadline.is_expired() && !deadline.mode().enforces() {
-    ///     // Observe mode goes on, but counts the 504 propagate would have answered.
-    ///     deadline.would_refuse(Stage::Db, "deadline");
-    /// }
-    /// ```
-    pub fn would_refuse(&self, stage: Stage, reason: &'static str) {
+    pub(crate) fn would_refuse(&self, stage: Stage, reason: &'static str) {
         tracing::debug!(stage = stage.as_str(), reason, "propagate would refuse");
         self.log.count_would_refuse(stage, reason);
     }
 
     /// The ingress constructor: applies `policy` to the requested budget. Returns the
     /// deadline and whether the request was clamped.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use shared::{Deadline, DeadlinePolicy};
-    ///
-    /// let policy = DeadlinePolicy::from_millis(2000, 1000);
-    /// let (deadline, clamped) = Deadline::inbound(Some(Duration::from_secs(60)), &policy);
-    /// assert!(clamped);
-    /// assert_eq!(deadline.budget(), Duration::from_millis(2000));
-    /// ```
-    pub fn inbound(requested: Option<Duration>, policy: &DeadlinePolicy) -> (Self, bool) {
+    #[cfg(test)]
+    pub(crate) fn inbound(requested: Option<Duration>, policy: &DeadlinePolicy) -> (Self, bool) {
         let (budget, clamped) = policy.accept(requested);
         (Self::after(budget), clamped)
     }
 
     /// The instant by which the work must be done.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
-    /// // For APIs that take an instant, e.g. `tokio::time::timeout_at`.
-    /// assert!(deadline.instant() > tokio::time::Instant::now());
-    /// ```
     pub fn instant(&self) -> Instant {
         self.at
     }
 
     /// The budget accepted at the ingress (for a child: its own, smaller budget).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let deadline = shared::Deadline::after(Duration::from_millis(700));
-    /// assert_eq!(deadline.child(Duration::from_millis(100)).budget(), Duration::from_millis(100));
-    /// ```
     pub fn budget(&self) -> Duration {
         self.budget
     }
 
     /// Time spent since the deadline was created.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
-    /// assert!(deadline.elapsed() < Duration::from_millis(300));
-    /// ```
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
     }
 
     /// What is left; zero once the deadline has passed, never negative.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// assert_eq!(shared::Deadline::after(Duration::ZERO).remaining(), Duration::ZERO);
-    /// ```
     pub fn remaining(&self) -> Duration {
         self.at.saturating_duration_since(Instant::now())
     }
 
     /// True once nothing is left. No new I/O may start after this.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// assert!(shared::Deadline::after(Duration::ZERO).is_expired());
-    /// assert!(!shared::Deadline::after(Duration::from_secs(1)).is_expired());
-    /// ```
     pub fn is_expired(&self) -> bool {
         Instant::now() >= self.at
     }
@@ -233,16 +170,7 @@ impl Deadline {
     /// budget no larger than the reserve has nothing left to hand on; sending the call
     /// anyway with a 1 ms header would only make the downstream do work whose answer
     /// arrives too late, so the caller must not send it and answers 504 instead.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let deadline = shared::Deadline::after(Duration::from_millis(700));
-    /// let header = deadline.outbound_millis(Duration::from_millis(5)).unwrap();
-    /// assert!(header <= 695);
-    /// // Nothing left past the reserve: do not send the call at all.
-    /// assert_eq!(shared::Deadline::after(Duration::from_millis(3)).outbound_millis(Duration::from_millis(5)), None);
-    /// ```
-    pub fn outbound_millis(&self, reserve: Duration) -> Option<u64> {
+    pub(crate) fn outbound_millis(&self, reserve: Duration) -> Option<u64> {
         let ms = self.remaining().saturating_sub(reserve).as_millis();
         (ms > 0).then(|| u64::try_from(ms).unwrap_or(u64::MAX))
     }
@@ -252,7 +180,7 @@ impl Deadline {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// let request = shared::Deadline::after(Duration::from_millis(300));
+    /// let request = deadline_propagation::Deadline::after(Duration::from_millis(300));
     /// // A tool call capped at 800 ms still ends with the request.
     /// let tool = request.child(Duration::from_millis(800));
     /// assert_eq!(tool.instant(), request.instant());
@@ -266,32 +194,16 @@ impl Deadline {
             budget: at.saturating_duration_since(now),
             log: Arc::clone(&self.log),
             mode: self.mode,
+            legacy_timeout: self.legacy_timeout,
         }
     }
 
     /// The log that records this request's stages.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
-    /// deadline.log().record(shared::Stage::Db, Duration::from_millis(12));
-    /// assert_eq!(deadline.log().entries().len(), 1);
-    /// ```
-    pub fn log(&self) -> &Arc<StageLog> {
+    pub(crate) fn log(&self) -> &Arc<StageLog> {
         &self.log
     }
 
     /// Describes the budget as spent so far, for errors raised outside [`run`](Self::run).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use shared::{Deadline, Problem, Stage};
-    ///
-    /// let deadline = Deadline::after(Duration::ZERO);
-    /// // A step that learned of the expiry itself (the server cancelled the statement).
-    /// let problem = Problem::from(deadline.exceeded(Stage::Db));
-    /// assert_eq!(problem.stage(), Some(Stage::Db));
-    /// ```
     pub fn exceeded(&self, stage: Stage) -> DeadlineExceeded {
         self.log.count_exceeded(stage);
         DeadlineExceeded {
@@ -312,14 +224,14 @@ impl Deadline {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// use shared::{Deadline, Stage};
+    /// use deadline_propagation::{Deadline, Stage};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let deadline = Deadline::after(Duration::from_millis(50));
     /// let slow = tokio::time::sleep(Duration::from_secs(10));
     /// // Cut at the deadline, not after 10 s; the sleep (or HTTP call) is dropped.
-    /// let exceeded = deadline.run(Stage::Catalog, slow).await.unwrap_err();
-    /// assert_eq!(exceeded.stage, Stage::Catalog);
+    /// let exceeded = deadline.run(Stage::named("catalog"), slow).await.unwrap_err();
+    /// assert_eq!(exceeded.stage, Stage::named("catalog"));
     /// # }
     /// ```
     pub async fn run<F>(&self, stage: Stage, step: F) -> Result<F::Output, DeadlineExceeded>

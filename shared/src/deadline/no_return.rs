@@ -9,24 +9,10 @@ use crate::timing::StageLog;
 
 /// How long past its deadline a request that is past its point of no return may still
 /// answer. The database step bounds its own wait for a COMMIT's outcome by less than this
-/// (`db::COMMIT_GRACE`), so this is only the ingress layer's backstop.
-///
-/// ```
-/// assert!(shared::deadline::NO_RETURN_GRACE.as_millis() >= 100);
-/// ```
+/// (250 ms), so this is only the ingress layer's backstop.
 pub const NO_RETURN_GRACE: Duration = Duration::from_millis(500);
 
 /// See [`Deadline::point_of_no_return`]; the request is past it until this is dropped.
-///
-/// ```
-/// # use std::time::Duration;
-/// let deadline = shared::Deadline::after(Duration::from_millis(300));
-/// {
-///     let _commit_sent = deadline.point_of_no_return();
-///     assert!(deadline.log().past_no_return());
-/// }
-/// assert!(!deadline.log().past_no_return());
-/// ```
 #[derive(Debug)]
 #[must_use = "the point of no return ends when this guard is dropped"]
 pub struct NoReturn {
@@ -48,14 +34,6 @@ impl Deadline {
     /// a guard lives, the ingress layer does not answer 504 at the deadline; it waits up
     /// to [`NO_RETURN_GRACE`] longer for the handler, which learns the outcome and
     /// answers by it.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let deadline = shared::Deadline::after(Duration::from_millis(300));
-    /// let commit_sent = deadline.point_of_no_return();
-    /// // ... send COMMIT, learn its outcome ...
-    /// drop(commit_sent);
-    /// ```
     pub fn point_of_no_return(&self) -> NoReturn {
         self.log.enter_no_return();
         NoReturn {

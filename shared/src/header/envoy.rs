@@ -13,36 +13,15 @@ use super::request_timeout::parse_digits;
 use super::{InvalidValue, read_values};
 
 /// The header, lower-case as Envoy sends it.
-///
-/// ```
-/// // What an Envoy route with a 1.5 s timeout adds to the request.
-/// let mut headers = http::HeaderMap::new();
-/// headers.insert(shared::header::ENVOY_TIMEOUT_HEADER, http::HeaderValue::from(1500u64));
-/// ```
-pub const ENVOY_TIMEOUT_HEADER: HeaderName =
+pub(super) const ENVOY_TIMEOUT_HEADER: HeaderName =
     HeaderName::from_static("x-envoy-expected-rq-timeout-ms");
 
 /// How the header is named in messages: Envoy documents it in lower case.
-///
-/// ```
-/// assert_eq!(shared::header::ENVOY_TIMEOUT_HEADER_DISPLAY, shared::header::ENVOY_TIMEOUT_HEADER.as_str());
-/// ```
-pub const ENVOY_TIMEOUT_HEADER_DISPLAY: &str = "x-envoy-expected-rq-timeout-ms";
+pub(crate) const ENVOY_TIMEOUT_HEADER_DISPLAY: &str = "x-envoy-expected-rq-timeout-ms";
 
 /// Reads Envoy's budget from `headers`: `Ok(None)` when absent, the value when every
 /// value of the header agrees, `Err` otherwise (the same rules as `X-Request-Timeout-Ms`).
-///
-/// ```
-/// use std::time::Duration;
-/// use http::{HeaderMap, HeaderValue};
-/// use shared::header::{ENVOY_TIMEOUT_HEADER, parse_envoy_timeout};
-///
-/// let mut headers = HeaderMap::new();
-/// assert_eq!(parse_envoy_timeout(&headers), Ok(None));
-/// headers.insert(ENVOY_TIMEOUT_HEADER, HeaderValue::from_static("1500"));
-/// assert_eq!(parse_envoy_timeout(&headers), Ok(Some(Duration::from_millis(1500))));
-/// ```
-pub fn parse_envoy_timeout(headers: &HeaderMap) -> Result<Option<Duration>, InvalidValue> {
+pub(crate) fn parse_envoy_timeout(headers: &HeaderMap) -> Result<Option<Duration>, InvalidValue> {
     let ms = read_values(headers, &ENVOY_TIMEOUT_HEADER, parse_digits)?;
     Ok(ms.map(Duration::from_millis))
 }
@@ -91,7 +70,7 @@ mod tests {
             InvalidValue::TooLong,
             InvalidValue::Conflicting,
         ] {
-            let err = InvalidBudget::EnvoyTimeout(reason).to_string();
+            let err = InvalidBudget::new(ENVOY_TIMEOUT_HEADER_DISPLAY, reason).to_string();
             assert!(err.starts_with("x-envoy-expected-rq-timeout-ms "), "{err}");
         }
     }

@@ -15,35 +15,19 @@
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The marker's name, as sent.
-///
-/// ```
-/// assert_eq!(shared::header::DEADLINE_MODE_HEADER.as_str(), "x-deadline-mode");
-/// ```
 pub const DEADLINE_MODE_HEADER: HeaderName = HeaderName::from_static("x-deadline-mode");
 
 /// The marker's name as problems spell it.
-pub const DEADLINE_MODE_HEADER_DISPLAY: &str = "X-Deadline-Mode";
+pub(crate) const DEADLINE_MODE_HEADER_DISPLAY: &str = "X-Deadline-Mode";
 
 /// The one value the marker has.
-pub const OBSERVE: HeaderValue = HeaderValue::from_static("observe");
+pub(crate) const OBSERVE: HeaderValue = HeaderValue::from_static("observe");
 
 /// Whether `headers` ask for the request to be observed: `Ok(true)` for `observe`
 /// (ASCII case-insensitive, surrounding whitespace ignored, repeats allowed), `Ok(false)`
 /// without the header, and an error naming the value for anything else: a marker that
 /// is misspelt would otherwise be enforced without anyone noticing.
-///
-/// ```
-/// use http::{HeaderMap, HeaderValue};
-/// use shared::header::{DEADLINE_MODE_HEADER, observe_requested};
-///
-/// let mut headers = HeaderMap::new();
-/// assert_eq!(observe_requested(&headers), Ok(false));
-/// headers.insert(DEADLINE_MODE_HEADER, HeaderValue::from_static("observe"));
-/// assert_eq!(observe_requested(&headers), Ok(true));
-/// headers.insert(DEADLINE_MODE_HEADER, HeaderValue::from_static("enforce-nothing"));
-/// assert!(observe_requested(&headers).is_err());
-/// ```
-pub fn observe_requested(headers: &HeaderMap) -> Result<bool, String> {
+pub(crate) fn observe_requested(headers: &HeaderMap) -> Result<bool, String> {
     let mut observe = false;
     for value in headers.get_all(DEADLINE_MODE_HEADER) {
         if !value

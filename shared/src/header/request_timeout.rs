@@ -18,111 +18,31 @@ use http::{HeaderMap, HeaderName};
 use super::{InvalidValue, read_values};
 
 /// The budget header, lower-case as HTTP/2 and `http` spell it.
-///
-/// ```
-/// // What a caller sends: 700 ms remaining.
-/// let mut headers = http::HeaderMap::new();
-/// headers.insert(shared::header::REQUEST_TIMEOUT_HEADER, http::HeaderValue::from(700u64));
-/// ```
 pub const REQUEST_TIMEOUT_HEADER: HeaderName = HeaderName::from_static("x-request-timeout-ms");
 
 /// How the header is spelled in messages, for humans.
-///
-/// ```
-/// use shared::header::{REQUEST_TIMEOUT_HEADER, REQUEST_TIMEOUT_HEADER_DISPLAY};
-///
-/// assert!(REQUEST_TIMEOUT_HEADER_DISPLAY.eq_ignore_ascii_case(REQUEST_TIMEOUT_HEADER.as_str()));
-/// ```
 pub const REQUEST_TIMEOUT_HEADER_DISPLAY: &str = "X-Request-Timeout-Ms";
 
 /// The longest header value looked at. A real client sends at most 20 digits; this
 /// leaves room for padding and zeros while keeping one pass over the value cheap.
-///
-/// ```
-/// use shared::header::{InvalidTimeout, MAX_VALUE_BYTES, parse_millis};
-///
-/// let padded = format!("{:>width$}", 7, width = MAX_VALUE_BYTES + 1);
-/// assert_eq!(parse_millis(padded.as_bytes()), Err(InvalidTimeout::TooLong));
-/// ```
 pub const MAX_VALUE_BYTES: usize = 256;
 
 /// `u64::MAX` has 20 decimal digits: more significant digits cannot fit, so they are
 /// refused without being multiplied out.
 const MAX_SIGNIFICANT_DIGITS: usize = 20;
 
-/// Why a budget header was refused. The message names the header so the client knows
-/// which of its inputs was wrong.
-///
-/// ```
-/// use shared::header::{InvalidTimeout, parse_millis};
-///
-/// assert_eq!(parse_millis(b"1e3"), Err(InvalidTimeout::NotAnInteger("1e3".into())));
-/// assert_eq!(parse_millis(b"99999999999999999999"), Err(InvalidTimeout::TooLarge));
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InvalidTimeout {
-    /// The header is present but holds nothing but whitespace.
-    #[error("{REQUEST_TIMEOUT_HEADER_DISPLAY} is empty; send a whole number of milliseconds")]
-    Empty,
-    /// Something other than ASCII digits (a sign, a dot, an exponent, letters).
-    #[error("{REQUEST_TIMEOUT_HEADER_DISPLAY} must be a whole number of milliseconds, got {0:?}")]
-    NotAnInteger(String),
-    /// A value larger than a `u64` can hold.
-    #[error("{REQUEST_TIMEOUT_HEADER_DISPLAY} is too large to be a number of milliseconds")]
-    TooLarge,
-    /// Longer than [`MAX_VALUE_BYTES`], whatever it holds.
-    #[error("{REQUEST_TIMEOUT_HEADER_DISPLAY} is longer than {MAX_VALUE_BYTES} bytes")]
-    TooLong,
-    /// The header appears more than once with values that disagree.
-    #[error("{REQUEST_TIMEOUT_HEADER_DISPLAY} is repeated with different values")]
-    Conflicting,
-}
-
-impl From<InvalidValue> for InvalidTimeout {
-    /// The digit parser's reasons, told in this header's own words. `NotAGrpcTimeout`
-    /// cannot come from the digit parser; it is mapped for completeness.
-    fn from(reason: InvalidValue) -> Self {
-        match reason {
-            InvalidValue::Empty => InvalidTimeout::Empty,
-            InvalidValue::NotAnInteger(got) | InvalidValue::NotAGrpcTimeout(got) => {
-                InvalidTimeout::NotAnInteger(got)
-            }
-            InvalidValue::TooLarge => InvalidTimeout::TooLarge,
-            InvalidValue::TooLong => InvalidTimeout::TooLong,
-            InvalidValue::Conflicting => InvalidTimeout::Conflicting,
-        }
-    }
-}
-
 /// Reads the caller's budget from `headers`.
 ///
 /// `Ok(None)` when the header is absent, `Ok(Some(budget))` for one valid value (or the
 /// same value repeated), `Err` otherwise. Zero is valid here; the clamp raises it to 1 ms.
-///
-/// ```
-/// use std::time::Duration;
-/// use http::{HeaderMap, HeaderValue};
-/// use shared::header::{REQUEST_TIMEOUT_HEADER, parse_request_timeout};
-///
-/// let mut headers = HeaderMap::new();
-/// headers.insert(REQUEST_TIMEOUT_HEADER, HeaderValue::from_static(" 300 "));
-/// assert_eq!(parse_request_timeout(&headers), Ok(Some(Duration::from_millis(300))));
-/// ```
-pub fn parse_request_timeout(headers: &HeaderMap) -> Result<Option<Duration>, InvalidTimeout> {
+pub fn parse_request_timeout(headers: &HeaderMap) -> Result<Option<Duration>, InvalidValue> {
     let ms = read_values(headers, &REQUEST_TIMEOUT_HEADER, parse_digits)?;
     Ok(ms.map(Duration::from_millis))
 }
 
 /// Parses one header value: optional surrounding spaces or tabs around ASCII digits.
-///
-/// ```
-/// use shared::header::parse_millis;
-///
-/// assert_eq!(parse_millis(b"\t042 "), Ok(42));
-/// assert!(parse_millis(b"+42").is_err());
-/// ```
-pub fn parse_millis(raw: &[u8]) -> Result<u64, InvalidTimeout> {
-    Ok(parse_digits(raw)?)
+pub fn parse_millis(raw: &[u8]) -> Result<u64, InvalidValue> {
+    parse_digits(raw)
 }
 
 /// The one digit parser, shared by `X-Request-Timeout-Ms` and
@@ -168,7 +88,7 @@ mod tests {
     use http::HeaderValue;
     use proptest::prelude::*;
 
-    fn parse_one(raw: &[u8]) -> Result<Option<Duration>, InvalidTimeout> {
+    fn parse_one(raw: &[u8]) -> Result<Option<Duration>, InvalidValue> {
         let mut headers = HeaderMap::new();
         headers.insert(
             REQUEST_TIMEOUT_HEADER,
@@ -185,8 +105,8 @@ mod tests {
     #[test]
     fn parse_table() {
         let ms = |n| Ok(Some(Duration::from_millis(n)));
-        let not_int = |s: &str| Err(InvalidTimeout::NotAnInteger(s.to_owned()));
-        type Case = (&'static [u8], Result<Option<Duration>, InvalidTimeout>);
+        let not_int = |s: &str| Err(InvalidValue::NotAnInteger(s.to_owned()));
+        type Case = (&'static [u8], Result<Option<Duration>, InvalidValue>);
         let cases: &[Case] = &[
             (b"250", ms(250)),
             (b" 250 ", ms(250)),
@@ -201,8 +121,8 @@ mod tests {
                 ms(u64::MAX),
             ),
             (b"00000000000000000000000000000000000000000", ms(0)),
-            (b"", Err(InvalidTimeout::Empty)),
-            (b"   ", Err(InvalidTimeout::Empty)),
+            (b"", Err(InvalidValue::Empty)),
+            (b"   ", Err(InvalidValue::Empty)),
             (b"abc", not_int("abc")),
             (b"-5", not_int("-5")),
             (b"+5", not_int("+5")),
@@ -210,9 +130,9 @@ mod tests {
             (b"1e3", not_int("1e3")),
             (b"0x10", not_int("0x10")),
             (b"2 50", not_int("2 50")),
-            (b"18446744073709551616", Err(InvalidTimeout::TooLarge)),
-            (b"99999999999999999999999", Err(InvalidTimeout::TooLarge)),
-            (b"000018446744073709551616", Err(InvalidTimeout::TooLarge)),
+            (b"18446744073709551616", Err(InvalidValue::TooLarge)),
+            (b"99999999999999999999999", Err(InvalidValue::TooLarge)),
+            (b"000018446744073709551616", Err(InvalidValue::TooLarge)),
             // Arabic-Indic and full-width digits are digits to Unicode, not to us.
             ("٢٥٠".as_bytes(), not_int("٢٥٠")),
             ("２５０".as_bytes(), not_int("２５０")),
@@ -230,10 +150,7 @@ mod tests {
     #[test]
     fn only_a_value_longer_than_the_bound_is_refused_for_its_length() {
         let padded = format!("{}1", "0".repeat(MAX_VALUE_BYTES));
-        assert_eq!(
-            parse_millis(padded.as_bytes()),
-            Err(InvalidTimeout::TooLong)
-        );
+        assert_eq!(parse_millis(padded.as_bytes()), Err(InvalidValue::TooLong));
         assert_eq!(parse_millis(&padded.as_bytes()[1..]), Ok(1));
     }
 
@@ -255,21 +172,30 @@ mod tests {
         headers.append(REQUEST_TIMEOUT_HEADER, HeaderValue::from_static("400"));
         assert_eq!(
             parse_request_timeout(&headers),
-            Err(InvalidTimeout::Conflicting)
+            Err(InvalidValue::Conflicting)
         );
     }
 
     #[test]
     fn every_error_message_names_the_header() {
-        for err in [
-            InvalidTimeout::Empty,
-            InvalidTimeout::NotAnInteger("x".into()),
-            InvalidTimeout::TooLarge,
-            InvalidTimeout::TooLong,
-            InvalidTimeout::Conflicting,
-        ] {
-            assert!(err.to_string().contains("X-Request-Timeout-Ms"), "{err}");
+        for raw in ["", "x", "99999999999999999999999", &"1".repeat(300)] {
+            let mut headers = HeaderMap::new();
+            headers.insert(REQUEST_TIMEOUT_HEADER, HeaderValue::from_str(raw).unwrap());
+            let err = crate::read_budget(&headers).unwrap_err();
+            assert!(
+                err.to_string().starts_with("X-Request-Timeout-Ms "),
+                "{err}"
+            );
+            assert_eq!(err.header(), "X-Request-Timeout-Ms");
         }
+        let mut repeated = HeaderMap::new();
+        repeated.append(REQUEST_TIMEOUT_HEADER, HeaderValue::from_static("1"));
+        repeated.append(REQUEST_TIMEOUT_HEADER, HeaderValue::from_static("2"));
+        let err = crate::read_budget(&repeated).unwrap_err();
+        assert!(
+            err.to_string().starts_with("X-Request-Timeout-Ms "),
+            "{err}"
+        );
     }
 
     proptest! {

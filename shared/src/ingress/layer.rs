@@ -15,7 +15,7 @@ use crate::timing::StageLog;
 ///
 /// ```
 /// use axum::{Router, routing::get};
-/// use shared::{Deadline, DeadlineLayer, DeadlinePolicy};
+/// use deadline_propagation::{Deadline, DeadlineLayer, DeadlinePolicy};
 ///
 /// async fn handler(deadline: Deadline) -> String {
 ///     format!("{} ms left", deadline.remaining().as_millis())
@@ -56,12 +56,6 @@ impl IngressConfig {
 
 impl DeadlineLayer {
     /// A layer that applies `policy` to every request.
-    ///
-    /// ```
-    /// use shared::{DeadlineLayer, DeadlinePolicy};
-    ///
-    /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000));
-    /// ```
     pub fn new(policy: DeadlinePolicy) -> Self {
         Self {
             config: Arc::new(IngressConfig {
@@ -76,13 +70,6 @@ impl DeadlineLayer {
 
     /// Sets the mode; in [`DeadlineMode::Legacy`] every budget header is ignored and the handler
     /// is not bounded, as in a service written without the technique.
-    ///
-    /// ```
-    /// use shared::{DeadlineLayer, DeadlineMode, DeadlinePolicy};
-    ///
-    /// // The "before" of an experiment: the same service without the technique.
-    /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000)).mode(DeadlineMode::Legacy);
-    /// ```
     pub fn mode(self, mode: DeadlineMode) -> Self {
         self.live_mode(LiveMode::new(mode))
     }
@@ -90,8 +77,8 @@ impl DeadlineLayer {
     /// Reads the mode from `mode` for every request, so it can be switched at run time.
     ///
     /// ```
-    /// use shared::ingress::LiveMode;
-    /// use shared::{DeadlineLayer, DeadlineMode, DeadlinePolicy};
+    /// use deadline_propagation::LiveMode;
+    /// use deadline_propagation::{DeadlineLayer, DeadlineMode, DeadlinePolicy};
     ///
     /// let mode = LiveMode::new(DeadlineMode::Observe);
     /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000)).live_mode(mode.clone());
@@ -109,30 +96,20 @@ impl DeadlineLayer {
     /// Honour it in services that only other services call, never at the edge: there,
     /// any client could switch the protection off for its own requests. A value other
     /// than `observe` is a 400 naming the header.
-    ///
-    /// ```
-    /// use shared::{DeadlineLayer, DeadlinePolicy};
-    ///
-    /// // An internal service (catalog-service): observed callers are observed here too.
-    /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(5000, 5000)).honour_mode_header(true);
-    /// ```
     pub fn honour_mode_header(self, honour: bool) -> Self {
         self.map(|c| c.honour_mode_header = honour)
     }
 
     /// Reports budgets, clamps, stage starts and expiries to `metrics`.
-    ///
-    /// ```
-    /// use shared::{DeadlineLayer, DeadlinePolicy, metrics::Metrics};
-    ///
-    /// let metrics = Metrics::new("orders-service");
-    /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000))
-    ///     .metrics(metrics.deadline().clone());
-    /// ```
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn metrics(self, metrics: DeadlineMetrics) -> Self {
-        self.map(|c| c.metrics = Some(metrics))
+    pub fn metrics(self, metrics: &crate::metrics::Metrics) -> Self {
+        let policy = self.config.policy;
+        metrics
+            .settings()
+            .set_deadline_policy(policy.max, policy.default, None);
+        let deadline = metrics.deadline().clone();
+        self.map(|c| c.metrics = Some(deadline))
     }
 
     fn map(self, f: impl FnOnce(&mut IngressConfig)) -> Self {

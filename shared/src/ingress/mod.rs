@@ -1,6 +1,6 @@
 //! The ingress layer: where a client's budget becomes a [`Deadline`](crate::Deadline).
 //!
-//! The [`mode`] (propagate, observe, legacy, and its run-time switch) is part of the
+//! The mode (propagate, observe, legacy, and its run-time switch) is part of the
 //! core, since every deadline carries one; the layer itself needs the `axum` feature.
 //!
 //! For every request it
@@ -19,16 +19,15 @@
 //! the per-request work, `future` races the handler against the deadline.
 
 #[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub mod future;
+mod future;
 #[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub mod layer;
-pub mod mode;
+mod layer;
+mod mode;
 #[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub mod service;
+mod service;
 
+#[cfg(feature = "axum")]
+pub use future::ResponseFuture;
 #[cfg(feature = "axum")]
 pub use layer::DeadlineLayer;
 pub use mode::{DeadlineMode, LiveMode};
@@ -45,21 +44,11 @@ use crate::metrics::{Metrics, track_http};
 /// Both are route layers, so both see the matched route (the `uri` label is the
 /// template). The metrics middleware sits *outside* the deadline layer, so a request
 /// cut at its deadline is still measured, with its 504.
-///
-/// ```
-/// use axum::{Router, routing::get};
-/// use shared::{DeadlineLayer, DeadlinePolicy, ingress::instrument, metrics::Metrics};
-///
-/// let metrics = Metrics::new("catalog-service");
-/// let routes = Router::new().route("/catalog/{sku}", get(|| async { "{}" }));
-/// let app = instrument(routes, DeadlineLayer::new(DeadlinePolicy::from_millis(5000, 5000)), &metrics);
-/// // `app` also answers GET /metrics now.
-/// ```
 #[cfg(all(feature = "axum", feature = "metrics"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "axum", feature = "metrics"))))]
 pub fn instrument(router: axum::Router, layer: DeadlineLayer, metrics: &Metrics) -> axum::Router {
     router
-        .route_layer(layer.metrics(metrics.deadline().clone()))
+        .route_layer(layer.metrics(metrics))
         .route_layer(axum::middleware::from_fn_with_state(
             metrics.clone(),
             track_http,
@@ -71,8 +60,4 @@ pub fn instrument(router: axum::Router, layer: DeadlineLayer, metrics: &Metrics)
 /// every few seconds with budgets of their own choosing; counted with the clients'
 /// requests they would fill the deadline histograms with numbers that describe no
 /// client. The ingress still bounds them, but reports none of their budget metrics.
-///
-/// ```
-/// assert!(shared::ingress::PROBE_PATHS.contains(&"/readyz"));
-/// ```
-pub const PROBE_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+pub(crate) const PROBE_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];

@@ -23,7 +23,7 @@ use crate::metrics::DeadlineMetrics;
 /// How an ingress treats budgets.
 ///
 /// ```
-/// use shared::DeadlineMode;
+/// use deadline_propagation::DeadlineMode;
 ///
 /// // As settings, the admin API and the metric label spell it.
 /// let mode: DeadlineMode = serde_json::from_str("\"observe\"").unwrap();
@@ -40,25 +40,16 @@ pub enum DeadlineMode {
     /// Run the budget, headers, metrics and latency estimate, but refuse nothing: count
     /// what propagate would have refused. Waits and timeouts are legacy's.
     Observe,
-    /// The "before" of the experiment: no ingress budget, fixed client timeouts, no
-    /// statement timeout. Everything else is identical so the comparison is fair.
+    /// The off switch: no budget is enforced, and each call and transaction waits at
+    /// most the fixed timeout you set ([`DeadlinePolicy::legacy_timeout`](crate::DeadlinePolicy::legacy_timeout)),
+    /// with no server-side statement limit: how the service behaves without the
+    /// technique, for an operator who must turn it off at once (and for a before/after
+    /// measurement).
     Legacy,
 }
 
 impl DeadlineMode {
-    /// The fixed timeout legacy code uses where the technique would use the deadline.
-    ///
-    /// ```
-    /// assert_eq!(shared::DeadlineMode::LEGACY_TIMEOUT.as_secs(), 30);
-    /// ```
-    pub const LEGACY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
     /// Every mode, for the `deadline_mode` gauge.
-    ///
-    /// ```
-    /// let names = shared::DeadlineMode::ALL.map(shared::DeadlineMode::as_str);
-    /// assert_eq!(names, ["legacy", "observe", "propagate"]);
-    /// ```
     pub const ALL: [DeadlineMode; 3] = [
         DeadlineMode::Legacy,
         DeadlineMode::Observe,
@@ -66,10 +57,6 @@ impl DeadlineMode {
     ];
 
     /// The name used in settings, the admin API and the metric label.
-    ///
-    /// ```
-    /// assert_eq!(shared::DeadlineMode::Propagate.as_str(), "propagate");
-    /// ```
     pub const fn as_str(self) -> &'static str {
         match self {
             DeadlineMode::Propagate => "propagate",
@@ -79,13 +66,6 @@ impl DeadlineMode {
     }
 
     /// Whether this mode refuses work (504, 503) where the budget says so.
-    ///
-    /// ```
-    /// use shared::DeadlineMode;
-    ///
-    /// assert!(DeadlineMode::Propagate.enforces());
-    /// assert!(!DeadlineMode::Observe.enforces());
-    /// ```
     pub const fn enforces(self) -> bool {
         matches!(self, DeadlineMode::Propagate)
     }
@@ -110,7 +90,7 @@ impl DeadlineMode {
 /// The mode in force now; clones share it. One atomic load per request.
 ///
 /// ```
-/// use shared::{DeadlineMode, ingress::LiveMode};
+/// use deadline_propagation::{DeadlineMode, LiveMode};
 ///
 /// let mode = LiveMode::new(DeadlineMode::Legacy);
 /// let seen_by_the_layer = mode.clone();
@@ -129,12 +109,6 @@ pub struct LiveMode {
 
 impl LiveMode {
     /// Starts in `mode`.
-    ///
-    /// ```
-    /// use shared::{DeadlineMode, ingress::LiveMode};
-    ///
-    /// assert_eq!(LiveMode::new(DeadlineMode::Observe).get(), DeadlineMode::Observe);
-    /// ```
     pub fn new(mode: DeadlineMode) -> Self {
         Self {
             current: Arc::new(AtomicU8::new(mode.to_u8())),
@@ -145,43 +119,21 @@ impl LiveMode {
     }
 
     /// Shows the mode as `deadline_mode{mode}` in `metrics`, from now on.
-    ///
-    /// ```
-    /// use shared::{DeadlineMode, ingress::LiveMode, metrics::Metrics};
-    ///
-    /// let metrics = Metrics::new("orders-service");
-    /// let mode = LiveMode::new(DeadlineMode::Propagate).with_metrics(metrics.deadline().clone());
-    /// assert!(metrics.render().contains("deadline_mode{service=\"orders-service\",mode=\"propagate\"} 1"));
-    /// ```
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn with_metrics(mut self, metrics: DeadlineMetrics) -> Self {
-        self.metrics = Some(metrics);
+    pub fn with_metrics(mut self, metrics: &crate::metrics::Metrics) -> Self {
+        self.metrics = Some(metrics.deadline().clone());
         self.show(self.get());
         self
     }
 
     /// The mode in force.
-    ///
-    /// ```
-    /// use shared::{DeadlineMode, ingress::LiveMode};
-    ///
-    /// assert_eq!(LiveMode::from(DeadlineMode::Legacy).get(), DeadlineMode::Legacy);
-    /// ```
     pub fn get(&self) -> DeadlineMode {
         DeadlineMode::from_u8(self.current.load(Ordering::Relaxed))
     }
 
     /// Switches to `mode` for every request that starts from now on; returns the mode
     /// it replaced.
-    ///
-    /// ```
-    /// use shared::{DeadlineMode, ingress::LiveMode};
-    ///
-    /// let mode = LiveMode::new(DeadlineMode::Propagate);
-    /// let before = mode.set(DeadlineMode::Observe); // a rollback, without a restart
-    /// assert_eq!((before, mode.get()), (DeadlineMode::Propagate, DeadlineMode::Observe));
-    /// ```
     pub fn set(&self, mode: DeadlineMode) -> DeadlineMode {
         // Requests read the mode without the lock; only switches take it.
         let _switching = self
@@ -231,7 +183,7 @@ mod tests {
         use crate::metrics::Metrics;
 
         let metrics = Metrics::new("orders-service");
-        let mode = LiveMode::new(DeadlineMode::Propagate).with_metrics(metrics.deadline().clone());
+        let mode = LiveMode::new(DeadlineMode::Propagate).with_metrics(&metrics);
         let shown = || {
             let text = metrics.render();
             DeadlineMode::ALL.map(|m| {

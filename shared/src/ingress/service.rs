@@ -17,17 +17,6 @@ use crate::problem::Problem;
 use crate::stage::Stage;
 
 /// The service made by [`DeadlineLayer`](super::DeadlineLayer).
-///
-/// ```
-/// use tower::Layer;
-/// use shared::{DeadlineLayer, DeadlinePolicy};
-///
-/// // Any `Service<http::Request<_>>` can be wrapped, not only an axum router.
-/// let service = tower::service_fn(|_request: http::Request<String>| async {
-///     Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
-/// });
-/// let bounded = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000)).layer(service);
-/// ```
 #[derive(Clone, Debug)]
 pub struct DeadlineService<S> {
     inner: S,
@@ -73,9 +62,11 @@ where
         }
         if mode == DeadlineMode::Legacy {
             // Handlers still get a Deadline to pass around, but nothing enforces it:
-            // the legacy components use their own fixed timeouts.
-            let deadline = Deadline::with_log(DeadlineMode::LEGACY_TIMEOUT, log)
-                .with_mode(DeadlineMode::Legacy);
+            // each step waits at most the policy's fixed legacy timeout.
+            let legacy_timeout = config.policy.legacy_timeout;
+            let deadline = Deadline::with_log(legacy_timeout, log)
+                .with_mode(DeadlineMode::Legacy)
+                .with_legacy_timeout(legacy_timeout);
             request.extensions_mut().insert(deadline.clone());
             return ResponseFuture::unbounded(self.inner.call(request), deadline);
         }
@@ -93,7 +84,9 @@ where
         };
         let (budget, clamped) = config.policy.accept(requested);
         log.observe_inbound(budget, clamped);
-        let deadline = Deadline::with_log(budget, log).with_mode(mode);
+        let deadline = Deadline::with_log(budget, log)
+            .with_mode(mode)
+            .with_legacy_timeout(config.policy.legacy_timeout);
         if invalid {
             deadline.would_refuse(Stage::Ingress, "invalid_header");
         }

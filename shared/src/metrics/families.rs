@@ -13,23 +13,21 @@ use prometheus_client::registry::Registry;
 
 use crate::stage::{Downstream, Stage};
 
-// The families added for issue 14 (configuration, process, tool-call initialisation,
-// exemplars), each in its own file under families/.
+// One file per group of families: what a client, the database pool, tool calls and
+// the configuration report, and the trace exemplars of the latency histograms.
 mod client;
 mod db;
 mod exemplar;
-mod process;
 mod settings;
 mod tools;
 
-pub use client::{ClientMetrics, PoolGauges, RejectReason};
-pub use db::DbMetrics;
+pub(crate) use client::{ClientMetrics, PoolGauges, RejectReason};
+pub(crate) use db::DbMetrics;
 #[cfg(feature = "axum")]
 use exemplar::observe_traced;
 use exemplar::{LatencyHistogram, latency_histogram_with_exemplars};
-pub(crate) use process::ProcessCollector;
-pub use settings::{PoolLimits, SettingsMetrics};
-pub use tools::ToolMetrics;
+pub(crate) use settings::{PoolLimits, SettingsMetrics};
+pub(crate) use tools::ToolMetrics;
 
 /// Buckets from 1 ms to 10 s, dense around the budgets this project uses (300 ms to
 /// 2 s) so a p99 "within the budget" can be read off the histogram.
@@ -103,13 +101,8 @@ struct ServiceMode {
 /// `http_server_requests_seconds` and `http_server_requests_in_flight`.
 ///
 /// Request times carry the sampled `trace_id` as an exemplar (families/exemplar.rs).
-///
-/// ```
-/// let metrics = shared::metrics::Metrics::new("orders-service");
-/// let _families: &shared::metrics::HttpServerMetrics = metrics.http();
-/// ```
 #[derive(Clone, Debug)]
-pub struct HttpServerMetrics {
+pub(crate) struct HttpServerMetrics {
     pub(crate) requests: Family<RequestLabels, LatencyHistogram, fn() -> LatencyHistogram>,
     pub(crate) in_flight: Family<UriLabel, Gauge>,
 }
@@ -141,19 +134,8 @@ impl HttpServerMetrics {
 }
 
 /// The deadline families, labelled with the owning service.
-///
-/// ```
-/// use std::time::Duration;
-/// use shared::Stage;
-///
-/// let metrics = shared::metrics::Metrics::new("orders-service");
-/// let deadline = metrics.deadline();
-/// deadline.observe_inbound(Duration::from_millis(2000), true);
-/// deadline.count_exceeded(Stage::Catalog);
-/// assert!(metrics.render().contains("deadline_clamped_total{service=\"orders-service\"} 1"));
-/// ```
 #[derive(Clone, Debug)]
-pub struct DeadlineMetrics {
+pub(crate) struct DeadlineMetrics {
     service: &'static str,
     inbound: Family<ServiceLabel, Histogram, fn() -> Histogram>,
     clamped: Family<ServiceLabel, Counter>,
@@ -205,11 +187,9 @@ impl DeadlineMetrics {
             this.mode.clone(),
         );
         // Every stage shows up from the first scrape, so dashboards and rate() queries
-        // never see a series appear out of nowhere. The catalog's stages are part of
-        // the contract's list, so they are there in every service; any other
-        // downstream's appear when its client is built (`init_downstream`).
+        // never see a series appear out of nowhere. A downstream's appear when it is
+        // declared (`init_downstream`), which building its client does.
         this.init_would_refuse(WOULD_REFUSE);
-        this.init_downstream(Downstream::CATALOG);
         for stage in Stage::ALL {
             let _ = this.exceeded.get_or_create(&this.stage_label(stage));
         }
@@ -219,7 +199,7 @@ impl DeadlineMetrics {
 
     /// Makes the series of `downstream`'s two stages exist at 0: called when its client
     /// is built, at start-up, so the label set is bounded by the configuration.
-    pub fn init_downstream(&self, downstream: Downstream) {
+    pub(crate) fn init_downstream(&self, downstream: Downstream) {
         self.init_would_refuse(would_refuse_in(downstream));
         for stage in downstream.stages() {
             let _ = self.exceeded.get_or_create(&self.stage_label(stage));
@@ -245,13 +225,7 @@ impl DeadlineMetrics {
     }
 
     /// Records an accepted budget and whether it was clamped.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// metrics.deadline().observe_inbound(Duration::from_millis(700), false);
-    /// ```
-    pub fn observe_inbound(&self, budget: Duration, clamped: bool) {
+    pub(crate) fn observe_inbound(&self, budget: Duration, clamped: bool) {
         let label = ServiceLabel {
             service: self.service,
         };
@@ -264,36 +238,20 @@ impl DeadlineMetrics {
     }
 
     /// Records the budget left as `stage` starts.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// metrics.deadline().observe_remaining(shared::Stage::Db, Duration::from_millis(650));
-    /// ```
-    pub fn observe_remaining(&self, stage: Stage, remaining: Duration) {
+    pub(crate) fn observe_remaining(&self, stage: Stage, remaining: Duration) {
         self.remaining
             .get_or_create(&self.stage_label(stage))
             .observe(remaining.as_secs_f64());
     }
 
     /// Counts a budget that ran out in `stage`.
-    ///
-    /// ```
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// metrics.deadline().count_exceeded(shared::Stage::DbPool);
-    /// ```
-    pub fn count_exceeded(&self, stage: Stage) {
+    pub(crate) fn count_exceeded(&self, stage: Stage) {
         self.exceeded.get_or_create(&self.stage_label(stage)).inc();
     }
 
     /// Counts what propagate would have refused in `stage` (observe mode); `reason` is
     /// one of a fixed set (`deadline`, `predicted_late`, `queue_full`, ...).
-    ///
-    /// ```
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// metrics.deadline().count_would_refuse(shared::Stage::CatalogPool, "queue_full");
-    /// ```
-    pub fn count_would_refuse(&self, stage: Stage, reason: &'static str) {
+    pub(crate) fn count_would_refuse(&self, stage: Stage, reason: &'static str) {
         let (service, stage) = (self.service, stage.as_str());
         let labels = StageReason {
             service,
@@ -304,15 +262,7 @@ impl DeadlineMetrics {
     }
 
     /// Shows `current` as the mode in force: 1 for it, 0 for each of `all` others.
-    ///
-    /// ```
-    /// use shared::DeadlineMode;
-    ///
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// let all = DeadlineMode::ALL.map(DeadlineMode::as_str);
-    /// metrics.deadline().set_mode(DeadlineMode::Observe.as_str(), &all);
-    /// ```
-    pub fn set_mode(&self, current: &'static str, all: &[&'static str]) {
+    pub(crate) fn set_mode(&self, current: &'static str, all: &[&'static str]) {
         for &mode in all {
             let labels = ServiceMode {
                 service: self.service,

@@ -44,18 +44,11 @@ fn method_label(method: &Method) -> &'static str {
 }
 
 /// Measures one request; use with `axum::middleware::from_fn_with_state`.
-///
-/// ```
-/// use axum::{Router, middleware, routing::get};
-/// use shared::metrics::{Metrics, track_http};
-///
-/// let metrics = Metrics::new("catalog-service");
-/// // A route layer, so the `uri` label is the route template, never the raw path.
-/// let app: Router = Router::new()
-///     .route("/catalog/{sku}", get(|| async { "{}" }))
-///     .route_layer(middleware::from_fn_with_state(metrics.clone(), track_http));
-/// ```
-pub async fn track_http(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
+pub(crate) async fn track_http(
+    State(metrics): State<Metrics>,
+    request: Request,
+    next: Next,
+) -> Response {
     let uri = request
         .extensions()
         .get::<MatchedPath>()
@@ -72,7 +65,7 @@ pub async fn track_http(State(metrics): State<Metrics>, request: Request, next: 
         deadline.budget_ms = tracing::field::Empty,
         trace_id = tracing::field::Empty,
     );
-    crate::telemetry::propagation::continue_trace(&span, request.headers());
+    crate::propagation::continue_trace(&span, request.headers());
     measure(metrics, uri, method, request, next)
         .instrument(span)
         .await

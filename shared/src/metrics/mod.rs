@@ -15,32 +15,30 @@
 mod families;
 #[cfg(feature = "axum")]
 mod http;
+#[doc(hidden)]
 pub mod names;
 
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::registry::Registry;
 
-pub use families::{
+pub(crate) use families::{
     ClientMetrics, DbMetrics, DeadlineMetrics, HttpServerMetrics, PoolGauges, RejectReason,
     ToolMetrics,
 };
-pub use families::{PoolLimits, SettingsMetrics};
+pub(crate) use families::{PoolLimits, SettingsMetrics};
+
+/// What the latency estimate is written to.
+pub(crate) type FloatGauge =
+    prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>;
+/// What a pool's pending count is written to.
+pub(crate) type IntGauge = prometheus_client::metrics::gauge::Gauge;
 #[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub use http::track_http;
+pub(crate) use http::track_http;
 
 type ScrapeHook = Box<dyn Fn() + Send + Sync>;
 
 /// All metrics of one service, cheap to clone.
-///
-/// ```
-/// use shared::metrics::Metrics;
-///
-/// let metrics = Metrics::new("orders-service");
-/// metrics.tools().count("catalog_lookup", "ok");
-/// assert!(metrics.render().contains("tool_calls_total{tool_name=\"catalog_lookup\",outcome=\"ok\"} 1"));
-/// ```
 #[derive(Clone)]
 pub struct Metrics {
     inner: Arc<Inner>,
@@ -65,13 +63,14 @@ impl std::fmt::Debug for Metrics {
 
 impl Metrics {
     /// A registry with every contract family; `service` labels the deadline metrics.
-    ///
-    /// ```
-    /// // One registry per service: two services in one test process keep separate numbers.
-    /// let orders = shared::metrics::Metrics::new("orders-service");
-    /// let catalog = shared::metrics::Metrics::new("catalog-service");
-    /// ```
     pub fn new(service: &'static str) -> Self {
+        Self::with_registry(service, |_| {})
+    }
+
+    /// The families of [`Metrics::new`], and whatever `register` adds to the same
+    /// registry (a collector of your own, a gauge only one service has), so one scrape
+    /// shows them all.
+    pub fn with_registry(service: &'static str, register: impl FnOnce(&mut Registry)) -> Self {
         let mut registry = Registry::default();
         let http = HttpServerMetrics::register(&mut registry);
         let deadline = DeadlineMetrics::register(&mut registry, service);
@@ -79,7 +78,7 @@ impl Metrics {
         let db = DbMetrics::register(&mut registry);
         let tools = ToolMetrics::register(&mut registry);
         let settings = SettingsMetrics::register(&mut registry, service);
-        registry.register_collector(Box::new(families::ProcessCollector));
+        register(&mut registry);
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -95,99 +94,55 @@ impl Metrics {
     }
 
     /// HTTP server families.
-    ///
-    /// ```
-    /// let metrics = shared::metrics::Metrics::new("catalog-service");
-    /// let http = metrics.http().clone(); // moved by the HTTP middleware
-    /// ```
-    pub fn http(&self) -> &HttpServerMetrics {
+    pub(crate) fn http(&self) -> &HttpServerMetrics {
         &self.inner.http
     }
 
     /// Deadline families, labelled with this service's name.
-    ///
-    /// ```
-    /// use shared::{DeadlineLayer, DeadlinePolicy, metrics::Metrics};
-    ///
-    /// let metrics = Metrics::new("catalog-service");
-    /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(5000, 5000))
-    ///     .metrics(metrics.deadline().clone());
-    /// ```
-    pub fn deadline(&self) -> &DeadlineMetrics {
+    pub(crate) fn deadline(&self) -> &DeadlineMetrics {
         &self.inner.deadline
     }
 
     /// Outbound HTTP client families.
-    ///
-    /// ```
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// // Handed to `BudgetedClient::new`, which registers its series under its name.
-    /// let client_metrics = Some(metrics.client().clone());
-    /// ```
-    pub fn client(&self) -> &ClientMetrics {
+    pub(crate) fn client(&self) -> &ClientMetrics {
         &self.inner.client
     }
 
     /// Database pool gauges.
-    ///
-    /// ```
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// metrics.db().set_connections(3, 1);
-    /// assert!(metrics.render().contains("db_pool_connections{state=\"in_use\"} 1"));
-    /// ```
-    pub fn db(&self) -> &DbMetrics {
+    pub(crate) fn db(&self) -> &DbMetrics {
         &self.inner.db
     }
 
     /// Tool call counter.
-    ///
-    /// ```
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// metrics.tools().init(["catalog_lookup", "inventory_check"]);
-    /// ```
-    pub fn tools(&self) -> &ToolMetrics {
+    pub(crate) fn tools(&self) -> &ToolMetrics {
         &self.inner.tools
     }
 
-    /// The configuration exported as metrics (budget policy, pool limits, faults).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    ///
-    /// let metrics = shared::metrics::Metrics::new("catalog-service");
-    /// metrics.settings().set_fault_delay(Duration::from_secs(1));
-    /// assert!(metrics.render().contains("catalog_fault_delay_seconds 1.0"));
-    /// ```
-    pub fn settings(&self) -> &SettingsMetrics {
+    /// The configuration exported as metrics (budget policy, pool limits).
+    pub(crate) fn settings(&self) -> &SettingsMetrics {
         &self.inner.settings
     }
 
-    /// Runs `hook` before every scrape, to copy a value that lives elsewhere (the sqlx
-    /// pool's idle count) into a gauge.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use std::sync::atomic::{AtomicUsize, Ordering};
-    ///
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// let scrapes = Arc::new(AtomicUsize::new(0));
-    /// let counter = Arc::clone(&scrapes);
-    /// metrics.on_scrape(move || {
-    ///     counter.fetch_add(1, Ordering::Relaxed);
-    /// });
-    /// metrics.render();
-    /// assert_eq!(scrapes.load(Ordering::Relaxed), 1);
-    /// ```
+    /// Makes the series of `downstream`'s stages exist from the first scrape, as a
+    /// client built with these metrics does; for a service that reports a
+    /// downstream's stages without calling it.
+    pub fn declare_downstream(&self, downstream: crate::Downstream) {
+        self.inner.deadline.init_downstream(downstream);
+    }
+
+    /// Makes the `tool_calls_total` series of each tool in `names` exist from the
+    /// first scrape, one per outcome.
+    pub fn declare_tools<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        self.inner.tools.init(names);
+    }
+
+    /// Runs `hook` before every scrape, to copy a value that lives elsewhere (a pool's
+    /// idle count) into a gauge.
     pub fn on_scrape(&self, hook: impl Fn() + Send + Sync + 'static) {
         self.hooks().push(Box::new(hook));
     }
 
     /// The registry in the OpenMetrics text format.
-    ///
-    /// ```
-    /// let text = shared::metrics::Metrics::new("orders-service").render();
-    /// assert!(text.ends_with("# EOF\n"));
-    /// ```
     pub fn render(&self) -> String {
         for hook in self.hooks().iter() {
             hook();
@@ -199,15 +154,6 @@ impl Metrics {
     }
 
     /// `GET /metrics`, to merge into a service's router.
-    ///
-    /// ```
-    /// use axum::{Router, routing::get};
-    ///
-    /// let metrics = shared::metrics::Metrics::new("catalog-service");
-    /// let app: Router = Router::new()
-    ///     .route("/healthz", get(|| async { "ok" }))
-    ///     .merge(metrics.router());
-    /// ```
     #[cfg(feature = "axum")]
     #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
     pub fn router(&self) -> axum::Router {

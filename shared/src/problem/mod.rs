@@ -18,18 +18,14 @@ use crate::deadline::DeadlineExceeded;
 use crate::stage::Stage;
 
 /// The media type of problem bodies.
-///
-/// ```
-/// assert_eq!(shared::problem::PROBLEM_JSON, "application/problem+json");
-/// ```
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
 
 /// An error answer. Build one with the constructors; each names what went wrong in
 /// words the client can act on. Boxed, so `Result<T, Problem>` stays one pointer wide on
 /// the happy path.
 ///
 /// ```
-/// use shared::{Deadline, Problem};
+/// use deadline_propagation::{Deadline, Problem};
 ///
 /// // Handlers return `Result<_, Problem>`; with the `axum` feature it is the response.
 /// async fn order(deadline: Deadline, quantity: u32) -> Result<&'static str, Problem> {
@@ -66,19 +62,8 @@ struct Body {
 
 /// What the HTTP middleware needs to log a failed request; put into the response's
 /// extensions by `Problem::into_response` (feature `axum`).
-///
-/// ```
-/// # #[cfg(feature = "axum")] {
-/// use axum::response::IntoResponse;
-/// use shared::problem::{Problem, ProblemReport};
-///
-/// let response = Problem::internal("connection reset").into_response();
-/// let report = response.extensions().get::<ProblemReport>().unwrap();
-/// assert_eq!(report.cause.as_deref(), Some("connection reset"));
-/// # }
-/// ```
 #[derive(Debug, Clone)]
-pub struct ProblemReport {
+pub(crate) struct ProblemReport {
     /// The HTTP status sent.
     pub status: StatusCode,
     /// The stage for deadline and overload answers.
@@ -109,20 +94,11 @@ impl Problem {
     }
 
     /// 400: the request cannot be understood (malformed JSON, a bad header).
-    ///
-    /// ```
-    /// assert_eq!(shared::Problem::bad_request("expected a JSON object").status().as_u16(), 400);
-    /// ```
     pub fn bad_request(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "urn:problem:bad-request", detail)
     }
 
     /// 400 for an invalid header, naming it in a `header` member.
-    ///
-    /// ```
-    /// let problem = shared::Problem::invalid_header("X-Request-Timeout-Ms", "must be a number");
-    /// assert_eq!(problem.status().as_u16(), 400);
-    /// ```
     pub fn invalid_header(name: &'static str, detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::BAD_REQUEST,
@@ -133,37 +109,21 @@ impl Problem {
     }
 
     /// 403: the client may not use this endpoint.
-    ///
-    /// ```
-    /// assert_eq!(shared::Problem::forbidden("loopback clients only").status().as_u16(), 403);
-    /// ```
     pub fn forbidden(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, "urn:problem:forbidden", detail)
     }
 
     /// 404: the named thing does not exist.
-    ///
-    /// ```
-    /// assert_eq!(shared::Problem::not_found("no SKU-99999").status().as_u16(), 404);
-    /// ```
     pub fn not_found(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "urn:problem:not-found", detail)
     }
 
     /// 409: the request conflicts with the current state (not enough stock).
-    ///
-    /// ```
-    /// assert_eq!(shared::Problem::conflict("only 2 left").status().as_u16(), 409);
-    /// ```
     pub fn conflict(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, "urn:problem:conflict", detail)
     }
 
     /// 413: the body is over the limit.
-    ///
-    /// ```
-    /// assert_eq!(shared::Problem::payload_too_large("over 4 KiB").status().as_u16(), 413);
-    /// ```
     pub fn payload_too_large(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -173,10 +133,6 @@ impl Problem {
     }
 
     /// 415: the body is not JSON.
-    ///
-    /// ```
-    /// assert_eq!(shared::Problem::unsupported_media_type("send JSON").status().as_u16(), 415);
-    /// ```
     pub fn unsupported_media_type(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -186,10 +142,6 @@ impl Problem {
     }
 
     /// 422: well-formed, but a value is missing or out of range.
-    ///
-    /// ```
-    /// assert_eq!(shared::Problem::unprocessable("quantity must be positive").status().as_u16(), 422);
-    /// ```
     pub fn unprocessable(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -202,14 +154,14 @@ impl Problem {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use shared::{DeadlineExceeded, Problem, Stage};
+    /// use deadline_propagation::{DeadlineExceeded, Problem, Stage};
     ///
     /// let problem = Problem::deadline(DeadlineExceeded {
-    ///     stage: Stage::Catalog,
+    ///     stage: Stage::named("catalog"),
     ///     budget: Duration::from_millis(300),
     ///     elapsed: Duration::from_millis(301),
     /// });
-    /// assert_eq!((problem.status().as_u16(), problem.stage()), (504, Some(Stage::Catalog)));
+    /// assert_eq!((problem.status().as_u16(), problem.stage()), (504, Some(Stage::named("catalog"))));
     /// ```
     pub fn deadline(exceeded: DeadlineExceeded) -> Self {
         Self::new(
@@ -232,10 +184,10 @@ impl Problem {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use shared::{Problem, Stage};
+    /// use deadline_propagation::{Downstream, Problem};
     ///
     /// // Sent with `Retry-After: 1` (40 ms rounded up to a whole second).
-    /// let problem = Problem::overloaded(Stage::CatalogPool, Duration::from_millis(40), "queue full");
+    /// let problem = Problem::overloaded(Downstream::new("catalog").unwrap().pool(), Duration::from_millis(40), "queue full");
     /// assert_eq!(problem.status().as_u16(), 503);
     /// ```
     pub fn overloaded(stage: Stage, retry_after: Duration, detail: impl Into<String>) -> Self {
@@ -251,14 +203,6 @@ impl Problem {
     }
 
     /// 503 for a dependency that is down (database unreachable).
-    ///
-    /// ```
-    /// use shared::{Problem, Stage};
-    ///
-    /// let problem = Problem::unavailable(Stage::DbPool, "connection refused");
-    /// assert_eq!(problem.status().as_u16(), 503);
-    /// assert!(!problem.detail().contains("refused")); // the cause is logged, not sent
-    /// ```
     pub fn unavailable(stage: Stage, cause: impl ToString) -> Self {
         Self::overloaded(
             stage,
@@ -269,13 +213,6 @@ impl Problem {
     }
 
     /// 502: a downstream failed in a way that is not the client's fault.
-    ///
-    /// ```
-    /// use shared::{Problem, Stage};
-    ///
-    /// let problem = Problem::bad_gateway(Stage::Catalog, "500 Internal Server Error");
-    /// assert_eq!(problem.detail(), "the catalog dependency failed");
-    /// ```
     pub fn bad_gateway(stage: Stage, cause: impl ToString) -> Self {
         Self::new(
             StatusCode::BAD_GATEWAY,
@@ -289,11 +226,6 @@ impl Problem {
     }
 
     /// 500: a bug or an unexpected failure. The cause is logged, never sent.
-    ///
-    /// ```
-    /// let problem = shared::Problem::internal("password=hunter2");
-    /// assert_eq!(problem.detail(), "internal error");
-    /// ```
     pub fn internal(cause: impl ToString) -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -306,12 +238,6 @@ impl Problem {
     /// 500: a COMMIT was sent but its outcome could not be learned in time. Unlike a
     /// 504, this does not promise that nothing was written: a retry with the same
     /// `Idempotency-Key` finds the order if it was committed.
-    ///
-    /// ```
-    /// use shared::{Problem, Stage};
-    ///
-    /// assert_eq!(Problem::outcome_unknown(Stage::Db).status().as_u16(), 500);
-    /// ```
     pub fn outcome_unknown(stage: Stage) -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -323,28 +249,16 @@ impl Problem {
     }
 
     /// The HTTP status.
-    ///
-    /// ```
-    /// assert_eq!(shared::Problem::not_found("gone").status(), http::StatusCode::NOT_FOUND);
-    /// ```
     pub fn status(&self) -> StatusCode {
         StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
     /// The stage, for deadline and overload answers.
-    ///
-    /// ```
-    /// assert_eq!(shared::Problem::not_found("gone").stage(), None);
-    /// ```
     pub fn stage(&self) -> Option<Stage> {
         self.0.stage
     }
 
     /// The human-readable explanation sent to the client.
-    ///
-    /// ```
-    /// assert_eq!(shared::Problem::not_found("no such order").detail(), "no such order");
-    /// ```
     pub fn detail(&self) -> &str {
         &self.0.detail
     }

@@ -18,7 +18,7 @@ async fn body_of(problem: Problem) -> (Response, serde_json::Value) {
 #[tokio::test]
 async fn a_deadline_problem_carries_stage_budget_and_elapsed() {
     let (response, body) = body_of(Problem::deadline(DeadlineExceeded {
-        stage: Stage::Catalog,
+        stage: Stage::named("catalog"),
         budget: Duration::from_millis(300),
         elapsed: Duration::from_millis(301),
     }))
@@ -34,7 +34,7 @@ async fn a_deadline_problem_carries_stage_budget_and_elapsed() {
 #[tokio::test]
 async fn an_overload_problem_carries_retry_after() {
     let (response, body) = body_of(Problem::overloaded(
-        Stage::CatalogPool,
+        crate::Downstream::new("catalog").unwrap().pool(),
         Duration::from_millis(40),
         "queue full",
     ))
@@ -47,8 +47,12 @@ async fn an_overload_problem_carries_retry_after() {
 #[test]
 fn retry_after_rounds_a_fraction_of_a_second_up() {
     for (wait_ms, header) in [(0, "1"), (40, "1"), (1000, "1"), (1001, "2"), (2500, "3")] {
-        let response = Problem::overloaded(Stage::Catalog, Duration::from_millis(wait_ms), "busy")
-            .into_response();
+        let response = Problem::overloaded(
+            Stage::named("catalog"),
+            Duration::from_millis(wait_ms),
+            "busy",
+        )
+        .into_response();
         assert_eq!(
             response.headers()[header::RETRY_AFTER],
             header,

@@ -8,25 +8,12 @@ use super::Stage;
 
 /// The longest downstream name accepted: enough for a service name, short enough for a
 /// dashboard legend.
-///
-/// ```
-/// use shared::stage::{Downstream, MAX_NAME_LEN};
-/// assert!(Downstream::new(&"a".repeat(MAX_NAME_LEN + 1)).is_err());
-/// ```
-pub const MAX_NAME_LEN: usize = 32;
+pub(crate) const MAX_NAME_LEN: usize = 32;
 
 /// Why a downstream name was refused; the message names the value and the rule, so it
 /// can be shown as it is when start-up fails.
-///
-/// ```
-/// use shared::stage::{Downstream, DownstreamNameError};
-///
-/// let err = Downstream::new("payment_pool").unwrap_err();
-/// assert!(matches!(err, DownstreamNameError::Reserved(_)));
-/// assert!(err.to_string().contains("payment_pool"));
-/// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum DownstreamNameError {
+pub enum InvalidName {
     /// Empty, too long, or characters outside `[a-z][a-z0-9_]*`.
     #[error(
         "downstream name {0:?} is invalid: use 1 to {MAX_NAME_LEN} characters, a lowercase \
@@ -42,19 +29,60 @@ pub enum DownstreamNameError {
 }
 
 /// Checks `name` against the rules of [`Downstream::new`](super::Downstream::new).
-pub(super) fn validate(name: &str) -> Result<(), DownstreamNameError> {
-    let mut bytes = name.bytes();
-    let well_formed = name.len() <= MAX_NAME_LEN
-        && bytes.next().is_some_and(|b| b.is_ascii_lowercase())
-        && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if !well_formed {
-        return Err(DownstreamNameError::Malformed(name.to_owned()));
+pub(super) fn validate(name: &str) -> Result<(), InvalidName> {
+    if !well_formed(name.as_bytes()) {
+        return Err(InvalidName::Malformed(name.to_owned()));
     }
-    let fixed = Stage::FIXED.iter().any(|s| s.as_str() == name);
-    if fixed || name.ends_with("_pool") {
-        return Err(DownstreamNameError::Reserved(name.to_owned()));
+    if reserved(name.as_bytes()) {
+        return Err(InvalidName::Reserved(name.to_owned()));
     }
     Ok(())
+}
+
+/// [`validate`] for a `const`: both rules, no message.
+pub(super) const fn is_valid(name: &str) -> bool {
+    well_formed(name.as_bytes()) && !reserved(name.as_bytes())
+}
+
+const fn well_formed(name: &[u8]) -> bool {
+    if name.is_empty() || name.len() > MAX_NAME_LEN || !name[0].is_ascii_lowercase() {
+        return false;
+    }
+    let mut i = 1;
+    while i < name.len() {
+        let b = name[i];
+        if !(b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+const fn reserved(name: &[u8]) -> bool {
+    let mut i = 0;
+    while i < Stage::ALL.len() {
+        if eq(Stage::ALL[i].as_str().as_bytes(), name) {
+            return true;
+        }
+        i += 1;
+    }
+    let suffix = b"_pool";
+    name.len() >= suffix.len() && eq(name.split_at(name.len() - suffix.len()).1, suffix)
+}
+
+const fn eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 #[cfg(test)]
@@ -78,7 +106,7 @@ mod tests {
             "x\n",
         ] {
             assert!(
-                matches!(validate(bad), Err(DownstreamNameError::Malformed(_))),
+                matches!(validate(bad), Err(InvalidName::Malformed(_))),
                 "{bad:?}"
             );
         }
@@ -93,7 +121,7 @@ mod tests {
             "catalog_pool",
         ] {
             assert!(
-                matches!(validate(reserved), Err(DownstreamNameError::Reserved(_))),
+                matches!(validate(reserved), Err(InvalidName::Reserved(_))),
                 "{reserved}"
             );
         }
@@ -117,7 +145,7 @@ mod tests {
                 prop_assert!(name.len() <= MAX_NAME_LEN);
                 prop_assert!(name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
                 prop_assert!(name.as_bytes()[0].is_ascii_lowercase());
-                for fixed in Stage::FIXED {
+                for fixed in Stage::ALL {
                     prop_assert_ne!(fixed.as_str(), name.as_str());
                     prop_assert_ne!(fixed.as_str(), pool.as_str());
                 }

@@ -32,16 +32,8 @@ struct ClientReason {
 }
 
 /// Why the bulkhead refused a call (`http_client_pool_rejections_total{reason}`).
-///
-/// ```
-/// use shared::metrics::RejectReason;
-///
-/// let metrics = shared::metrics::Metrics::new("orders-service");
-/// metrics.client().count_rejection("catalog", RejectReason::QueueFull);
-/// assert!(metrics.render().contains("reason=\"queue_full\"} 1"));
-/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RejectReason {
+pub(crate) enum RejectReason {
     /// The pending queue was at its maximum.
     QueueFull,
     /// The wait for a slot passed the acquire timeout.
@@ -63,15 +55,8 @@ impl RejectReason {
 /// The pending and active gauges of one client; clones share the values. A bulkhead
 /// moves them one step per transition, never `set`s them from counts read a moment
 /// earlier: two releases at once would write the same stale count, stuck above 0.
-///
-/// ```
-/// let metrics = shared::metrics::Metrics::new("orders-service");
-/// let gauges = metrics.client().pool_gauges("catalog");
-/// gauges.pending.inc(); // a call starts waiting for a slot
-/// assert!(metrics.render().contains("http_client_pool_pending_acquires{client=\"catalog\"} 1"));
-/// ```
 #[derive(Clone, Debug, Default)]
-pub struct PoolGauges {
+pub(crate) struct PoolGauges {
     /// Calls waiting for a slot.
     pub pending: Gauge,
     /// Calls holding a slot.
@@ -79,17 +64,8 @@ pub struct PoolGauges {
 }
 
 /// The outbound client families for one named client.
-///
-/// ```
-/// # use std::time::Duration;
-/// let metrics = shared::metrics::Metrics::new("orders-service");
-/// let client = metrics.client();
-/// client.init(shared::stage::Downstream::CATALOG);
-/// client.observe_acquire("catalog", Duration::from_micros(80));
-/// client.observe_request("catalog", "200", Duration::from_millis(12));
-/// ```
 #[derive(Clone, Debug)]
-pub struct ClientMetrics {
+pub(crate) struct ClientMetrics {
     requests: Family<ClientStatus, LatencyHistogram, fn() -> LatencyHistogram>,
     pending: Family<ClientLabel, Gauge>,
     active: Family<ClientLabel, Gauge>,
@@ -168,18 +144,7 @@ impl ClientMetrics {
     /// Makes the series of `downstream` exist before its first call: its `client`
     /// series here and its two `stage` series in the deadline families. A client calls
     /// this once when it is built, so every label value comes from configuration.
-    ///
-    /// ```
-    /// use shared::metrics::Metrics;
-    /// use shared::stage::Downstream;
-    ///
-    /// let metrics = Metrics::new("orders-service");
-    /// metrics.client().init(Downstream::new("inventory").unwrap());
-    /// let text = metrics.render();
-    /// assert!(text.contains(r#"http_client_pool_pending_acquires{client="inventory"} 0"#));
-    /// assert!(text.contains(r#"stage="inventory_pool""#));
-    /// ```
-    pub fn init(&self, downstream: Downstream) {
+    pub(crate) fn init(&self, downstream: Downstream) {
         self.deadline.init_downstream(downstream);
         let client = downstream.name();
         let label = ClientLabel { client };
@@ -206,13 +171,7 @@ impl ClientMetrics {
     }
 
     /// Records one call's time and its status (`"200"`, `"timeout"`, `"error"`).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// metrics.client().observe_request("catalog", "timeout", Duration::from_millis(300));
-    /// ```
-    pub fn observe_request(&self, client: &'static str, status: &str, took: Duration) {
+    pub(crate) fn observe_request(&self, client: &'static str, status: &str, took: Duration) {
         let labels = ClientStatus {
             client,
             status: status.to_owned(),
@@ -221,13 +180,7 @@ impl ClientMetrics {
     }
 
     /// The pending and active gauges of `client`, for its bulkhead to move.
-    ///
-    /// ```
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// let gauges = metrics.client().pool_gauges("catalog");
-    /// assert_eq!(gauges.active.get(), 0);
-    /// ```
-    pub fn pool_gauges(&self, client: &'static str) -> PoolGauges {
+    pub(crate) fn pool_gauges(&self, client: &'static str) -> PoolGauges {
         let label = ClientLabel { client };
         PoolGauges {
             pending: self.pending.get_or_create(&label).clone(),
@@ -236,25 +189,14 @@ impl ClientMetrics {
     }
 
     /// Records how long a call waited for its slot.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// metrics.client().observe_acquire("catalog", Duration::from_millis(3));
-    /// ```
-    pub fn observe_acquire(&self, client: &'static str, waited: Duration) {
+    pub(crate) fn observe_acquire(&self, client: &'static str, waited: Duration) {
         self.acquire
             .get_or_create(&ClientLabel { client })
             .observe(waited.as_secs_f64());
     }
 
     /// Counts a call refused as predicted late (`reason="predicted_late"`).
-    ///
-    /// ```
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// metrics.client().count_predicted_late("catalog");
-    /// ```
-    pub fn count_predicted_late(&self, client: &'static str) {
+    pub(crate) fn count_predicted_late(&self, client: &'static str) {
         let reason = "predicted_late";
         self.admission
             .get_or_create(&ClientReason { client, reason })
@@ -262,44 +204,22 @@ impl ClientMetrics {
     }
 
     /// Counts a probe: a call predicted late and sent anyway.
-    ///
-    /// ```
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// metrics.client().count_probe("catalog");
-    /// ```
-    pub fn count_probe(&self, client: &'static str) {
+    pub(crate) fn count_probe(&self, client: &'static str) {
         self.probes.get_or_create(&ClientLabel { client }).inc();
     }
 
     /// The estimate gauge of `client`, for its admission to set.
-    ///
-    /// ```
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// metrics.client().estimate_gauge("catalog").set(0.012); // 12 ms
-    /// ```
-    pub fn estimate_gauge(&self, client: &'static str) -> Gauge<f64, AtomicU64> {
+    pub(crate) fn estimate_gauge(&self, client: &'static str) -> Gauge<f64, AtomicU64> {
         self.estimate.get_or_create(&ClientLabel { client }).clone()
     }
 
     /// Counts a retry after a refused connection.
-    ///
-    /// ```
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// metrics.client().count_retry("catalog");
-    /// ```
-    pub fn count_retry(&self, client: &'static str) {
+    pub(crate) fn count_retry(&self, client: &'static str) {
         self.retries.get_or_create(&ClientLabel { client }).inc();
     }
 
     /// Counts a refused call.
-    ///
-    /// ```
-    /// use shared::metrics::RejectReason;
-    ///
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// metrics.client().count_rejection("catalog", RejectReason::AcquireTimeout);
-    /// ```
-    pub fn count_rejection(&self, client: &'static str, reason: RejectReason) {
+    pub(crate) fn count_rejection(&self, client: &'static str, reason: RejectReason) {
         self.rejections
             .get_or_create(&ClientReason {
                 client,

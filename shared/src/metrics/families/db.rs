@@ -11,13 +11,8 @@ struct StateLabel {
 }
 
 /// `db_pool_connections{state}` and `db_pool_pending_acquires`.
-///
-/// ```
-/// let metrics = shared::metrics::Metrics::new("orders-service");
-/// let db_metrics = metrics.db().clone(); // for `Db::connect_lazy`
-/// ```
 #[derive(Clone, Debug)]
-pub struct DbMetrics {
+pub(crate) struct DbMetrics {
     connections: Family<StateLabel, Gauge>,
     pending: Gauge,
 }
@@ -42,12 +37,7 @@ impl DbMetrics {
     }
 
     /// Sets the idle and in-use counts.
-    ///
-    /// ```
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// metrics.db().set_connections(9, 1);
-    /// ```
-    pub fn set_connections(&self, idle: usize, in_use: usize) {
+    pub(crate) fn set_connections(&self, idle: usize, in_use: usize) {
         for (state, n) in [("idle", idle), ("in_use", in_use)] {
             self.connections
                 .get_or_create(&StateLabel { state })
@@ -56,12 +46,7 @@ impl DbMetrics {
     }
 
     /// The pending-acquire gauge, moved by the acquire helper.
-    ///
-    /// ```
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// assert_eq!(metrics.db().pending().get(), 0);
-    /// ```
-    pub fn pending(&self) -> &Gauge {
+    pub(crate) fn pending(&self) -> &Gauge {
         &self.pending
     }
 }

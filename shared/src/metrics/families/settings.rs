@@ -1,5 +1,5 @@
-//! The configuration as metrics: `deadline_policy_seconds`, `http_client_pool_limit` and
-//! `catalog_fault_delay_seconds` (docs/design.md §7).
+//! The configuration as metrics: `deadline_policy_seconds` and `http_client_pool_limit`
+//! (docs/design.md §7).
 //!
 //! Why: a dashboard line or an alert threshold typed in by hand ("the budget is 2 s",
 //! "the queue holds 50") is wrong as soon as someone changes a setting. Exported next to
@@ -20,8 +20,6 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// The empty label set of a family with a single series (prometheus-client's own
 /// `NoLabelSet` is uninhabited, so no series could be created with it).
-type NoLabels = Vec<(&'static str, &'static str)>;
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServiceKind {
     service: &'static str,
@@ -35,21 +33,8 @@ struct ClientKind {
 }
 
 /// The limits of one pooled HTTP client, as configured.
-///
-/// ```
-/// use std::time::Duration;
-/// use shared::metrics::{Metrics, PoolLimits};
-///
-/// let metrics = Metrics::new("orders-service");
-/// let limits = PoolLimits {
-///     max_connections: 32,
-///     pending_max: 64,
-///     acquire_timeout: Duration::from_millis(40),
-/// };
-/// metrics.settings().set_pool_limits("catalog", limits);
-/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PoolLimits {
+pub(crate) struct PoolLimits {
     /// Calls in flight at most.
     pub max_connections: usize,
     /// Calls waiting for a slot at most.
@@ -59,20 +44,11 @@ pub struct PoolLimits {
 }
 
 /// The configuration families of one service.
-///
-/// ```
-/// use std::time::Duration;
-///
-/// let metrics = shared::metrics::Metrics::new("orders-service");
-/// // Panels and alerts compare against the limits in force, not numbers typed in.
-/// metrics.settings().set_deadline_policy(Duration::from_secs(2), Duration::from_secs(1), None);
-/// ```
 #[derive(Clone, Debug)]
-pub struct SettingsMetrics {
+pub(crate) struct SettingsMetrics {
     service: &'static str,
     policy: Family<ServiceKind, FloatGauge>,
     pool_limit: Family<ClientKind, FloatGauge>,
-    fault_delay: Family<NoLabels, FloatGauge>,
 }
 
 impl SettingsMetrics {
@@ -81,7 +57,6 @@ impl SettingsMetrics {
             service,
             policy: Family::default(),
             pool_limit: Family::default(),
-            fault_delay: Family::default(),
         };
         registry.register(
             "deadline_policy_seconds",
@@ -93,26 +68,16 @@ impl SettingsMetrics {
             "The configured limits of a pooled client: max_connections, pending_max, acquire_timeout_seconds",
             this.pool_limit.clone(),
         );
-        // A family without series until a service sets it: only the catalog injects
-        // faults, and a 0 exported by orders-service would read as "no fault".
-        registry.register(
-            "catalog_fault_delay_seconds",
-            "The delay injected into every catalog answer now; 0 when none",
-            this.fault_delay.clone(),
-        );
         this
     }
 
     /// Exports the budget policy; `reserve` only where the service calls downstream.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// let reserve = Some(Duration::from_millis(5)); // orders calls downstream; catalog does not
-    /// metrics.settings().set_deadline_policy(Duration::from_secs(2), Duration::from_secs(1), reserve);
-    /// assert!(metrics.render().contains("kind=\"reserve\"} 0.005"));
-    /// ```
-    pub fn set_deadline_policy(&self, max: Duration, default: Duration, reserve: Option<Duration>) {
+    pub(crate) fn set_deadline_policy(
+        &self,
+        max: Duration,
+        default: Duration,
+        reserve: Option<Duration>,
+    ) {
         let kinds = [
             ("max", Some(max)),
             ("default", Some(default)),
@@ -129,17 +94,17 @@ impl SettingsMetrics {
         }
     }
 
+    /// Exports one kind of the policy (`reserve`, kept per hop by a client).
+    pub(crate) fn set_policy_kind(&self, kind: &'static str, value: Duration) {
+        let labels = ServiceKind {
+            service: self.service,
+            kind,
+        };
+        self.policy.get_or_create(&labels).set(value.as_secs_f64());
+    }
+
     /// Exports the limits of the client named `client`.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use shared::metrics::{Metrics, PoolLimits};
-    ///
-    /// let metrics = Metrics::new("orders-service");
-    /// let limits = PoolLimits { max_connections: 8, pending_max: 16, acquire_timeout: Duration::from_millis(40) };
-    /// metrics.settings().set_pool_limits("catalog", limits);
-    /// ```
-    pub fn set_pool_limits(&self, client: &'static str, limits: PoolLimits) {
+    pub(crate) fn set_pool_limits(&self, client: &'static str, limits: PoolLimits) {
         let kinds = [
             ("max_connections", limits.max_connections as f64),
             ("pending_max", limits.pending_max as f64),
@@ -153,18 +118,5 @@ impl SettingsMetrics {
                 .get_or_create(&ClientKind { client, kind })
                 .set(value);
         }
-    }
-
-    /// Exports the injected delay in force now (0 when none).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let metrics = shared::metrics::Metrics::new("catalog-service");
-    /// metrics.settings().set_fault_delay(Duration::ZERO); // the fault was removed
-    /// ```
-    pub fn set_fault_delay(&self, delay: Duration) {
-        self.fault_delay
-            .get_or_create(&NoLabels::new())
-            .set(delay.as_secs_f64());
     }
 }

@@ -5,7 +5,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-use crate::tools::Outcome;
+use crate::tools::ToolOutcome;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ToolLabels {
@@ -14,13 +14,8 @@ struct ToolLabels {
 }
 
 /// `tool_calls_total{tool_name,outcome}`.
-///
-/// ```
-/// let metrics = shared::metrics::Metrics::new("orders-service");
-/// let tool_metrics = metrics.tools().clone(); // for `ToolBudget::with_metrics`
-/// ```
 #[derive(Clone, Debug)]
-pub struct ToolMetrics {
+pub(crate) struct ToolMetrics {
     calls: Family<ToolLabels, Counter>,
 }
 
@@ -41,15 +36,9 @@ impl ToolMetrics {
     /// dashboard panel or a `rate()` over a tool that has not run yet shows 0 instead of
     /// nothing, and the first call is counted as an increase from 0 (a series that
     /// appears at 1 is a rate of 0 to Prometheus).
-    ///
-    /// ```
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// metrics.tools().init(["catalog_lookup"]);
-    /// assert!(metrics.render().contains("tool_calls_total{tool_name=\"catalog_lookup\",outcome=\"timeout\"} 0"));
-    /// ```
-    pub fn init<'a>(&self, tool_names: impl IntoIterator<Item = &'a str>) {
+    pub(crate) fn init<'a>(&self, tool_names: impl IntoIterator<Item = &'a str>) {
         for tool_name in tool_names {
-            for outcome in Outcome::ALL {
+            for outcome in ToolOutcome::ALL {
                 let _ = self.calls.get_or_create(&ToolLabels {
                     tool_name: tool_name.to_owned(),
                     outcome: outcome.as_str(),
@@ -59,14 +48,7 @@ impl ToolMetrics {
     }
 
     /// Counts one tool call.
-    ///
-    /// ```
-    /// use shared::tools::Outcome;
-    ///
-    /// let metrics = shared::metrics::Metrics::new("orders-service");
-    /// metrics.tools().count("inventory_check", Outcome::Cancelled.as_str());
-    /// ```
-    pub fn count(&self, tool_name: &str, outcome: &'static str) {
+    pub(crate) fn count(&self, tool_name: &str, outcome: &'static str) {
         self.calls
             .get_or_create(&ToolLabels {
                 tool_name: tool_name.to_owned(),

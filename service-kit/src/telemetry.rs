@@ -1,4 +1,14 @@
-//! The setup of a binary's logs and traces (feature `otel`); see the module above.
+//! Logs and traces for the binaries.
+//!
+//! - Logs: readable text by default; JSON lines with `LOG_FORMAT=json`, where each line
+//!   carries the fields of the spans it happened in, the request's `trace_id` among
+//!   them. The level comes from `RUST_LOG` (default `info`).
+//! - Traces: OpenTelemetry through `tracing-opentelemetry`, exported over OTLP/HTTP only
+//!   when `OTEL_EXPORTER_OTLP_ENDPOINT` is set. Otherwise no OpenTelemetry layer is
+//!   installed at all: nothing is exported and nothing is slowed down.
+//! - Propagation: the library (feature `otel`) extracts W3C `traceparent` at the
+//!   ingress and injects it into outbound calls once the global propagator is set,
+//!   which [`init`] does when it exports, so one trace crosses both services.
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -11,13 +21,12 @@ use tracing_subscriber::util::SubscriberInitExt;
 /// How log lines are written.
 ///
 /// ```
-/// use shared::telemetry::LogFormat;
+/// use service_kit::telemetry::LogFormat;
 ///
 /// // With the `clap` feature it is a `ValueEnum`: `--log-format json`, `LOG_FORMAT=json`.
 /// assert_eq!(LogFormat::default(), LogFormat::Text);
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
     /// Human-readable lines.
     #[default]
@@ -29,7 +38,7 @@ pub enum LogFormat {
 /// Flushes and shuts the trace exporter down when dropped: keep it alive in `main`.
 ///
 /// ```no_run
-/// use shared::telemetry::{LogFormat, init};
+/// use service_kit::telemetry::{LogFormat, init};
 ///
 /// let _telemetry = init("orders-service", LogFormat::Json);
 /// // ... run the service; traces are flushed when `_telemetry` is dropped.
@@ -51,7 +60,7 @@ impl Drop for TelemetryGuard {
 /// Installs the global subscriber for `service`. Call once, from `main`.
 ///
 /// ```no_run
-/// use shared::telemetry::{LogFormat, init};
+/// use service_kit::telemetry::{LogFormat, init};
 ///
 /// # #[tokio::main] async fn main() {
 /// // In `main`, first: RUST_LOG and OTEL_EXPORTER_OTLP_ENDPOINT are read here.
@@ -93,7 +102,9 @@ pub fn init(service: &'static str, format: LogFormat) -> TelemetryGuard {
             .try_init(),
     };
     if provider.is_some() {
-        super::propagation::install_propagator();
+        opentelemetry::global::set_text_map_propagator(
+            opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+        );
     }
     TelemetryGuard { provider }
 }
@@ -108,7 +119,7 @@ pub fn init(service: &'static str, format: LogFormat) -> TelemetryGuard {
 /// // A test that looks at the spans: export them to memory instead of OTLP.
 /// let exporter = InMemorySpanExporter::default();
 /// let provider = SdkTracerProvider::builder().with_simple_exporter(exporter.clone()).build();
-/// let subscriber = tracing_subscriber::registry().with(shared::telemetry::layer(&provider, "test"));
+/// let subscriber = tracing_subscriber::registry().with(service_kit::telemetry::layer(&provider, "test"));
 /// tracing::subscriber::with_default(subscriber, || tracing::info_span!("work").in_scope(|| {}));
 /// let _ = provider.force_flush();
 /// assert_eq!(exporter.get_finished_spans().unwrap().len(), 1);

@@ -3,36 +3,14 @@
 //! Hand-written rather than reqwest-tracing, which lags OpenTelemetry releases
 //! (docs/design.md §10); it is a dozen lines. Without the `otel` feature no
 //! OpenTelemetry layer can be installed, so there is no context to carry and
-//! [`continue_trace`] and [`inject`] do nothing.
+//! [`continue_trace`] and [`inject`] do nothing. With it, they use the global
+//! propagator: set `TraceContextPropagator` as it where you set up tracing.
 
 use http::HeaderMap;
 
-/// Sets the W3C trace-context propagator as the global one.
-///
-/// [`init`](super::init) calls it when it installs an exporter; call it yourself only
-/// when you build the subscriber yourself (tests with an in-memory exporter do).
-///
-/// ```
-/// shared::telemetry::propagation::install_propagator();
-/// ```
-#[cfg(feature = "otel")]
-#[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
-pub fn install_propagator() {
-    opentelemetry::global::set_text_map_propagator(
-        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
-    );
-}
-
 /// Makes `span` a child of the trace the caller sent in `headers`, if any, and
 /// records the trace id on the span (the JSON logs print it).
-///
-/// ```
-/// use http::HeaderMap;
-///
-/// let span = tracing::info_span!("http.server", trace_id = tracing::field::Empty);
-/// shared::telemetry::propagation::continue_trace(&span, &HeaderMap::new());
-/// ```
-pub fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
+pub(crate) fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
     #[cfg(feature = "otel")]
     otel::continue_trace(span, headers);
     #[cfg(not(feature = "otel"))]
@@ -40,12 +18,7 @@ pub fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
 }
 
 /// Writes `span`'s trace context into outbound `headers`.
-///
-/// ```
-/// let mut headers = http::HeaderMap::new();
-/// shared::telemetry::propagation::inject(&tracing::Span::current(), &mut headers);
-/// ```
-pub fn inject(span: &tracing::Span, headers: &mut HeaderMap) {
+pub(crate) fn inject(span: &tracing::Span, headers: &mut HeaderMap) {
     #[cfg(feature = "otel")]
     otel::inject(span, headers);
     #[cfg(not(feature = "otel"))]

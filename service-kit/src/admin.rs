@@ -12,13 +12,9 @@ use axum::extract::{ConnectInfo, Request};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 
-use crate::problem::Problem;
+use deadline_propagation::Problem;
 
 /// The largest admin request body: a configuration is a few dozen bytes.
-///
-/// ```
-/// assert_eq!(shared::admin::MAX_BODY_BYTES, 4096);
-/// ```
 pub const MAX_BODY_BYTES: usize = 4 * 1024;
 
 /// Guards `router`: bodies over [`MAX_BODY_BYTES`] are 413, and non-loopback clients get
@@ -30,7 +26,7 @@ pub const MAX_BODY_BYTES: usize = 4 * 1024;
 ///
 /// let admin: Router = Router::new().route("/admin/faults", put(|| async { "set" }));
 /// // Loopback clients only, unless CATALOG_ADMIN_ALLOW_REMOTE says otherwise.
-/// let admin = shared::admin::guard(admin, false, "CATALOG_ADMIN_ALLOW_REMOTE");
+/// let admin = service_kit::admin::guard(admin, false, "CATALOG_ADMIN_ALLOW_REMOTE");
 /// ```
 pub fn guard<S>(router: Router<S>, allow_remote: bool, allow_setting: &'static str) -> Router<S>
 where

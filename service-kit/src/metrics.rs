@@ -1,26 +1,50 @@
-//! `process_resident_memory_bytes` and `process_cpu_seconds_total`, read from
-//! `/proc/self` at scrape time.
+//! The registry of a demo service: the library's families, the downstream the demo's
+//! contract names, and the process's memory and CPU.
 //!
-//! Why: docs/design.md §9 asks for flat memory under load, and a CPU-bound service
-//! explains latency that neither the pool nor the downstream does. The names are the
-//! Prometheus process collector's, so existing dashboards and alerts apply unchanged.
-//! Reading two small files per scrape costs microseconds and needs no dependency (the
-//! `procfs` and `libc` routes would add one, and `libc::sysconf` would need `unsafe`,
-//! which this workspace forbids). On systems without `/proc` both are absent.
+//! `process_resident_memory_bytes` and `process_cpu_seconds_total` are read from
+//! `/proc/self` at scrape time. docs/design.md §9 asks for flat memory under load, and a
+//! CPU-bound service explains latency that neither the pool nor the downstream does. The
+//! names are the Prometheus process collector's, so existing dashboards and alerts apply
+//! unchanged. Two small files per scrape cost microseconds and need no dependency
+//! (`libc::sysconf` would need `unsafe`, which this workspace forbids). Without `/proc`
+//! both are absent.
 
+use deadline_propagation::Downstream;
+use deadline_propagation::metrics::Metrics;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
 
 /// Clock ticks per second in `/proc/<pid>/stat`: `USER_HZ`, which the kernel fixes at
 /// 100 for user space on every architecture Rust targets (what `sysconf(_SC_CLK_TCK)`
 /// returns), whatever the kernel's internal `HZ`.
 const USER_HZ: f64 = 100.0;
 
+/// The metrics of a demo service named `service`, with what `register` adds to the
+/// same registry (the catalog's fault gauge).
+///
+/// Both services declare the catalog, the downstream of the demo's contract
+/// (docs/design.md §3.5), so its stages' series exist in each from the first scrape,
+/// and dashboards that sum over both services never see a series appear from nowhere.
+pub fn for_service(service: &'static str, register: impl FnOnce(&mut Registry)) -> Metrics {
+    let metrics = Metrics::with_registry(service, |registry| {
+        registry.register_collector(Box::new(ProcessCollector));
+        register(registry);
+    });
+    metrics.declare_downstream(catalog());
+    metrics
+}
+
+/// The demo's one downstream of the contract.
+pub fn catalog() -> Downstream {
+    Downstream::new("catalog").expect("a valid downstream name")
+}
+
 /// Encodes the process metrics on every scrape.
 #[derive(Debug, Default)]
-pub(crate) struct ProcessCollector;
+struct ProcessCollector;
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {

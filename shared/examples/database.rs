@@ -1,10 +1,12 @@
-//! A whole service under the deadline: one route, one downstream call through the
-//! budgeted client, one query through the database helper. Run it against the catalog
-//! and any PostgreSQL (the query reads no table):
+//! Step 3 of the ladder, a whole service under the deadline: one route, one call to the
+//! catalog through the budgeted client, one query through the database envelope, and
+//! the metrics of all three on `GET /metrics`. Run it against the catalog and any
+//! PostgreSQL (the query reads no table):
 //!
 //! ```sh
 //! cargo run -p catalog-service &    # or CATALOG_URL=... for one elsewhere
-//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run -p shared --example minimal
+//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres \
+//!     cargo run -p deadline-propagation --example database
 //! curl -i -H 'X-Request-Timeout-Ms: 300' http://127.0.0.1:8090/price/SKU-00042
 //! ```
 
@@ -12,11 +14,11 @@ use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::{Json, Router, routing::get};
+use deadline_propagation::client::{AdmissionMode, BudgetedClient, ClientConfig};
+use deadline_propagation::db::{Db, DbConfig};
+use deadline_propagation::metrics::Metrics;
+use deadline_propagation::{Deadline, DeadlineLayer, DeadlinePolicy, Downstream, Problem};
 use serde_json::{Value, json};
-use shared::client::{AdmissionMode, BudgetedClient, ClientConfig};
-use shared::db::{Db, DbConfig};
-use shared::server::{ServerOptions, serve, shutdown_signal};
-use shared::{Deadline, DeadlineLayer, DeadlinePolicy, Problem, stage::Downstream};
 
 // The layer put the request's `Deadline` into it; handlers take it as an argument and
 // hand it to every step, so each step gets only what is left.
@@ -48,9 +50,9 @@ async fn price(
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Never more than 2 s whatever a client asks for; 1 s when it sends no budget.
     let policy = DeadlinePolicy::from_millis(2000, 1000);
-    let metrics = shared::metrics::Metrics::new("minimal");
+    let metrics = Metrics::new("example");
     let catalog = ClientConfig {
-        name: Downstream::CATALOG, // its stages: catalog_pool, catalog
+        name: Downstream::new("catalog")?, // its stages: catalog_pool, catalog
         base_url: std::env::var("CATALOG_URL").unwrap_or("http://127.0.0.1:8081".into()),
         max_connections: 32,
         pending_max: 64,
@@ -59,19 +61,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         admission: AdmissionMode::Predict,
         idle_timeout: Duration::from_secs(2), // under the catalog's 5 s idle close
     };
-    let catalog = BudgetedClient::new(catalog, Some(metrics.client().clone()))?;
+    let catalog = BudgetedClient::with_metrics(catalog, &metrics)?;
     let db = DbConfig {
         max_connections: 10,
         acquire_timeout: Duration::from_millis(250),
     };
     let url = std::env::var("DATABASE_URL")?;
-    let db = Db::connect_lazy(&url, db, Some(metrics.db().clone()))?;
+    let db = Db::connect_lazy(&url, db)?.with_metrics(&metrics);
     let app = Router::new()
         .route("/price/{sku}", get(price))
         .with_state((catalog, db));
     // The deadline layer on every route, the HTTP metrics around it, and GET /metrics.
-    let app = shared::ingress::instrument(app, DeadlineLayer::new(policy), &metrics);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:8090").await?;
-    serve(listener, app, shutdown_signal(), ServerOptions::default()).await;
+    let app = deadline_propagation::instrument(app, DeadlineLayer::new(policy), &metrics);
+    let addr = std::env::var("LISTEN_ADDR").unwrap_or_else(|_| "127.0.0.1:8090".into());
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    println!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, app).await?;
     Ok(())
 }

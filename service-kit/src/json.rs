@@ -12,13 +12,14 @@ use axum::response::{IntoResponse, Response};
 use http::{StatusCode, header};
 use serde::de::DeserializeOwned;
 
-use crate::problem::Problem;
+use deadline_propagation::Problem;
 
 /// A JSON request body of type `T`, or a 4xx problem that says what was wrong.
 ///
 /// ```
 /// use axum::{Router, routing::post};
-/// use shared::{JsonBody, Problem};
+/// use deadline_propagation::Problem;
+/// use service_kit::json::JsonBody;
 ///
 /// #[derive(serde::Deserialize)]
 /// struct Order {
@@ -78,7 +79,7 @@ fn problem_for(rejection: JsonRejection) -> Problem {
 ///
 /// let app: Router = Router::new().route("/api/orders", post(|| async { "ok" }));
 /// // An order is a few dozen bytes: refuse 64 KiB and more with 413.
-/// let app = shared::json::limit_bodies(app, 64 * 1024);
+/// let app = service_kit::json::limit_bodies(app, 64 * 1024);
 /// ```
 pub fn limit_bodies<S>(router: Router<S>, max: usize) -> Router<S>
 where

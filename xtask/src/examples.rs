@@ -1,0 +1,243 @@
+//! `cargo xtask examples`: the crate's example ladder, each run and asked over HTTP.
+//!
+//! Compiling an example proves little: it can build and still answer 200 where the
+//! README promises a 504. So each example runs as its reader would run it (its own
+//! binary, a real port, the catalog and PostgreSQL where it needs them), and is asked
+//! what its doc comment says to ask, with the answer checked: the status, the stage in
+//! the problem body, `Server-Timing`, and how long the answer took.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use serde_json::Value;
+use test_support::process::{binary_dir, free_port};
+use test_support::{PgCluster, ServiceProcess};
+
+use crate::stack::{fresh_database, workspace};
+
+/// How much later than its budget an answer may come on a loaded 2-core machine.
+const LATE: Duration = Duration::from_millis(400);
+
+/// Builds (unless `no_build`) and runs every example of the ladder.
+pub async fn examples(profile: &str, no_build: bool) -> anyhow::Result<()> {
+    if !no_build {
+        build(profile)?;
+    }
+    let bin = binary_dir(&workspace(), profile);
+    let logs = std::env::temp_dir().join(format!("examples-{}", std::process::id()));
+    std::fs::create_dir_all(&logs)?;
+    ingress(&bin, &logs).await.context("example `ingress`")?;
+    client(&bin, &logs).await.context("example `client`")?;
+    database(&bin, &logs).await.context("example `database`")?;
+    println!("examples: ingress, client and database answered as documented");
+    Ok(())
+}
+
+fn build(profile: &str) -> anyhow::Result<()> {
+    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+        .current_dir(workspace())
+        .args(["build", "--quiet", "--profile", profile])
+        .args([
+            "-p",
+            "deadline-propagation",
+            "--examples",
+            "-p",
+            "catalog-service",
+        ])
+        .status()
+        .context("cannot run cargo build")?;
+    ensure!(status.success(), "cargo build failed");
+    Ok(())
+}
+
+/// Step 1: a 300 ms budget on a 500 ms route is a 504 at 300 ms; no budget (1 s by
+/// default) lets it finish.
+async fn ingress(bin: &Path, logs: &Path) -> anyhow::Result<()> {
+    let (url, _example) = start(&bin.join("examples/ingress"), &[], logs).await?;
+    let cut = ask(&format!("{url}/slow"), Some(300)).await?;
+    cut.expect_deadline(300, &["work", "ingress"])?;
+    let done = ask(&format!("{url}/slow"), None).await?;
+    ensure!(done.status == 200, "no budget header: {done:?}");
+    Ok(())
+}
+
+/// Step 2: the 1 s downstream is cut at the caller's 300 ms and named; with 1.5 s the
+/// call completes, and the downstream was told the budget.
+async fn client(bin: &Path, logs: &Path) -> anyhow::Result<()> {
+    let (url, _example) = start(&bin.join("examples/client"), &[], logs).await?;
+    let cut = ask(&format!("{url}/reserve"), Some(300)).await?;
+    cut.expect_deadline(300, &["inventory"])?;
+    ensure!(
+        cut.server_timing.contains("inventory;dur="),
+        "Server-Timing names the call: {cut:?}"
+    );
+    let done = ask(&format!("{url}/reserve"), Some(1500)).await?;
+    ensure!(done.status == 200, "a budget that fits: {done:?}");
+    ensure!(done.body.contains("my budget was"), "{done:?}");
+    Ok(())
+}
+
+/// Step 3: against the real catalog and a throwaway PostgreSQL, a priced item; with a
+/// 1 s catalog fault, a 504 `catalog` at 300 ms; and the client's metrics.
+async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
+    let cluster = tokio::task::spawn_blocking(PgCluster::start).await??;
+    let database_url = fresh_database(&cluster, "examples").await?;
+    let (catalog_port, admin_port) = (free_port(), free_port());
+    let mut catalog = ServiceProcess::start(
+        &bin.join("catalog-service"),
+        &[
+            ("CATALOG_LISTEN_ADDR", format!("127.0.0.1:{catalog_port}")),
+            ("CATALOG_ADMIN_ADDR", format!("127.0.0.1:{admin_port}")),
+        ],
+        logs.join("catalog.log"),
+    )?;
+    wait_listening(catalog_port, &mut catalog)
+        .await
+        .context("catalog-service")?;
+    let env = [
+        ("CATALOG_URL", format!("http://127.0.0.1:{catalog_port}")),
+        ("DATABASE_URL", database_url),
+    ];
+    let (url, _example) = start(&bin.join("examples/database"), &env, logs).await?;
+    let priced = ask(&format!("{url}/price/SKU-00042"), Some(1000)).await?;
+    ensure!(priced.status == 200, "{priced:?}");
+    let body: Value = serde_json::from_str(&priced.body)?;
+    ensure!(
+        body["item"]["sku"] == "SKU-00042" && body["checked_at"].is_string(),
+        "{body}"
+    );
+
+    let faults = format!("http://127.0.0.1:{admin_port}/admin/faults");
+    let http = reqwest::Client::new();
+    let put = http
+        .put(&faults)
+        .json(&serde_json::json!({"delay_ms": 1000}))
+        .send()
+        .await?;
+    ensure!(
+        put.status().is_success(),
+        "the catalog fault: {}",
+        put.status()
+    );
+    let cut = ask(&format!("{url}/price/SKU-00042"), Some(300)).await?;
+    cut.expect_deadline(300, &["catalog"])?;
+
+    let metrics = http
+        .get(format!("{url}/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    ensure!(
+        metrics.contains(r#"http_client_requests_seconds_count{client="catalog""#),
+        "the client's metrics on /metrics"
+    );
+    drop(catalog);
+    Ok(())
+}
+
+/// Starts an example on a free port with `env`; returns its URL once it answers.
+async fn start(
+    binary: &Path,
+    env: &[(&str, String)],
+    logs: &Path,
+) -> anyhow::Result<(String, ServiceProcess)> {
+    ensure!(
+        binary.is_file(),
+        "{} is missing: cargo build --examples",
+        binary.display()
+    );
+    let port = free_port();
+    let mut env = env.to_vec();
+    env.push(("LISTEN_ADDR", format!("127.0.0.1:{port}")));
+    let name = binary.file_name().unwrap_or_default().to_string_lossy();
+    let mut process = ServiceProcess::start(binary, &env, logs.join(format!("{name}.log")))?;
+    wait_listening(port, &mut process).await?;
+    Ok((format!("http://127.0.0.1:{port}"), process))
+}
+
+/// Waits until `process` accepts connections on `port`; fails if it exits first.
+async fn wait_listening(port: u16, process: &mut ServiceProcess) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if let Some(status) = process.exited() {
+            bail!("exited ({status}):\n{}", process.log_tail(20));
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "not listening after 30 s:\n{}",
+            process.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// One answer, as a client saw it.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    took: Duration,
+    content_type: String,
+    server_timing: String,
+    body: String,
+}
+
+impl Answer {
+    /// A 504 problem naming one of `stages`, answered at the budget.
+    fn expect_deadline(&self, budget_ms: u64, stages: &[&str]) -> anyhow::Result<()> {
+        ensure!(self.status == 504, "expected 504: {self:?}");
+        ensure!(
+            self.content_type == "application/problem+json",
+            "a problem body: {self:?}"
+        );
+        let problem: Value = serde_json::from_str(&self.body)?;
+        let stage = problem["stage"].as_str().unwrap_or_default();
+        ensure!(stages.contains(&stage), "stage {stage:?}: {problem}");
+        ensure!(problem["budget_ms"] == budget_ms, "{problem}");
+        let budget = Duration::from_millis(budget_ms);
+        ensure!(
+            self.took >= budget - Duration::from_millis(5) && self.took < budget + LATE,
+            "answered after {:?} with a {budget:?} budget",
+            self.took
+        );
+        ensure!(
+            self.server_timing.contains("total;dur="),
+            "Server-Timing: {self:?}"
+        );
+        Ok(())
+    }
+}
+
+async fn ask(url: &str, budget_ms: Option<u64>) -> anyhow::Result<Answer> {
+    let mut request = reqwest::Client::new()
+        .get(url)
+        .timeout(Duration::from_secs(10));
+    if let Some(ms) = budget_ms {
+        request = request.header("X-Request-Timeout-Ms", ms);
+    }
+    let started = Instant::now();
+    let response = request.send().await.with_context(|| format!("GET {url}"))?;
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let (content_type, server_timing) = (header("content-type"), header("server-timing"));
+    let status = response.status().as_u16();
+    let body = response.text().await?;
+    Ok(Answer {
+        status,
+        took: started.elapsed(),
+        content_type,
+        server_timing,
+        body,
+    })
+}
