@@ -41,6 +41,11 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(0..=crate::faults::MAX_DELAY_MS))]
     pub fault_delay_ms: u64,
 
+    /// Export the tokio runtime's metrics (`tokio_*`, docs/design.md §7); `false` only
+    /// to measure what they cost.
+    #[arg(long, env = "RUNTIME_METRICS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub runtime_metrics: bool,
+
     /// Log format: readable text, or JSON lines.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -12,7 +12,7 @@
 //!   problems, and a body size limit that refuses an announced oversize at once.
 //! - [`telemetry`]: logs (text or JSON) and OpenTelemetry traces over OTLP/HTTP.
 //! - [`metrics`]: the service's metric registry: the library's families plus the
-//!   process's memory and CPU.
+//!   process's memory and CPU and the tokio runtime's workers and queues.
 
 pub mod admin;
 pub mod json;
