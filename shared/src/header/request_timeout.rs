@@ -182,14 +182,20 @@ mod tests {
             let mut headers = HeaderMap::new();
             headers.insert(REQUEST_TIMEOUT_HEADER, HeaderValue::from_str(raw).unwrap());
             let err = crate::read_budget(&headers).unwrap_err();
-            assert!(err.to_string().starts_with("X-Request-Timeout-Ms "), "{err}");
+            assert!(
+                err.to_string().starts_with("X-Request-Timeout-Ms "),
+                "{err}"
+            );
             assert_eq!(err.header(), "X-Request-Timeout-Ms");
         }
         let mut repeated = HeaderMap::new();
         repeated.append(REQUEST_TIMEOUT_HEADER, HeaderValue::from_static("1"));
         repeated.append(REQUEST_TIMEOUT_HEADER, HeaderValue::from_static("2"));
         let err = crate::read_budget(&repeated).unwrap_err();
-        assert!(err.to_string().starts_with("X-Request-Timeout-Ms "), "{err}");
+        assert!(
+            err.to_string().starts_with("X-Request-Timeout-Ms "),
+            "{err}"
+        );
     }
 
     proptest! {
