@@ -1,4 +1,6 @@
-//! The admin API: `GET|PUT|DELETE /admin/faults`, on the admin address only.
+//! The admin API: `GET|PUT|DELETE /admin/faults`, on the admin address only, and
+//! `GET /admin/profile` (a CPU flamegraph, with the `profiling` feature:
+//! [`service_kit::profiling`]).
 //!
 //! Only loopback clients are served unless `CATALOG_ADMIN_ALLOW_REMOTE` is set: whoever
 //! reaches this API can make the service slow, so binding it to loopback is not left as
@@ -24,7 +26,8 @@ pub fn router(faults: Faults, allow_remote: bool) -> Router {
             "/admin/faults",
             get(get_faults).put(put_faults).delete(delete_faults),
         )
-        .with_state(faults);
+        .with_state(faults)
+        .merge(service_kit::profiling::router());
     service_kit::admin::guard(router, allow_remote, "CATALOG_ADMIN_ALLOW_REMOTE")
 }
 
@@ -58,7 +61,11 @@ mod tests {
     use tower::ServiceExt;
 
     async fn get_from(peer: &str, allow_remote: bool) -> StatusCode {
-        let mut request = Request::get("/admin/faults").body(Body::empty()).unwrap();
+        get_path_from("/admin/faults", peer, allow_remote).await
+    }
+
+    async fn get_path_from(path: &str, peer: &str, allow_remote: bool) -> StatusCode {
+        let mut request = Request::get(path).body(Body::empty()).unwrap();
         let addr: SocketAddr = peer.parse().unwrap();
         request.extensions_mut().insert(ConnectInfo(addr));
         router(Faults::default(), allow_remote)
@@ -77,5 +84,19 @@ mod tests {
             StatusCode::FORBIDDEN
         );
         assert_eq!(get_from("10.1.2.3:5000", true).await, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn the_profile_route_is_behind_the_same_guard() {
+        let path = "/admin/profile?seconds=0";
+        assert_eq!(
+            get_path_from(path, "10.1.2.3:5000", false).await,
+            StatusCode::FORBIDDEN
+        );
+        // From loopback the route answers (here: 0 s is out of range).
+        assert_eq!(
+            get_path_from(path, "127.0.0.1:5000", false).await,
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
     }
 }
