@@ -1,5 +1,5 @@
 //! The admin API: `GET|PUT|DELETE /admin/faults`, on the admin address only, and
-//! `GET /admin/profile` (a CPU flamegraph, with the `profiling` feature:
+//! `POST /admin/profile/start|stop` (a CPU flamegraph, with the `profiling` feature:
 //! [`service_kit::profiling`]).
 //!
 //! Only loopback clients are served unless `CATALOG_ADMIN_ALLOW_REMOTE` is set: whoever
@@ -61,11 +61,7 @@ mod tests {
     use tower::ServiceExt;
 
     async fn get_from(peer: &str, allow_remote: bool) -> StatusCode {
-        get_path_from("/admin/faults", peer, allow_remote).await
-    }
-
-    async fn get_path_from(path: &str, peer: &str, allow_remote: bool) -> StatusCode {
-        let mut request = Request::get(path).body(Body::empty()).unwrap();
+        let mut request = Request::get("/admin/faults").body(Body::empty()).unwrap();
         let addr: SocketAddr = peer.parse().unwrap();
         request.extensions_mut().insert(ConnectInfo(addr));
         router(Faults::default(), allow_remote)
@@ -87,16 +83,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_profile_route_is_behind_the_same_guard() {
-        let path = "/admin/profile?seconds=0";
-        assert_eq!(
-            get_path_from(path, "10.1.2.3:5000", false).await,
-            StatusCode::FORBIDDEN
-        );
-        // From loopback the route answers (here: 0 s is out of range).
-        assert_eq!(
-            get_path_from(path, "127.0.0.1:5000", false).await,
-            StatusCode::UNPROCESSABLE_ENTITY
-        );
+    async fn the_profile_routes_are_behind_the_same_guard() {
+        let send = |peer: &str| {
+            let mut request = Request::post("/admin/profile/stop?bogus=1")
+                .body(Body::empty())
+                .unwrap();
+            let addr: SocketAddr = peer.parse().unwrap();
+            request.extensions_mut().insert(ConnectInfo(addr));
+            router(Faults::default(), false).oneshot(request)
+        };
+        let remote = send("10.1.2.3:5000").await.unwrap();
+        assert_eq!(remote.status(), StatusCode::FORBIDDEN);
+        // From loopback the route answers (here: an unknown parameter).
+        let local = send("127.0.0.1:5000").await.unwrap();
+        assert_eq!(local.status(), StatusCode::BAD_REQUEST);
     }
 }

@@ -1,5 +1,5 @@
 //! The admin API: `GET|PUT /admin/mode`, on the admin address only (`ORDERS_ADMIN_ADDR`),
-//! and `GET /admin/profile` (a CPU flamegraph, with the `profiling` feature:
+//! and `POST /admin/profile/start|stop` (a CPU flamegraph, with the `profiling` feature:
 //! [`service_kit::profiling`]).
 //!
 //! The deadline mode is the rollout switch: `observe` first (everything runs, nothing is

@@ -13,7 +13,7 @@
 //! - [`telemetry`]: logs (text or JSON) and OpenTelemetry traces over OTLP/HTTP.
 //! - [`metrics`]: the service's metric registry: the library's families plus the
 //!   process's memory and CPU and the tokio runtime's workers and queues.
-//! - [`profiling`]: `GET /admin/profile`, a CPU flamegraph of the process (feature
+//! - [`profiling`]: `POST /admin/profile/start|stop`, a CPU flamegraph of the process (feature
 //!   `profiling`, off by default).
 
 pub mod admin;

@@ -1,107 +1,179 @@
-//! CPU profiles on the admin port: `GET /admin/profile?seconds=N&title=T` samples every
-//! thread of the process 99 times a second for N seconds (1 to 600) and answers the
-//! profile as a flamegraph SVG (`image/svg+xml`) titled T.
+//! CPU profiles on the admin port, a recorder with two calls:
 //!
-//! In-process sampling with the `pprof` crate (a `SIGPROF` timer and a backtrace per
-//! sample), behind the `profiling` feature, off by default: `cargo xtask experiment
-//! --profile-cpu` builds the services with it and records each one during the measured
-//! window. Built without the feature the route answers 404, saying so. One profile at a
-//! time (409 otherwise): the sampler is process-wide. Bad parameters are 400 (not a
-//! number) or 422 (out of range), as problems.
+//! - `POST /admin/profile/start` starts sampling every thread of the process 99 times
+//!   a second, and answers 202 once the sampler runs (409 if it runs already);
+//! - `POST /admin/profile/stop?title=T` stops it and answers what it recorded as a
+//!   flamegraph SVG (`image/svg+xml`) titled T (409 if none runs).
+//!
+//! A recording nobody stops ends by itself after [`MAX_SECONDS`]. In-process sampling
+//! with the `pprof` crate (a `SIGPROF` timer and a backtrace per sample), behind the
+//! `profiling` feature, off by default: `cargo xtask experiment --profile-cpu` builds the
+//! services with it and records each one around the measured window. Built without
+//! the feature both routes answer 404, saying so.
+//!
+//! The sampler keeps its samples in a table it allocates when it first starts (tens of
+//! MiB) and allocates again when it stops: start it before, and stop it after, any
+//! memory measurement it must not disturb, as the experiment does.
 //!
 //! Mount the router beside an admin API, behind its loopback guard
-//! ([`crate::admin::guard`]): a profile costs the process a little CPU while it runs.
+//! ([`crate::admin::guard`]): a profile costs the process CPU and memory while it runs.
 
 use axum::Router;
 use axum::extract::Query;
 use axum::response::Response;
-use axum::routing::get;
+use axum::routing::post;
 use deadline_propagation::Problem;
 use serde::Deserialize;
 
-/// The longest profile, in seconds.
+/// The longest recording, in seconds: one nobody stops ends then.
 pub const MAX_SECONDS: u64 = 600;
 /// Samples per second and thread (a prime, so the timer does not beat with periodic work).
 pub const FREQUENCY_HZ: i32 = 99;
 
-/// `GET /admin/profile`, to merge into an admin router before its guard.
+/// `POST /admin/profile/start` and `/stop`, to merge into an admin router before its
+/// guard.
 pub fn router() -> Router {
-    Router::new().route("/admin/profile", get(profile))
+    Router::new()
+        .route("/admin/profile/start", post(start))
+        .route("/admin/profile/stop", post(stop))
 }
 
-/// The query of `GET /admin/profile`.
+/// The query of `POST /admin/profile/stop`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ProfileQuery {
-    seconds: u64,
+struct StopQuery {
     #[serde(default)]
     #[cfg_attr(not(feature = "profiling"), allow(dead_code))]
     title: Option<String>,
 }
 
-async fn profile(
-    query: Result<Query<ProfileQuery>, axum::extract::rejection::QueryRejection>,
+async fn stop(
+    query: Result<Query<StopQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, Problem> {
     let Query(query) = query.map_err(|e| Problem::bad_request(e.body_text()))?;
-    if !(1..=MAX_SECONDS).contains(&query.seconds) {
-        return Err(Problem::unprocessable(format!(
-            "seconds must be from 1 to {MAX_SECONDS}"
-        )));
-    }
-    record(query).await
+    recorder::stop(query.title).await
+}
+
+async fn start() -> Result<Response, Problem> {
+    recorder::start().await
 }
 
 #[cfg(not(feature = "profiling"))]
-async fn record(_: ProfileQuery) -> Result<Response, Problem> {
-    Err(Problem::not_found(
-        "this build has no CPU profiler: build the service with `--features profiling`",
-    ))
+mod recorder {
+    use super::*;
+
+    fn absent() -> Problem {
+        Problem::not_found(
+            "this build has no CPU profiler: build the service with `--features profiling`",
+        )
+    }
+
+    pub(super) async fn start() -> Result<Response, Problem> {
+        Err(absent())
+    }
+
+    pub(super) async fn stop(_: Option<String>) -> Result<Response, Problem> {
+        Err(absent())
+    }
 }
 
-/// Whether a profile is being recorded.
 #[cfg(feature = "profiling")]
-static RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+mod recorder {
+    use std::sync::Mutex;
+    use std::sync::mpsc;
+    use std::time::Duration;
 
-#[cfg(feature = "profiling")]
-async fn record(query: ProfileQuery) -> Result<Response, Problem> {
+    use axum::http::StatusCode;
     use axum::response::IntoResponse as _;
-    use std::sync::atomic::Ordering;
+    use tokio::sync::oneshot;
 
-    /// Frees the profiler when the recording ends, however it ends.
-    struct Running;
-    impl Drop for Running {
-        fn drop(&mut self) {
-            RUNNING.store(false, Ordering::Release);
+    use super::*;
+
+    /// What stops the recording: the title, and where its flamegraph goes.
+    type StopRequest = (Option<String>, oneshot::Sender<Result<Vec<u8>, String>>);
+
+    /// The running recording's stop channel, if one runs.
+    static RECORDING: Mutex<Option<mpsc::Sender<StopRequest>>> = Mutex::new(None);
+
+    fn recording() -> std::sync::MutexGuard<'static, Option<mpsc::Sender<StopRequest>>> {
+        RECORDING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(super) async fn start() -> Result<Response, Problem> {
+        let (stop_tx, stop_rx) = mpsc::channel::<StopRequest>();
+        {
+            let mut running = recording();
+            if running.is_some() {
+                return Err(Problem::conflict("a profile is being recorded already"));
+            }
+            *running = Some(stop_tx);
+        }
+        let (started_tx, started_rx) = oneshot::channel();
+        // The profiler's guard is not `Send`: a thread of its own holds it for the whole
+        // recording, and symbolises on it, so no worker of the runtime it measures is
+        // taken.
+        std::thread::Builder::new()
+            .name("cpu-profile".into())
+            .spawn(move || record(stop_rx, started_tx))
+            .map_err(Problem::internal)?;
+        match started_rx.await {
+            Ok(Ok(())) => Ok(StatusCode::ACCEPTED.into_response()),
+            Ok(Err(err)) => Err(Problem::internal(err)),
+            Err(err) => Err(Problem::internal(err)),
         }
     }
 
-    if RUNNING.swap(true, Ordering::AcqRel) {
-        return Err(Problem::conflict("a profile is being recorded already"));
+    pub(super) async fn stop(title: Option<String>) -> Result<Response, Problem> {
+        let Some(stop_tx) = recording().take() else {
+            return Err(Problem::conflict("no profile is being recorded"));
+        };
+        let (svg_tx, svg_rx) = oneshot::channel();
+        stop_tx
+            .send((title, svg_tx))
+            .map_err(|_| Problem::conflict("the recording ended by itself"))?;
+        let svg = svg_rx
+            .await
+            .map_err(Problem::internal)?
+            .map_err(Problem::internal)?;
+        Ok(([(http::header::CONTENT_TYPE, "image/svg+xml")], svg).into_response())
     }
-    let running = Running;
-    // The profiler's guard is not `Send`, and symbolising costs CPU: a blocking thread
-    // of its own holds it, so no worker of the runtime it measures is taken.
-    let svg = tokio::task::spawn_blocking(move || {
-        let _running = running;
-        let guard = pprof::ProfilerGuardBuilder::default()
+
+    /// The recording thread: samples until it is asked to stop (or [`MAX_SECONDS`]
+    /// pass), then answers the flamegraph.
+    fn record(stop_rx: mpsc::Receiver<StopRequest>, started: oneshot::Sender<Result<(), String>>) {
+        let guard = match pprof::ProfilerGuardBuilder::default()
             .frequency(FREQUENCY_HZ)
             .blocklist(&["libc", "libgcc", "pthread", "vdso"])
-            .build()?;
-        std::thread::sleep(std::time::Duration::from_secs(query.seconds));
-        let report = guard.report().build()?;
-        drop(guard);
-        let mut options = pprof::flamegraph::Options::default();
-        if let Some(title) = query.title {
-            options.title = title;
-        }
-        let mut svg = Vec::new();
-        report.flamegraph_with_options(&mut svg, &mut options)?;
-        Ok::<_, pprof::Error>(svg)
-    })
-    .await
-    .map_err(Problem::internal)?
-    .map_err(Problem::internal)?;
-    Ok(([(http::header::CONTENT_TYPE, "image/svg+xml")], svg).into_response())
+            .build()
+        {
+            Ok(guard) => guard,
+            Err(err) => {
+                recording().take();
+                let _ = started.send(Err(err.to_string()));
+                return;
+            }
+        };
+        let _ = started.send(Ok(()));
+        let Ok((title, answer)) = stop_rx.recv_timeout(Duration::from_secs(MAX_SECONDS)) else {
+            // Nobody stopped it: free the slot, unless a stop is taking it right now.
+            recording().take();
+            return;
+        };
+        let svg = (|| {
+            let report = guard.report().build()?;
+            drop(guard);
+            let mut options = pprof::flamegraph::Options::default();
+            if let Some(title) = title {
+                options.title = title;
+            }
+            let mut svg = Vec::new();
+            report.flamegraph_with_options(&mut svg, &mut options)?;
+            Ok::<_, pprof::Error>(svg)
+        })();
+        let _ = answer.send(svg.map_err(|e| e.to_string()));
+    }
 }
 
 #[cfg(test)]
@@ -111,9 +183,9 @@ mod tests {
     use axum::http::{Request, StatusCode};
     use tower::ServiceExt;
 
-    async fn get(uri: &str) -> (StatusCode, String) {
+    async fn post(uri: &str) -> (StatusCode, String) {
         let response = router()
-            .oneshot(Request::get(uri).body(Body::empty()).unwrap())
+            .oneshot(Request::post(uri).body(Body::empty()).unwrap())
             .await
             .unwrap();
         let status = response.status();
@@ -124,53 +196,42 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn bad_parameters_are_problems() {
-        assert_eq!(get("/admin/profile").await.0, StatusCode::BAD_REQUEST);
-        assert_eq!(
-            get("/admin/profile?seconds=x").await.0,
-            StatusCode::BAD_REQUEST
-        );
-        for seconds in [0, MAX_SECONDS + 1] {
-            let (status, body) = get(&format!("/admin/profile?seconds={seconds}")).await;
-            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
-            assert!(body.contains("seconds must be"), "{body}");
-        }
+    async fn unknown_parameters_are_a_bad_request() {
+        let (status, _) = post("/admin/profile/stop?seconds=3").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
     }
 
     #[cfg(not(feature = "profiling"))]
     #[tokio::test]
-    async fn without_the_feature_the_route_says_how_to_get_it() {
-        let (status, body) = get("/admin/profile?seconds=1").await;
-        assert_eq!(status, StatusCode::NOT_FOUND);
-        assert!(body.contains("--features profiling"), "{body}");
+    async fn without_the_feature_the_routes_say_how_to_get_them() {
+        for uri in ["/admin/profile/start", "/admin/profile/stop"] {
+            let (status, body) = post(uri).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{uri}");
+            assert!(body.contains("--features profiling"), "{body}");
+        }
     }
 
-    /// A second of a thread that spins in a function of its own: the flamegraph names
-    /// it, and a second profile at the same time is refused.
+    /// A thread that spins in a function of its own while a recording runs: the
+    /// flamegraph names it; a second start, and a stop with nothing running, are refused.
     #[cfg(feature = "profiling")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_profile_is_a_flamegraph_of_where_the_time_went() {
+    async fn a_recording_is_a_flamegraph_of_where_the_time_went() {
         #[inline(never)]
         fn spin_for_the_profiler(until: std::time::Instant) {
             while std::time::Instant::now() < until {
                 std::hint::spin_loop();
             }
         }
-        let until = std::time::Instant::now() + std::time::Duration::from_millis(1500);
-        let spinner = std::thread::spawn(move || spin_for_the_profiler(until));
-        let first = tokio::spawn(get("/admin/profile?seconds=1&title=spinning"));
-        // The first recording holds the profiler for a second: once it has it, a second
-        // one is refused.
-        let started = std::time::Instant::now();
-        while !RUNNING.load(std::sync::atomic::Ordering::Acquire) {
-            assert!(started.elapsed().as_secs() < 5, "the profile never started");
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
-        let (status, second) = get("/admin/profile?seconds=1").await;
-        assert_eq!(status, StatusCode::CONFLICT, "{second}");
-        assert!(second.contains("already"), "{second}");
-        let (status, svg) = first.await.unwrap();
-        spinner.join().unwrap();
+        assert_eq!(post("/admin/profile/stop").await.0, StatusCode::CONFLICT);
+        assert_eq!(post("/admin/profile/start").await.0, StatusCode::ACCEPTED);
+        let (status, body) = post("/admin/profile/start").await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(body.contains("already"), "{body}");
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(600);
+        tokio::task::spawn_blocking(move || spin_for_the_profiler(until))
+            .await
+            .unwrap();
+        let (status, svg) = post("/admin/profile/stop?title=spinning").await;
         assert_eq!(status, StatusCode::OK, "{svg}");
         assert!(svg.starts_with("<?xml"), "{}", &svg[..svg.len().min(200)]);
         assert!(svg.contains("spinning"), "the title");
@@ -178,5 +239,7 @@ mod tests {
             svg.contains("spin_for_the_profiler"),
             "the spinning function"
         );
+        // The recorder is free again.
+        assert_eq!(post("/admin/profile/stop").await.0, StatusCode::CONFLICT);
     }
 }

@@ -160,12 +160,30 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     let database_url = fresh_database(&ctx.cluster, &db_name).await?;
     let services = start_services(ctx, side, database_url, &dir).await?;
     warm_up(&ctx.ports.orders_url(), ctx.load.budget_ms, ctx.warm_up).await;
+    // The profiler's table is allocated when it starts and again when it stops: both
+    // happen outside the sampled window, so the memory figures see the load only.
+    if ctx.profile_cpu {
+        for admin in profiled(&ctx.ports) {
+            profile(&admin, "start", None).await?;
+        }
+    }
     let client = reqwest::Client::new();
     let catalog_before = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
     let orders_before = sampler::scrape(&client, &metrics_url(&ctx.ports.orders_url())).await;
     set_fault(&ctx.ports.admin_url(), ctx.load.fault).await?;
     let measured = measure_load(ctx, side, &services, &dir).await;
     set_fault(&ctx.ports.admin_url(), None).await?;
+    if ctx.profile_cpu {
+        for (service, admin) in ["orders", "catalog"].into_iter().zip(profiled(&ctx.ports)) {
+            let title = format!(
+                "{service}-service, {}, {} scenario: CPU over the load",
+                side.name,
+                ctx.load.scenario.name()
+            );
+            let svg = profile(&admin, "stop", Some(&title)).await?;
+            std::fs::write(dir.join(format!("flamegraph-{service}.svg")), svg)?;
+        }
+    }
     let (k6_run, samples, load_start_ms, removed_ms) = measured?;
     let load_ended_at = unix_ms() as f64 / 1000.0;
     let (drain, in_flight_end) = wait_drained(&client, &ctx.ports.orders_url()).await;
@@ -302,30 +320,13 @@ pub async fn set_fault(admin_url: &str, fault: Option<Fault>) -> anyhow::Result<
 
 type Measured = (K6Run, Vec<Sample>, u64, Option<u64>);
 
-/// k6 with the sampler beside it; for `recovery`, the fault is removed mid-load; with
-/// `--profile-cpu`, a CPU profile of each service over the load's length.
+/// k6 with the sampler beside it; for `recovery`, the fault is removed mid-load.
 async fn measure_load(
     ctx: &Context,
     side: &Side,
     services: &Services,
     dir: &Path,
 ) -> anyhow::Result<Measured> {
-    let profiles = ctx.profile_cpu.then(|| {
-        let seconds = ctx.load.duration.as_secs().max(1);
-        [
-            ("orders", ctx.ports.orders_admin_url()),
-            ("catalog", ctx.ports.admin_url()),
-        ]
-        .map(|(service, admin)| {
-            let title = format!(
-                "{service}-service, {}, {} scenario: CPU over the {seconds} s load",
-                side.name,
-                ctx.load.scenario.name()
-            );
-            let path = dir.join(format!("flamegraph-{service}.svg"));
-            tokio::spawn(record_profile(admin, seconds, title, path))
-        })
-    });
     let sampler = Sampler::start(
         metrics_url(&ctx.ports.orders_url()),
         metrics_url(&ctx.ports.catalog_url()),
@@ -349,9 +350,6 @@ async fn measure_load(
     )
     .await;
     let samples = sampler.stop().await;
-    for profile in profiles.into_iter().flatten() {
-        profile.await??;
-    }
     let removed_ms = match remover {
         Some(task) => Some(task.await??),
         None => None,
@@ -359,20 +357,24 @@ async fn measure_load(
     Ok((k6_run?, samples, load_start_ms, removed_ms))
 }
 
-/// `GET {admin}/admin/profile` for `seconds`, the flamegraph written to `path`.
-async fn record_profile(
-    admin: String,
-    seconds: u64,
-    title: String,
-    path: PathBuf,
-) -> anyhow::Result<()> {
-    let url = format!(
-        "{admin}/admin/profile?seconds={seconds}&title={}",
-        crate::prometheus::percent_encode(&title)
-    );
+/// The admin URLs of the services a `--profile-cpu` run records: orders, catalog.
+fn profiled(ports: &Ports) -> [String; 2] {
+    [ports.orders_admin_url(), ports.admin_url()]
+}
+
+/// `POST {admin}/admin/profile/{action}` (`start` or `stop`, with a title): the
+/// recorder of a service built with `profiling`; `stop` answers the flamegraph.
+async fn profile(admin: &str, action: &str, title: Option<&str>) -> anyhow::Result<Vec<u8>> {
+    let mut url = format!("{admin}/admin/profile/{action}");
+    if let Some(title) = title {
+        url.push_str(&format!(
+            "?title={}",
+            crate::prometheus::percent_encode(title)
+        ));
+    }
     let response = reqwest::Client::new()
-        .get(&url)
-        .timeout(Duration::from_secs(seconds + 120))
+        .post(&url)
+        .timeout(Duration::from_secs(120))
         .send()
         .await
         .with_context(|| format!("{url} unreachable"))?;
@@ -383,8 +385,7 @@ async fn record_profile(
         "{url} answered {status}: {}",
         String::from_utf8_lossy(&body)
     );
-    std::fs::write(&path, &body).with_context(|| format!("{}", path.display()))?;
-    Ok(())
+    Ok(body.to_vec())
 }
 
 /// Waits (at most 30 s) until no order is in flight; returns how long that took and
