@@ -161,7 +161,8 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     let services = start_services(ctx, side, database_url, &dir).await?;
     warm_up(&ctx.ports.orders_url(), ctx.load.budget_ms, ctx.warm_up).await;
     // The profiler's table is allocated when it starts and again when it stops: both
-    // happen outside the sampled window, so the memory figures see the load only.
+    // happen outside the measured window (the stop after the last memory reading), so
+    // the memory figures see the load alone, on top of the table.
     if ctx.profile_cpu {
         for admin in profiled(&ctx.ports) {
             profile(&admin, "start", None).await?;
@@ -173,6 +174,12 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     set_fault(&ctx.ports.admin_url(), ctx.load.fault).await?;
     let measured = measure_load(ctx, side, &services, &dir).await;
     set_fault(&ctx.ports.admin_url(), None).await?;
+    let (k6_run, samples, load_start_ms, removed_ms) = measured?;
+    let load_ended_at = unix_ms() as f64 / 1000.0;
+    let (drain, in_flight_end) = wait_drained(&client, &ctx.ports.orders_url()).await;
+    let catalog_after = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
+    let orders_after = sampler::scrape(&client, &metrics_url(&ctx.ports.orders_url())).await;
+    let rss_end = test_support::process::rss_kib(services.orders.pid()) as f64 / 1024.0;
     if ctx.profile_cpu {
         for (service, admin) in ["orders", "catalog"].into_iter().zip(profiled(&ctx.ports)) {
             let title = format!(
@@ -184,12 +191,6 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
             std::fs::write(dir.join(format!("flamegraph-{service}.svg")), svg)?;
         }
     }
-    let (k6_run, samples, load_start_ms, removed_ms) = measured?;
-    let load_ended_at = unix_ms() as f64 / 1000.0;
-    let (drain, in_flight_end) = wait_drained(&client, &ctx.ports.orders_url()).await;
-    let catalog_after = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
-    let orders_after = sampler::scrape(&client, &metrics_url(&ctx.ports.orders_url())).await;
-    let rss_end = test_support::process::rss_kib(services.orders.pid()) as f64 / 1024.0;
     services.stop();
 
     let catalog_answer_seconds =

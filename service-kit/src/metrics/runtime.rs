@@ -12,8 +12,9 @@
 //! - `tokio_worker_busy_seconds_total`: time the workers spent not parked, summed over
 //!   them, so `rate(...) / tokio_workers` is the share of worker time spent busy;
 //! - `tokio_alive_tasks`: tasks spawned and not yet finished;
-//! - `tokio_global_queue_depth`: tasks woken and waiting in the shared queue for a
-//!   worker.
+//! - `tokio_global_queue_depth`: tasks waiting in the shared queue for a worker, those
+//!   spawned or woken from outside the workers (a task woken by I/O on a worker waits
+//!   in that worker's own queue, whose depth is not a stable metric).
 //!
 //! tokio keeps these counters whether or not anyone reads them (each worker adds its
 //! busy time when it parks, and every few dozen polls while it does not), so exporting
