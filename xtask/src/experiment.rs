@@ -40,6 +40,10 @@ pub struct ExperimentArgs {
     /// Open-model arrivals per second instead of the scenario's (goodput, recovery).
     #[arg(long)]
     pub rate: Option<u32>,
+    /// orders-service's catalog pool slots (`CATALOG_POOL_MAX_CONNECTIONS`) instead of
+    /// the scenario's 50: a few slots make a pool queue in front of a fast catalog.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub pool_slots: Option<u32>,
     /// Orders with no fault before each measured load, e.g. `3s`.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub warm_up: Duration,
@@ -178,7 +182,7 @@ async fn prepare(args: &ExperimentArgs, out: &Path) -> anyhow::Result<Context> {
         load: args
             .scenario
             .load(args.duration, args.budget)
-            .with_overrides(args.vus, args.rate),
+            .with_overrides(args.vus, args.rate, args.pool_slots),
         margin_ms: args.margin,
         out: out.join("runs"),
         warm_up: args.warm_up,

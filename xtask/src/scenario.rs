@@ -88,12 +88,19 @@ pub struct Load {
 pub const CLIENT_PATIENCE_MS: u64 = 1000;
 
 impl Load {
-    /// The same load with `vus` users (closed loop) or `rate` arrivals (open model).
-    pub fn with_overrides(mut self, vus: Option<u32>, rate: Option<u32>) -> Self {
+    /// The same load with `vus` users (closed loop) or `rate` arrivals (open model),
+    /// and `pool_slots` catalog pool slots.
+    pub fn with_overrides(
+        mut self,
+        vus: Option<u32>,
+        rate: Option<u32>,
+        pool_slots: Option<u32>,
+    ) -> Self {
         match &mut self.model {
             Model::Closed { vus: v, .. } => *v = vus.unwrap_or(*v),
             Model::Open { rate: r } => *r = rate.unwrap_or(*r),
         }
+        self.pool_max_connections = pool_slots.unwrap_or(self.pool_max_connections);
         self
     }
 }
