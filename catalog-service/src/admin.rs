@@ -1,4 +1,6 @@
-//! The admin API: `GET|PUT|DELETE /admin/faults`, on the admin address only.
+//! The admin API: `GET|PUT|DELETE /admin/faults`, on the admin address only, and
+//! `POST /admin/profile/start|stop` (a CPU flamegraph, with the `profiling` feature:
+//! [`service_kit::profiling`]).
 //!
 //! Only loopback clients are served unless `CATALOG_ADMIN_ALLOW_REMOTE` is set: whoever
 //! reaches this API can make the service slow, so binding it to loopback is not left as
@@ -24,7 +26,8 @@ pub fn router(faults: Faults, allow_remote: bool) -> Router {
             "/admin/faults",
             get(get_faults).put(put_faults).delete(delete_faults),
         )
-        .with_state(faults);
+        .with_state(faults)
+        .merge(service_kit::profiling::router());
     service_kit::admin::guard(router, allow_remote, "CATALOG_ADMIN_ALLOW_REMOTE")
 }
 
@@ -77,5 +80,22 @@ mod tests {
             StatusCode::FORBIDDEN
         );
         assert_eq!(get_from("10.1.2.3:5000", true).await, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn the_profile_routes_are_behind_the_same_guard() {
+        let send = |peer: &str| {
+            let mut request = Request::post("/admin/profile/stop?bogus=1")
+                .body(Body::empty())
+                .unwrap();
+            let addr: SocketAddr = peer.parse().unwrap();
+            request.extensions_mut().insert(ConnectInfo(addr));
+            router(Faults::default(), false).oneshot(request)
+        };
+        let remote = send("10.1.2.3:5000").await.unwrap();
+        assert_eq!(remote.status(), StatusCode::FORBIDDEN);
+        // From loopback the route answers (here: an unknown parameter).
+        let local = send("127.0.0.1:5000").await.unwrap();
+        assert_eq!(local.status(), StatusCode::BAD_REQUEST);
     }
 }

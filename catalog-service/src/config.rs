@@ -49,6 +49,11 @@ pub struct Config {
     #[arg(long, env = "CATALOG_HONOUR_OBSERVE", default_value_t = true, action = clap::ArgAction::Set)]
     pub honour_observe: bool,
 
+    /// Export the tokio runtime's metrics (`tokio_*`, docs/design.md §7); `false` only
+    /// to measure what they cost.
+    #[arg(long, env = "RUNTIME_METRICS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub runtime_metrics: bool,
+
     /// Log format: readable text, or JSON lines.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

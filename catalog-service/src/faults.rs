@@ -5,6 +5,12 @@
 //! budget is cut at 300 ms with a 504, and when the caller disconnects hyper drops the
 //! handler's future, which ends the sleep. A real slow dependency behaves the same way
 //! when its I/O runs under the deadline.
+//!
+//! The busy fault is the opposite on purpose: `busy_ms` of spinning on the worker
+//! thread, which never yields, as a CPU-bound handler or a blocking call does. Nothing
+//! can cut it, not the deadline and not a caller that hangs up, and while it runs the
+//! worker serves nothing else: the runtime's busy time rises (`tokio_*`, docs/design.md
+//! §7), which is what the `saturation` experiment shows.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -15,6 +21,9 @@ use serde::{Deserialize, Serialize};
 
 /// The largest delay or jitter the admin API accepts, in milliseconds.
 pub const MAX_DELAY_MS: u64 = 60_000;
+/// The longest a request may spin on its worker thread, in milliseconds. The admin API
+/// runs on the same workers, so a fault it cannot outlast would make it unreachable.
+pub const MAX_BUSY_MS: u64 = 1_000;
 
 /// What to inject into each catalog answer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -29,6 +38,9 @@ pub struct FaultConfig {
     /// Share of answers that fail with 500, from 0.0 to 1.0.
     #[serde(default)]
     pub error_rate: f64,
+    /// CPU spent spinning on the worker thread before the delay, never yielding.
+    #[serde(default)]
+    pub busy_ms: u64,
 }
 
 impl FaultConfig {
@@ -42,6 +54,9 @@ impl FaultConfig {
         }
         if !(0.0..=1.0).contains(&self.error_rate) {
             return Err("error_rate must be between 0.0 and 1.0".to_owned());
+        }
+        if self.busy_ms > MAX_BUSY_MS {
+            return Err(format!("busy_ms must be at most {MAX_BUSY_MS}"));
         }
         Ok(())
     }
@@ -77,9 +92,12 @@ impl Faults {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = config;
     }
 
-    /// Applies the faults to one request: sleeps, then maybe fails.
+    /// Applies the faults to one request: spins, sleeps, then maybe fails.
     pub async fn inject(&self) -> Result<(), Problem> {
         let config = self.get();
+        if config.busy_ms > 0 {
+            spin(Duration::from_millis(config.busy_ms));
+        }
         let (delay, fail) = {
             let mut rng = rand::rng();
             let jitter = if config.jitter_ms > 0 {
@@ -99,5 +117,14 @@ impl Faults {
             return Err(Problem::internal("injected fault"));
         }
         Ok(())
+    }
+}
+
+/// Holds the calling thread for `length`, spinning: a blocking call on a worker thread,
+/// as far as the runtime can tell.
+fn spin(length: Duration) {
+    let until = std::time::Instant::now() + length;
+    while std::time::Instant::now() < until {
+        std::hint::spin_loop();
     }
 }

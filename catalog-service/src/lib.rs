@@ -4,7 +4,7 @@
 //!
 //! - [`config`]: settings from the environment and `--flags`.
 //! - [`catalog`]: the 1000 deterministic items `SKU-00001` ... `SKU-01000`.
-//! - [`faults`]: the fault injector (delay, jitter, error rate). It runs inside the
+//! - [`faults`]: the fault injector (delay, jitter, error rate, busy spin). It runs inside the
 //!   request's deadline, so an injected 1 s delay under a 300 ms budget ends at 300 ms
 //!   with a 504, and it stops as soon as the caller goes away.
 //! - [`admin`]: `GET|PUT|DELETE /admin/faults`, served only on the admin address.
@@ -56,7 +56,7 @@ impl Application {
             delay_ms: config.fault_delay_ms,
             ..FaultConfig::default()
         });
-        let metrics = metrics_with_fault_delay(&faults);
+        let metrics = metrics_with_fault_delay(&faults, config.runtime_metrics);
         Ok(Self {
             port: public.local_addr()?.port(),
             admin_port: admin.local_addr()?.port(),
@@ -116,9 +116,9 @@ impl Application {
 /// read at each scrape, since the admin API changes it at any time; the dashboard marks
 /// when latency was injected from it (docs/design.md §7). Jitter and error rate are not
 /// exported.
-fn metrics_with_fault_delay(faults: &Faults) -> Metrics {
+fn metrics_with_fault_delay(faults: &Faults, runtime_metrics: bool) -> Metrics {
     let faults = faults.clone();
-    service_kit::metrics::for_service("catalog-service", move |registry| {
+    service_kit::metrics::for_service("catalog-service", runtime_metrics, move |registry| {
         registry.register_collector(Box::new(FaultDelay(faults)));
     })
 }

@@ -163,7 +163,7 @@ async fn the_admin_api_is_not_served_on_the_public_port() {
 async fn the_admin_api_sets_reads_and_resets_faults() {
     let app = spawn_app().await;
     let url = format!("{}/admin/faults", app.admin);
-    let set = json!({"delay_ms": 1000, "jitter_ms": 50, "error_rate": 0.25});
+    let set = json!({"delay_ms": 1000, "jitter_ms": 50, "error_rate": 0.25, "busy_ms": 5});
     let response = app.client.put(&url).json(&set).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let read: Value = app
@@ -185,7 +185,7 @@ async fn the_admin_api_sets_reads_and_resets_faults() {
 async fn bad_admin_input_is_rejected_and_changes_nothing() {
     let app = spawn_app().await;
     let url = format!("{}/admin/faults", app.admin);
-    let cases: [(&str, &str, StatusCode); 7] = [
+    let cases: [(&str, &str, StatusCode); 9] = [
         ("application/json", "{not json", StatusCode::BAD_REQUEST),
         (
             "application/json",
@@ -205,6 +205,16 @@ async fn bad_admin_input_is_rejected_and_changes_nothing() {
         (
             "application/json",
             r#"{"error_rate": -0.1}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "application/json",
+            r#"{"busy_ms": 1001}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "application/json",
+            r#"{"busy_ms": -1}"#,
             StatusCode::UNPROCESSABLE_ENTITY,
         ),
         (
@@ -233,9 +243,39 @@ async fn bad_admin_input_is_rejected_and_changes_nothing() {
             "application/problem+json"
         );
         let problem: Value = response.json().await.unwrap();
-        assert!(!problem["detail"].as_str().unwrap().is_empty());
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(!detail.is_empty());
+        if body.contains("busy_ms") {
+            assert!(detail.contains("busy_ms"), "{detail}");
+        }
     }
     assert_eq!(app.faults.get(), FaultConfig::default());
+}
+
+/// The busy fault holds a worker thread the way a CPU-bound handler does: the
+/// deadline cannot cut it, and the runtime's busy time grows by at least as much.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_fault_holds_a_worker_past_the_budget_and_counts_as_busy_time() {
+    let app = spawn_app().await;
+    let busy = |app: &TestApp| {
+        metric_value(&app.metrics.render(), "tokio_worker_busy_seconds_total", "")
+            .expect("the runtime's busy time is exported")
+    };
+    let before = busy(&app);
+    app.faults.set(FaultConfig {
+        busy_ms: 300,
+        ..FaultConfig::default()
+    });
+    let started = Instant::now();
+    let response = app.get_item("SKU-00001", Some(50)).await;
+    let elapsed = started.elapsed();
+    assert!(elapsed >= MS(300), "answered after {elapsed:?}");
+    // Nothing polled the deadline while the worker spun: the handler finished first.
+    assert_eq!(response.status(), StatusCode::OK);
+    wait_until("the spin shows as busy time", MS(5000), || async {
+        busy(&app) - before >= 0.3
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -329,6 +369,7 @@ fn help_documents_every_setting_with_its_default() {
         "DEADLINE_MAX_MS",
         "DEADLINE_DEFAULT_MS",
         "CATALOG_FAULT_DELAY_MS",
+        "RUNTIME_METRICS",
     ] {
         assert!(
             help.contains(&format!("env: {variable}")),

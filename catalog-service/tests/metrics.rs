@@ -1,6 +1,6 @@
 //! What catalog-service exports besides request metrics, read from a real scrape over
-//! HTTP: its budget policy, the injected delay as the admin API changes it, the process,
-//! and no exemplar when no trace is active.
+//! HTTP: its budget policy, the injected delay as the admin API changes it, the process
+//! and its tokio runtime, and no exemplar when no trace is active.
 
 use catalog_service::{Application, Config};
 use reqwest::StatusCode;
@@ -89,6 +89,18 @@ async fn process_metrics_are_present_and_no_exemplar_without_a_trace() {
     assert!(rss > 1_000_000.0, "resident memory {rss} in\n{text}");
     assert!(metric_value(&text, "process_cpu_seconds_total", "").is_some());
     assert!(text.contains("# TYPE process_cpu_seconds counter"));
+    // The runtime that serves the scrape: this test's, one worker.
+    assert_eq!(
+        metric_value(&text, "tokio_workers", ""),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(text.contains("# TYPE tokio_worker_busy_seconds counter"));
+    assert!(metric_value(&text, "tokio_worker_busy_seconds_total", "").is_some());
+    // At least the accept loops of both ports are tasks of their own.
+    let alive = metric_value(&text, "tokio_alive_tasks", "").unwrap_or(0.0);
+    assert!(alive >= 2.0, "alive tasks {alive}");
+    assert!(metric_value(&text, "tokio_global_queue_depth", "").is_some());
     // No OpenTelemetry layer in this test binary: no request has a sampled trace.
     let bucket = r#"http_server_requests_seconds_bucket{le="10.0",method="GET",uri="/catalog/{sku}",status="200"} 1"#;
     assert!(text.lines().any(|line| line == bucket), "{text}");
@@ -96,4 +108,15 @@ async fn process_metrics_are_present_and_no_exemplar_without_a_trace() {
         !text.contains("trace_id"),
         "an exemplar without a trace:\n{text}"
     );
+}
+
+#[tokio::test]
+async fn runtime_metrics_switched_off_leave_out_every_tokio_family() {
+    let mut config = Config::for_tests();
+    config.runtime_metrics = false;
+    let app = spawn_app(config).await;
+    let text = app.scrape().await;
+    assert!(!text.contains("tokio_"), "{text}");
+    // The rest is there as usual.
+    assert!(metric_value(&text, "process_cpu_seconds_total", "").is_some());
 }

@@ -1,4 +1,6 @@
-//! The admin API: `GET|PUT /admin/mode`, on the admin address only (`ORDERS_ADMIN_ADDR`).
+//! The admin API: `GET|PUT /admin/mode`, on the admin address only (`ORDERS_ADMIN_ADDR`),
+//! and `POST /admin/profile/start|stop` (a CPU flamegraph, with the `profiling` feature:
+//! [`service_kit::profiling`]).
 //!
 //! The deadline mode is the rollout switch: `observe` first (everything runs, nothing is
 //! refused, `deadline_would_refuse_total` counts what propagate would refuse), then
@@ -31,7 +33,8 @@ pub struct ModeBody {
 pub fn router(mode: LiveMode, allow_remote: bool) -> Router {
     let router = Router::new()
         .route("/admin/mode", get(get_mode).put(put_mode))
-        .with_state(mode);
+        .with_state(mode)
+        .merge(service_kit::profiling::router());
     service_kit::admin::guard(router, allow_remote, "ORDERS_ADMIN_ALLOW_REMOTE")
 }
 

@@ -166,6 +166,11 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub header_read_timeout_ms: u64,
 
+    /// Export the tokio runtime's metrics (`tokio_*`, docs/design.md §7); `false` only
+    /// to measure what they cost.
+    #[arg(long, env = "RUNTIME_METRICS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub runtime_metrics: bool,
+
     /// Log format: readable text, or JSON lines.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -115,7 +115,8 @@ pub struct Application {
 impl Application {
     /// Connects, migrates and binds (port 0 picks a free port, as tests do).
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let metrics = service_kit::metrics::for_service("orders-service", |_| {});
+        let metrics =
+            service_kit::metrics::for_service("orders-service", config.runtime_metrics, |_| {});
         // Every tool's series exist at 0 from the first scrape.
         metrics.declare_tools(assistant::Tool::ALL.map(assistant::Tool::name));
         // Before the database: a bad precheck setting fails start-up at once.

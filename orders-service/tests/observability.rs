@@ -354,7 +354,7 @@ async fn a_traced_request_leaves_its_trace_id_as_an_exemplar() {
     }
 }
 
-/// The configured limits, the process and every tool's series are in a real scrape,
+/// The configured limits, the process, its runtime and every tool's series are in a real scrape,
 /// with the values the service was started with.
 #[tokio::test]
 async fn settings_process_and_tool_series_are_exported_from_start_up() {
@@ -387,6 +387,11 @@ async fn settings_process_and_tool_series_are_exported_from_start_up() {
     );
     assert!(value("process_resident_memory_bytes", "") > 1_000_000.0);
     assert!(value("process_cpu_seconds_total", "") >= 0.0);
+    // The runtime that serves the scrape (this test's), read at scrape time.
+    assert!(value("tokio_workers", "") >= 1.0);
+    assert!(value("tokio_worker_busy_seconds_total", "") >= 0.0);
+    assert!(value("tokio_alive_tasks", "") >= 1.0);
+    assert!(value("tokio_global_queue_depth", "") >= 0.0);
     // Before any assistant turn: every tool × outcome, at 0.
     for tool in ["catalog_lookup", "inventory_check"] {
         for outcome in ["ok", "error", "timeout", "refused", "cancelled"] {

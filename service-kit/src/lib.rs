@@ -12,10 +12,13 @@
 //!   problems, and a body size limit that refuses an announced oversize at once.
 //! - [`telemetry`]: logs (text or JSON) and OpenTelemetry traces over OTLP/HTTP.
 //! - [`metrics`]: the service's metric registry: the library's families plus the
-//!   process's memory and CPU.
+//!   process's memory and CPU and the tokio runtime's workers and queues.
+//! - [`profiling`]: `POST /admin/profile/start|stop`, a CPU flamegraph of the process (feature
+//!   `profiling`, off by default).
 
 pub mod admin;
 pub mod json;
 pub mod metrics;
+pub mod profiling;
 pub mod server;
 pub mod telemetry;

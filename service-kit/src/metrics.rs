@@ -1,5 +1,6 @@
 //! The registry of a demo service: the library's families, the downstream the demo's
-//! contract names, and the process's memory and CPU.
+//! contract names, the process's memory and CPU, and the tokio runtime's workers and
+//! queues ([below](self#runtime-metrics)).
 //!
 //! `process_resident_memory_bytes` and `process_cpu_seconds_total` are read from
 //! `/proc/self` at scrape time. docs/design.md §9 asks for flat memory under load, and a
@@ -8,6 +9,16 @@
 //! unchanged. Two small files per scrape cost microseconds and need no dependency
 //! (`libc::sysconf` would need `unsafe`, which this workspace forbids). Without `/proc`
 //! both are absent.
+//!
+//! # Runtime metrics
+//!
+//! `tokio_workers`, `tokio_worker_busy_seconds_total`, `tokio_alive_tasks` and
+//! `tokio_global_queue_depth` are tokio's stable runtime metrics of the runtime the
+//! service was built on, read at scrape time: they tell a saturated executor (workers
+//! busy nearly all the time) from a pool queue or a slow downstream, which look the same
+//! from outside. `RUNTIME_METRICS=false` leaves them out, to measure what they cost.
+
+mod runtime;
 
 use deadline_propagation::Downstream;
 use deadline_propagation::metrics::Metrics;
@@ -23,14 +34,23 @@ use prometheus_client::registry::Registry;
 const USER_HZ: f64 = 100.0;
 
 /// The metrics of a demo service named `service`, with what `register` adds to the
-/// same registry (the catalog's fault gauge).
+/// same registry (the catalog's fault gauge), and the tokio runtime's metrics when
+/// `runtime_metrics` is set. Call it on the runtime that serves the service (in its
+/// `Application::build`): that is the runtime whose metrics are exported.
 ///
 /// Both services declare the catalog, the downstream of the demo's contract
 /// (docs/design.md §3.5), so its stages' series exist in each from the first scrape,
 /// and dashboards that sum over both services never see a series appear from nowhere.
-pub fn for_service(service: &'static str, register: impl FnOnce(&mut Registry)) -> Metrics {
+pub fn for_service(
+    service: &'static str,
+    runtime_metrics: bool,
+    register: impl FnOnce(&mut Registry),
+) -> Metrics {
     let metrics = Metrics::with_registry(service, |registry| {
         registry.register_collector(Box::new(ProcessCollector));
+        if runtime_metrics {
+            registry.register_collector(Box::new(runtime::RuntimeCollector::current()));
+        }
         register(registry);
     });
     metrics.declare_downstream(catalog());

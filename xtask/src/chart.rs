@@ -9,7 +9,9 @@ use std::path::Path;
 use anyhow::Context as _;
 use plotters::prelude::*;
 
+use crate::diagnosis::SATURATED_BUSY_RATIO;
 use crate::run::ModeRun;
+use crate::sampler::{Runtime, Sample};
 use crate::summary::Summary;
 
 const LEGACY: RGBColor = RGBColor(0xd6, 0x27, 0x28);
@@ -64,22 +66,56 @@ fn panels(summary: &Summary) -> Vec<Panel> {
             series: |r| r.samples.iter().map(|s| (s.t, s.rss_mib)).collect(),
             limit: None,
         },
+        Panel {
+            title: "orders-service tokio workers busy, share of their time (1 s windows)",
+            series: |r| busy_series(r, |s| s.orders_runtime),
+            limit: Some((SATURATED_BUSY_RATIO, "saturated")),
+        },
+        Panel {
+            title: "catalog-service tokio workers busy, share of their time (1 s windows)",
+            series: |r| busy_series(r, |s| s.catalog_runtime),
+            limit: Some((SATURATED_BUSY_RATIO, "saturated")),
+        },
     ]
+}
+
+/// The busy ratio over the last second at each runtime reading: readings 250 ms apart
+/// would show the steps in which workers add their busy time.
+fn busy_series(run: &ModeRun, runtime: fn(&Sample) -> Option<Runtime>) -> Vec<(f64, f64)> {
+    let readings: Vec<(f64, Runtime)> = run
+        .samples
+        .iter()
+        .filter_map(|s| runtime(s).map(|r| (s.t, r)))
+        .collect();
+    readings
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &(t, now))| {
+            let &(t0, then) = readings[..i].iter().rev().find(|(t0, _)| t - t0 >= 1.0)?;
+            let worker_seconds = (t - t0) * now.workers;
+            (worker_seconds > 0.0).then(|| (t, (now.busy_s - then.busy_s) / worker_seconds))
+        })
+        .collect()
 }
 
 /// Draws `path` from the first run of each mode.
 pub fn draw(path: &Path, summary: &Summary, runs: &[ModeRun]) -> anyhow::Result<()> {
     let first = |mode: &str| runs.iter().find(|r| r.mode == mode);
-    let shown: Vec<(&ModeRun, RGBColor)> = [("legacy", LEGACY), ("propagate", PROPAGATE)]
-        .into_iter()
+    let shown: Vec<(&ModeRun, RGBColor)> = summary
+        .sides
+        .iter()
+        .zip([LEGACY, PROPAGATE])
         .filter_map(|(m, c)| first(m).map(|r| (r, c)))
         .collect();
-    let panels = panels(summary);
+    // Runs without runtime readings (older results, or the metrics off) draw no
+    // runtime panels.
+    let mut panels = panels(summary);
+    panels.retain(|p| shown.iter().any(|(r, _)| !(p.series)(r).is_empty()));
     let root = SVGBackend::new(path, (960, 260 * panels.len() as u32 + 60)).into_drawing_area();
     root.fill(&WHITE)?;
     let title = format!(
-        "{}: legacy vs propagate (commit {}, {} build, first run of each mode)",
-        summary.scenario, summary.commit, summary.profile
+        "{}: {} vs {} (commit {}, {} build, first run of each)",
+        summary.scenario, summary.sides[0], summary.sides[1], summary.commit, summary.profile
     );
     let (header, body) = root.split_vertically(60);
     header.draw_text(

@@ -5,6 +5,7 @@
 //! no runs, or a legacy figure to compare against that is absent is a run that proved
 //! nothing, and a check that passes on nothing would pass on a broken experiment.
 
+use crate::diagnosis::{self, Answer};
 use crate::summary::{MODES, Summary};
 
 /// The least goodput propagate must reach, as a multiple of legacy's, under `goodput`.
@@ -44,19 +45,28 @@ fn missing(rule: &str, mode: &str, figure: &str) -> Verdict {
     verdict(rule, false, format!("{figure} missing from a {mode} run"))
 }
 
-/// Every rule that applies to `summary`'s scenario.
+/// Every rule that applies to `summary`'s scenario. The rules of propagate apply to
+/// every side that runs the technique, which is every side but `legacy`; the
+/// scenario's own rules, which compare legacy with propagate, only when the sides are
+/// the modes.
 pub fn check(summary: &Summary, budget_ms: f64, margin_ms: f64) -> Vec<Verdict> {
-    let mut verdicts = vec![
-        k6_passed(summary),
-        propagate_p99(summary, budget_ms + margin_ms),
-        memory_flat(summary),
-        pending_within_limit(summary),
-        in_flight_drained(summary),
-    ];
+    let mut verdicts = vec![k6_passed(summary)];
+    for side in summary.sides.iter().filter(|s| *s != "legacy") {
+        verdicts.extend([
+            propagate_p99(summary, side, budget_ms + margin_ms),
+            memory_flat(summary, side),
+            pending_within_limit(summary, side),
+            in_flight_drained(summary, side),
+        ]);
+    }
+    if summary.sides != MODES {
+        return verdicts;
+    }
     match summary.scenario.as_str() {
         "goodput" => verdicts.push(goodput_ratio(summary)),
         "seed" => verdicts.push(legacy_queues(summary, budget_ms)),
         "recovery" => verdicts.push(recovered(summary)),
+        "saturation" => verdicts.push(executor_saturated(summary, budget_ms)),
         _ => {}
     }
     verdicts
@@ -66,7 +76,8 @@ pub fn check(summary: &Summary, budget_ms: f64, margin_ms: f64) -> Vec<Verdict> 
 /// threshold held.
 fn k6_passed(summary: &Summary) -> Verdict {
     const RULE: &str = "k6 exit code";
-    if let Some(mode) = MODES
+    if let Some(mode) = summary
+        .sides
         .iter()
         .find(|m| summary.values(m, "k6_exit").is_empty())
     {
@@ -90,27 +101,27 @@ fn k6_passed(summary: &Summary) -> Verdict {
 }
 
 /// Propagate answers within the budget plus the margin, at p99, in every run.
-fn propagate_p99(summary: &Summary, limit_ms: f64) -> Verdict {
-    const RULE: &str = "propagate p99 within budget + margin";
-    let Some(p99s) = every_run(summary, "propagate", "p99_ms") else {
-        return missing(RULE, "propagate", "p99_ms");
+fn propagate_p99(summary: &Summary, side: &str, limit_ms: f64) -> Verdict {
+    let rule = &format!("{side} p99 within budget + margin");
+    let Some(p99s) = every_run(summary, side, "p99_ms") else {
+        return missing(rule, side, "p99_ms");
     };
     let worst = p99s.into_iter().fold(f64::MIN, f64::max);
     verdict(
-        RULE,
+        rule,
         worst <= limit_ms,
         format!("worst p99 {worst:.0} ms, limit {limit_ms:.0} ms"),
     )
 }
 
 /// orders-service's memory stays flat under load in propagate mode.
-fn memory_flat(summary: &Summary) -> Verdict {
-    const RULE: &str = "propagate memory flat";
+fn memory_flat(summary: &Summary, side: &str) -> Verdict {
+    let rule = &format!("{side} memory flat");
     let (Some(starts), Some(peaks)) = (
-        every_run(summary, "propagate", "rss_start_mib"),
-        every_run(summary, "propagate", "rss_peak_mib"),
+        every_run(summary, side, "rss_start_mib"),
+        every_run(summary, side, "rss_peak_mib"),
     ) else {
-        return missing(RULE, "propagate", "rss_start_mib or rss_peak_mib");
+        return missing(rule, side, "rss_start_mib or rss_peak_mib");
     };
     let growth = starts
         .iter()
@@ -118,20 +129,20 @@ fn memory_flat(summary: &Summary) -> Verdict {
         .map(|(s, p)| p - s)
         .fold(f64::MIN, f64::max);
     verdict(
-        RULE,
+        rule,
         growth <= MAX_RSS_GROWTH_MIB,
         format!("largest RSS growth {growth:.1} MiB, limit {MAX_RSS_GROWTH_MIB} MiB"),
     )
 }
 
 /// Propagate's catalog calls never queue past the bulkhead's limit, in any run.
-fn pending_within_limit(summary: &Summary) -> Verdict {
-    const RULE: &str = "propagate pending within its limit";
+fn pending_within_limit(summary: &Summary, side: &str) -> Verdict {
+    let rule = &format!("{side} pending within its limit");
     let (Some(peaks), Some(limits)) = (
-        every_run(summary, "propagate", "pending_peak"),
-        every_run(summary, "propagate", "pending_limit"),
+        every_run(summary, side, "pending_peak"),
+        every_run(summary, side, "pending_limit"),
     ) else {
-        return missing(RULE, "propagate", "pending_peak or pending_limit");
+        return missing(rule, side, "pending_peak or pending_limit");
     };
     let over: Vec<String> = peaks
         .iter()
@@ -144,23 +155,23 @@ fn pending_within_limit(summary: &Summary) -> Verdict {
         true => format!("peak {worst:.0}, limit {:.0}", limits[0]),
         false => format!("peak over the limit: {}", over.join(", ")),
     };
-    verdict(RULE, over.is_empty(), detail)
+    verdict(rule, over.is_empty(), detail)
 }
 
 /// Once the load stops, propagate's in-flight orders go back to zero in every run.
-fn in_flight_drained(summary: &Summary) -> Verdict {
-    const RULE: &str = "propagate in-flight back to zero";
-    let Some(ends) = every_run(summary, "propagate", "in_flight_end") else {
-        return missing(RULE, "propagate", "in_flight_end");
+fn in_flight_drained(summary: &Summary, side: &str) -> Verdict {
+    let rule = &format!("{side} in-flight back to zero");
+    let Some(ends) = every_run(summary, side, "in_flight_end") else {
+        return missing(rule, side, "in_flight_end");
     };
     let left = ends.iter().copied().fold(0.0, f64::max);
     let drain = summary
-        .values("propagate", "drain_ms")
+        .values(side, "drain_ms")
         .into_iter()
         .filter(|v| v.is_finite())
         .fold(0.0, f64::max);
     verdict(
-        RULE,
+        rule,
         left == 0.0,
         format!("{left:.0} still in flight after the drain (slowest drain {drain:.0} ms)"),
     )
@@ -199,6 +210,42 @@ fn legacy_queues(summary: &Summary, budget_ms: f64) -> Verdict {
         pending > 0.0 && p99 > budget_ms,
         format!("legacy pending peak {pending:.0}, p99 {p99:.0} ms (budget {budget_ms:.0} ms)"),
     )
+}
+
+/// The saturation run shows the third answer: in every run of both modes the metrics
+/// alone say the catalog's executor is saturated, and the pool's queue stays short.
+fn executor_saturated(summary: &Summary, budget_ms: f64) -> Verdict {
+    const RULE: &str = "the metrics say: saturated executor (catalog-service)";
+    let mut wrong = Vec::new();
+    for mode in MODES {
+        if summary.values(mode, "k6_exit").is_empty() {
+            wrong.push(format!("no {mode} run"));
+        }
+    }
+    for run in &summary.runs {
+        let answer = diagnosis::answer(&run.figures, budget_ms);
+        let saturated =
+            matches!(&answer, Answer::SaturatedExecutor(s) if s.contains(&"catalog-service"));
+        let pending = run.figures.get("pending_mean").copied().unwrap_or(f64::NAN);
+        // A missing (NaN) mean is no flat pool.
+        let flat = pending < diagnosis::QUEUED_PENDING_MEAN;
+        if !saturated || !flat {
+            wrong.push(format!(
+                "{} #{}: {answer}, pool pending mean {pending:.1}",
+                run.mode, run.repeat
+            ));
+        }
+    }
+    let detail = match wrong.is_empty() {
+        true => format!(
+            "every run; catalog workers busy {} of the time",
+            summary
+                .get("propagate", "catalog_busy_ratio")
+                .map_or("-".to_owned(), |s| format!("{:.2}", s.median))
+        ),
+        false => wrong.join("; "),
+    };
+    verdict(RULE, wrong.is_empty(), detail)
 }
 
 /// Propagate serves a whole second in budget within 1 s of the fault going away.
@@ -242,6 +289,8 @@ mod tests {
             commit: String::new(),
             profile: String::new(),
             load: serde_json::Value::Null,
+            sides: MODES.map(str::to_owned).to_vec(),
+            answers: BTreeMap::new(),
             repeats: 1,
             modes: BTreeMap::new(),
             runs,
@@ -483,5 +532,73 @@ mod tests {
             &[("legacy", GOOD), ("propagate", &[("k6_exit", 0.0)])],
         );
         assert!(!find(&check(&never, 700.0, 50.0), "propagate recovers").ok);
+    }
+
+    const SATURATED: &[(&str, f64)] = &[
+        ("k6_exit", 0.0),
+        ("orders_busy_ratio", 0.1),
+        ("catalog_busy_ratio", 0.98),
+        ("catalog_call_mean_ms", 300.0),
+        ("pending_mean", 0.0),
+    ];
+
+    #[test]
+    fn the_saturation_run_must_read_as_the_catalogs_saturated_executor_in_every_run() {
+        let rule = "the metrics say";
+        let ok = summary(
+            "saturation",
+            &[("legacy", SATURATED), ("propagate", SATURATED)],
+        );
+        let v = find(&check(&ok, 700.0, 50.0), rule).clone();
+        assert!(v.ok, "{}", v.detail);
+        // A slow downstream is not it; nor is a saturation with a queued pool.
+        for (figure, value) in [("catalog_busy_ratio", 0.5), ("pending_mean", 12.0)] {
+            let mut figures = SATURATED.to_vec();
+            figures.retain(|(f, _)| *f != figure);
+            figures.push((figure, value));
+            let bad = summary(
+                "saturation",
+                &[("legacy", SATURATED), ("propagate", &figures)],
+            );
+            let v = find(&check(&bad, 700.0, 50.0), rule).clone();
+            assert!(!v.ok, "{figure} = {value}: {}", v.detail);
+            assert!(v.detail.contains("propagate #"), "{}", v.detail);
+        }
+        // No runtime figure, or no legacy run: no pass.
+        let unknown = summary(
+            "saturation",
+            &[("legacy", SATURATED), ("propagate", &[("k6_exit", 0.0)])],
+        );
+        assert!(!find(&check(&unknown, 700.0, 50.0), rule).ok);
+        let one_mode = summary("saturation", &[("propagate", SATURATED)]);
+        let v = find(&check(&one_mode, 700.0, 50.0), rule).clone();
+        assert!(!v.ok && v.detail.contains("no legacy run"), "{}", v.detail);
+    }
+
+    #[test]
+    fn other_sides_than_the_modes_each_get_the_propagate_rules_and_no_scenario_rule() {
+        let mut s = summary("goodput", &[("legacy", GOOD), ("propagate", GOOD)]);
+        for run in &mut s.runs {
+            run.mode = if run.mode == "legacy" {
+                "metrics-off"
+            } else {
+                "metrics-on"
+            }
+            .into();
+        }
+        s.sides = vec!["metrics-off".into(), "metrics-on".into()];
+        s.modes = BTreeMap::from([
+            ("metrics-off".into(), s.modes["legacy"].clone()),
+            ("metrics-on".into(), s.modes["propagate"].clone()),
+        ]);
+        let verdicts = check(&s, 700.0, 100.0);
+        assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
+        assert_eq!(
+            verdicts.len(),
+            9,
+            "k6 and four rules per side: {verdicts:?}"
+        );
+        assert!(find(&verdicts, "metrics-off p99").ok);
+        assert!(verdicts.iter().all(|v| !v.rule.starts_with("goodput")));
     }
 }

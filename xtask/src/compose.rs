@@ -129,6 +129,7 @@ async fn checks(compose: &Compose) -> anyhow::Result<()> {
         Some(Fault {
             delay_ms: 1000,
             jitter_ms: 0,
+            busy_ms: 0,
         }),
     )
     .await?;

@@ -11,7 +11,7 @@ use test_support::PgCluster;
 use crate::check::{self, Verdict};
 use crate::prometheus::Prometheus;
 use crate::run::{self, Context, ModeRun};
-use crate::scenario::Scenario;
+use crate::scenario::{Scenario, Side, Versus};
 use crate::stack::{self, Ports, workspace};
 use crate::summary::{self, Summary};
 use crate::{chart, k6};
@@ -40,6 +40,10 @@ pub struct ExperimentArgs {
     /// Open-model arrivals per second instead of the scenario's (goodput, recovery).
     #[arg(long)]
     pub rate: Option<u32>,
+    /// orders-service's catalog pool slots (`CATALOG_POOL_MAX_CONNECTIONS`) instead of
+    /// the scenario's 50: a few slots make a pool queue in front of a fast catalog.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub pool_slots: Option<u32>,
     /// Orders with no fault before each measured load, e.g. `3s`.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub warm_up: Duration,
@@ -53,6 +57,16 @@ pub struct ExperimentArgs {
     /// `predict` (the default) or `off`, to measure what admission adds.
     #[arg(long, default_value = "predict", value_parser = ["predict", "off"])]
     pub admission: String,
+    /// What the two sides differ in: the deadline mode (`modes`, legacy against
+    /// propagate), or the runtime metrics (`runtime-metrics`: both in propagate, the
+    /// services' `tokio_*` families off against on, to measure what they cost).
+    #[arg(long, value_enum, default_value = "modes")]
+    pub versus: Versus,
+    /// Record a CPU profile of each service during every load (the services are built
+    /// with their `profiling` feature) and keep the first run's of each side as
+    /// flamegraphs beside the chart.
+    #[arg(long)]
+    pub profile_cpu: bool,
     /// Fail (exit 1) when an acceptance rule does not hold.
     #[arg(long)]
     pub check: bool,
@@ -99,10 +113,10 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
     if let Some(dir) = &args.replot {
         return chart::replot(dir).map(|()| true);
     }
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| workspace().join("results").join(args.scenario.name()));
+    let out = args.out.clone().unwrap_or_else(|| {
+        let name = format!("{}{}", args.scenario.name(), args.versus.suffix());
+        workspace().join("results").join(name)
+    });
     // Stamped before anything is written: the figures speak for the code as it was
     // when the run started.
     let commit = commit();
@@ -111,7 +125,8 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
         true => Some(Prometheus::start(&ctx.ports, &out.join("runs/prometheus")).await?),
         false => None,
     };
-    let runs = run_all(&ctx, args.repeat as usize).await?;
+    let sides = args.versus.sides();
+    let runs = run_all(&ctx, &sides, args.repeat as usize).await?;
     // Queried at the end of the last load, while the services were still up.
     let prometheus_problems = match &prometheus {
         Some(p) => {
@@ -125,6 +140,7 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
         commit,
         &args.profile,
         serde_json::to_value(&ctx.load)?,
+        sides.clone().map(|s| s.name),
         &runs,
     );
     let mut verdicts = check::check(&summary, args.budget as f64, args.margin as f64);
@@ -134,6 +150,9 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
         detail: p.clone(),
     }));
     write_results(&out, &summary, &runs, &verdicts)?;
+    if args.profile_cpu {
+        keep_flamegraphs(&out, &sides)?;
+    }
     chart::draw(&out.join("chart.svg"), &summary, &runs)?;
     print_report(&summary, &verdicts, &out);
     Ok(!args.check || verdicts.iter().all(|v| v.ok))
@@ -142,7 +161,12 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
 /// Builds, finds k6, starts PostgreSQL, picks the ports.
 async fn prepare(args: &ExperimentArgs, out: &Path) -> anyhow::Result<Context> {
     if !args.no_build {
-        stack::build_services(&args.profile)?;
+        let features: &[&str] = if args.profile_cpu {
+            &["profiling"]
+        } else {
+            &[]
+        };
+        stack::build_services_with(&args.profile, features)?;
     }
     let k6 = k6::ensure_k6()?;
     if out.join("runs").exists() {
@@ -158,36 +182,56 @@ async fn prepare(args: &ExperimentArgs, out: &Path) -> anyhow::Result<Context> {
         load: args
             .scenario
             .load(args.duration, args.budget)
-            .with_overrides(args.vus, args.rate),
+            .with_overrides(args.vus, args.rate, args.pool_slots),
         margin_ms: args.margin,
         out: out.join("runs"),
         warm_up: args.warm_up,
         admission: args.admission.clone(),
+        profile_cpu: args.profile_cpu,
     })
 }
 
-/// Every repeat, both modes each, the order alternated so neither mode always runs on
+/// Every repeat, both sides each, the order alternated so neither side always runs on
 /// a machine the other has just warmed (or tired).
-async fn run_all(ctx: &Context, repeats: usize) -> anyhow::Result<Vec<ModeRun>> {
+async fn run_all(ctx: &Context, sides: &[Side; 2], repeats: usize) -> anyhow::Result<Vec<ModeRun>> {
     let mut runs = Vec::new();
     for repeat in 0..repeats {
         let order = if repeat % 2 == 0 {
-            summary::MODES
+            [&sides[0], &sides[1]]
         } else {
-            [summary::MODES[1], summary::MODES[0]]
+            [&sides[1], &sides[0]]
         };
         eprintln!(
             "{} run {}/{repeats}: {} then {}",
             ctx.load.scenario.name(),
             repeat + 1,
-            order[0],
-            order[1]
+            order[0].name,
+            order[1].name
         );
-        for mode in order {
-            runs.push(run::run_mode(ctx, mode, repeat).await?);
+        for side in order {
+            runs.push(run::run_mode(ctx, side, repeat).await?);
         }
     }
     Ok(runs)
+}
+
+/// The first run's flamegraphs of each side, as `flamegraphs/<side>-<service>.svg`
+/// beside the chart (which also draws the first run of each side); the others stay
+/// under `runs/`.
+fn keep_flamegraphs(out: &Path, sides: &[Side; 2]) -> anyhow::Result<()> {
+    let dir = out.join("flamegraphs");
+    std::fs::create_dir_all(&dir)?;
+    for side in sides {
+        for service in ["orders", "catalog"] {
+            let from = out
+                .join("runs")
+                .join(format!("run-0-{}", side.name))
+                .join(format!("flamegraph-{service}.svg"));
+            let to = dir.join(format!("{}-{service}.svg", side.name));
+            std::fs::copy(&from, &to).with_context(|| format!("{}", from.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// The commit the figures speak for: `HEAD`, with `-dirty` when code differs from it.
@@ -250,10 +294,34 @@ fn write_results(
 /// The markdown summary: what ran, the table, the checks.
 pub fn summary_markdown(summary: &Summary, verdicts: &[Verdict]) -> String {
     let mut text = format!(
-        "# Experiment `{}`\n\nCommit `{}`, {} build, {} run(s) per mode (median, min–max).\n\nLoad: `{}`\n\n",
-        summary.scenario, summary.commit, summary.profile, summary.repeats, summary.load
+        "# Experiment `{}`\n\nCommit `{}`, {} build, {} run(s) per side (median, min–max), {} against {}.\n\nLoad: `{}`\n\n",
+        summary.scenario,
+        summary.commit,
+        summary.profile,
+        summary.repeats,
+        summary.sides[0],
+        summary.sides[1],
+        summary.load
     );
+    let answers = summary::answers_markdown(summary);
+    if !answers.is_empty() {
+        text.push_str(&answers);
+        text.push('\n');
+    }
     text.push_str(&summary::markdown_table(summary));
+    let pairs = summary.pair_ratios("created_per_s");
+    if summary.sides != summary::MODES && !pairs.is_empty() {
+        text.push_str(&format!(
+            "\n201 created per s, {} / {}, per repeat (adjacent runs): {}\n",
+            summary.sides[1],
+            summary.sides[0],
+            pairs
+                .iter()
+                .map(|r| format!("{r:.3}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     text.push_str("\n| check | result | detail |\n| --- | --- | --- |\n");
     for v in verdicts {
         text.push_str(&format!(
@@ -268,6 +336,9 @@ pub fn summary_markdown(summary: &Summary, verdicts: &[Verdict]) -> String {
 
 fn print_report(summary: &Summary, verdicts: &[Verdict], out: &Path) {
     println!("\n{}", summary::markdown_table(summary));
+    for (side, answer) in &summary.answers {
+        println!("pool queue, slow downstream or saturated executor? {side}: {answer}");
+    }
     for v in verdicts {
         println!(
             "{} {}: {}",

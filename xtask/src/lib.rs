@@ -28,6 +28,7 @@ pub mod compose;
 pub mod copy_check;
 pub mod cost;
 pub mod dashboards;
+pub mod diagnosis;
 pub mod examples;
 pub mod experiment;
 pub mod images;

@@ -208,7 +208,7 @@ pub async fn instant_query(
 }
 
 /// Percent-encodes everything but unreserved characters (RFC 3986), for a query string.
-fn percent_encode(text: &str) -> String {
+pub fn percent_encode(text: &str) -> String {
     text.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
@@ -237,6 +237,7 @@ mod tests {
             orders: 1111,
             catalog: 2222,
             admin: 3333,
+            orders_admin: 4444,
         };
         let text = config(&ports).unwrap();
         assert!(text.contains("\"127.0.0.1:1111\"") && text.contains("\"127.0.0.1:2222\""));

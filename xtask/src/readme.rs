@@ -137,27 +137,33 @@ pub fn brief(results: &Path, prefix: &str) -> anyhow::Result<String> {
         out,
         "\n{}; [all figures]({prefix}/goodput/summary.md), command `{}`.",
         provenance(&summary),
-        command(&summary, "goodput"),
+        command(&summary, "goodput", false),
     )?;
     Ok(out)
 }
 
 /// docs/experiment.md's block: every scenario with a committed summary, each followed
-/// by its `-admission-off` twin when there is one.
+/// by its `-admission-off` and `-runtime-metrics` twins when there are.
 pub fn full(results: &Path, prefix: &str) -> anyhow::Result<String> {
     use clap::ValueEnum as _;
     let mut out = String::new();
     for scenario in Scenario::value_variants() {
+        let name = scenario.name();
         for (dir, title) in [
-            (scenario.name().to_owned(), format!("`{}`", scenario.name())),
+            (name.to_owned(), format!("`{name}`")),
             (
-                format!("{}-admission-off", scenario.name()),
-                format!("`{}`, admission off", scenario.name()),
+                format!("{name}-admission-off"),
+                format!("`{name}`, admission off"),
+            ),
+            (
+                format!("{name}-runtime-metrics"),
+                format!("`{name}`, runtime metrics off against on"),
             ),
         ] {
             let Some(summary) = read(&results.join(&dir))? else {
                 continue;
             };
+            let flamegraphs = flamegraphs(&results.join(&dir), &format!("{prefix}/{dir}"))?;
             writeln!(out, "### {title}\n")?;
             writeln!(out, "{}\n", headline(&summary))?;
             writeln!(
@@ -165,14 +171,41 @@ pub fn full(results: &Path, prefix: &str) -> anyhow::Result<String> {
                 "{}; [summary]({prefix}/{dir}/summary.md), [chart]({prefix}/{dir}/chart.svg), \
                  command `{}`.{}\n",
                 provenance(&summary),
-                command(&summary, &dir),
+                command(&summary, &dir, !flamegraphs.is_empty()),
                 clients(&summary),
             )?;
+            if !flamegraphs.is_empty() {
+                writeln!(
+                    out,
+                    "CPU flamegraphs of the first run of each side, over its whole load: {}.\n",
+                    flamegraphs.join(", ")
+                )?;
+            }
             out.push_str(&summary::markdown_table(&summary));
             out.push('\n');
         }
     }
     Ok(out)
+}
+
+/// Links to the flamegraphs in `dir/flamegraphs/` (`<side>-<service>.svg`), by name.
+fn flamegraphs(dir: &Path, link_prefix: &str) -> anyhow::Result<Vec<String>> {
+    let Ok(entries) = std::fs::read_dir(dir.join("flamegraphs")) else {
+        return Ok(Vec::new());
+    };
+    let mut names: Vec<String> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".svg"))
+        .collect();
+    names.sort();
+    Ok(names
+        .iter()
+        .map(|n| {
+            let label = n.trim_end_matches(".svg").replacen('-', " ", 1);
+            format!("[{label}]({link_prefix}/flamegraphs/{n})")
+        })
+        .collect())
 }
 
 /// The summary in `dir`, or `None` when there is none.
@@ -188,8 +221,13 @@ fn read(dir: &Path) -> anyhow::Result<Option<Summary>> {
 
 /// Which commit, build and number of runs.
 fn provenance(summary: &Summary) -> String {
+    let per = if summary.sides == summary::MODES {
+        "mode"
+    } else {
+        "side"
+    };
     format!(
-        "Commit `{}`, {} build, {} run(s) per mode, median (min–max)",
+        "Commit `{}`, {} build, {} run(s) per {per}, median (min–max)",
         summary.commit, summary.profile, summary.repeats
     )
 }
@@ -207,14 +245,19 @@ fn clients(summary: &Summary) -> String {
 }
 
 /// The command that publishes the run in `docs/results/<dir>`.
-fn command(summary: &Summary, dir: &str) -> String {
-    let admission = if dir.ends_with("-admission-off") {
-        " --admission off"
-    } else {
-        ""
-    };
+fn command(summary: &Summary, dir: &str, profiled: bool) -> String {
+    let mut options = String::new();
+    if dir.ends_with("-admission-off") {
+        options.push_str(" --admission off");
+    }
+    if dir.ends_with("-runtime-metrics") {
+        options.push_str(" --versus runtime-metrics");
+    }
+    if profiled {
+        options.push_str(" --profile-cpu");
+    }
     format!(
-        "cargo xtask experiment {} --repeat {} --duration {}s{admission} --out docs/results/{dir}",
+        "cargo xtask experiment {} --repeat {} --duration {}s{options} --out docs/results/{dir}",
         summary.scenario,
         summary.repeats,
         summary.load["duration"].as_f64().unwrap_or(0.0),
@@ -239,9 +282,42 @@ fn relative(from: &Path, to: &Path) -> String {
     out.join("/")
 }
 
-/// The one sentence a reader wants from a scenario.
+/// The one sentence a reader wants from a scenario (and, where the summary has them,
+/// what its metrics answer to "pool queue, slow downstream or saturated executor?").
 fn headline(summary: &Summary) -> String {
+    let mut line = main_headline(summary);
+    let answers: Vec<String> = summary
+        .sides
+        .iter()
+        .filter_map(|side| Some(format!("{side} *{}*", summary.answers.get(side)?)))
+        .collect();
+    if !answers.is_empty() && summary.sides == summary::MODES {
+        write!(
+            line,
+            " Pool queue, slow downstream or saturated executor? The metrics alone say: {}.",
+            answers.join(", ")
+        )
+        .expect("writing to a String cannot fail");
+    }
+    line
+}
+
+fn main_headline(summary: &Summary) -> String {
     let median = |mode, figure| summary.get(mode, figure).map_or(f64::NAN, |s| s.median);
+    if summary.sides == ["metrics-off", "metrics-on"] {
+        let pairs = summary.pair_ratios("created_per_s");
+        let spread = crate::stats::spread(&pairs);
+        return format!(
+            "Throughput, runtime metrics on / off: median of the {} pair ratios {:.3} \
+             ({:.3}–{:.3}; {:.0} / {:.0} orders/s).",
+            pairs.len(),
+            spread.map_or(f64::NAN, |s| s.median),
+            spread.map_or(f64::NAN, |s| s.min),
+            spread.map_or(f64::NAN, |s| s.max),
+            median("metrics-on", "created_per_s"),
+            median("metrics-off", "created_per_s"),
+        );
+    }
     match summary.scenario.as_str() {
         "goodput" => format!(
             "Goodput: legacy {:.1} orders/s, propagate {:.1} orders/s ({:.2}×).",
@@ -259,6 +335,16 @@ fn headline(summary: &Summary) -> String {
             summary.ratio("created_per_s").unwrap_or(f64::NAN),
             median("propagate", "created_per_s"),
             median("legacy", "created_per_s")
+        ),
+        "saturation" => format!(
+            "catalog-service's workers busy {:.2} (legacy) and {:.2} (propagate) of their time; \
+             catalog pool pending at most {:.0} and {:.0}; p99 legacy {:.0} ms, propagate {:.0} ms.",
+            median("legacy", "catalog_busy_ratio"),
+            median("propagate", "catalog_busy_ratio"),
+            median("legacy", "pending_peak"),
+            median("propagate", "pending_peak"),
+            median("legacy", "p99_ms"),
+            median("propagate", "p99_ms")
         ),
         _ => format!(
             "p99: legacy {:.0} ms, propagate {:.0} ms.",
@@ -330,5 +416,62 @@ mod tests {
             full.contains("--admission off --out docs/results/seed-admission-off"),
             "{full}"
         );
+    }
+
+    fn summary_of(scenario: &str, sides: [&str; 2], busy: f64) -> Summary {
+        let runs: Vec<crate::run::ModeRun> = sides
+            .iter()
+            .map(|side| crate::run::ModeRun {
+                mode: (*side).into(),
+                repeat: 0,
+                figures: crate::run::Figures {
+                    created_per_s: 100.0,
+                    orders_busy_ratio: Some(0.1),
+                    catalog_busy_ratio: Some(busy),
+                    catalog_call_mean_ms: Some(900.0),
+                    ..Default::default()
+                },
+                samples: Vec::new(),
+                seconds: Vec::new(),
+                fault_removed_at: None,
+                load_ended_at: 0.0,
+            })
+            .collect();
+        let load = serde_json::json!({"budget_ms": 700, "duration": 20.0});
+        Summary::new(scenario, "abc".into(), "release", load, sides, &runs)
+    }
+
+    #[test]
+    fn headlines_state_the_metrics_answer_and_a_cost_comparison_its_pair_ratios() {
+        let seed = summary_of("seed", summary::MODES, 0.05);
+        let line = headline(&seed);
+        assert!(line.starts_with("p99: legacy "), "{line}");
+        assert!(
+            line.ends_with(
+                "The metrics alone say: legacy *slow downstream*, propagate *slow downstream*."
+            ),
+            "{line}"
+        );
+        let saturated = summary_of("saturation", summary::MODES, 0.97);
+        assert!(
+            headline(&saturated).contains("legacy *saturated executor (catalog-service)*"),
+            "{}",
+            headline(&saturated)
+        );
+        let cost = summary_of("happy", ["metrics-off", "metrics-on"], 0.3);
+        let line = headline(&cost);
+        assert!(
+            line.starts_with(
+                "Throughput, runtime metrics on / off: median of the 1 pair ratios 1.000"
+            ),
+            "{line}"
+        );
+        assert!(!line.contains("metrics alone"), "{line}");
+        assert_eq!(
+            command(&cost, "happy-runtime-metrics", false),
+            "cargo xtask experiment happy --repeat 1 --duration 20s --versus runtime-metrics \
+             --out docs/results/happy-runtime-metrics"
+        );
+        assert!(command(&seed, "seed", true).contains(" --profile-cpu --out"));
     }
 }

@@ -11,8 +11,8 @@ use test_support::PgCluster;
 use test_support::exposition::{self, Sample as Series};
 
 use crate::k6::{self, K6Run};
-use crate::sampler::{self, Sample, Sampler};
-use crate::scenario::{Fault, Load};
+use crate::sampler::{self, Runtime, Sample, Sampler};
+use crate::scenario::{Fault, Load, Side};
 use crate::stack::{Ports, ServiceEnv, Services, fresh_database};
 use crate::stats::{self, Second};
 
@@ -36,6 +36,9 @@ pub struct Context {
     pub warm_up: Duration,
     /// orders-service's `CATALOG_ADMISSION` (`predict` or `off`), in every run.
     pub admission: String,
+    /// Record a CPU profile of each service during each load (services built with the
+    /// `profiling` feature).
+    pub profile_cpu: bool,
 }
 
 /// The figures of one run, all per second of load where they are rates.
@@ -83,6 +86,29 @@ pub struct Figures {
     /// (`http_client_pool_limit{kind="pending_max"}`); `None` when it was not read.
     #[serde(default)]
     pub pending_limit: Option<f64>,
+    /// Catalog calls waiting for a bulkhead slot, on average over the samples.
+    #[serde(default)]
+    pub pending_mean: f64,
+    /// orders-service's catalog call (pool wait excluded), mean over the load, ms, from
+    /// its `http_client_requests_seconds`; `None` when no call ended in the window.
+    #[serde(default)]
+    pub catalog_call_mean_ms: Option<f64>,
+    /// Share of orders-service's worker time spent busy during the load
+    /// (`tokio_worker_busy_seconds_total` over `tokio_workers`); `None` without them.
+    #[serde(default)]
+    pub orders_busy_ratio: Option<f64>,
+    /// The same for catalog-service.
+    #[serde(default)]
+    pub catalog_busy_ratio: Option<f64>,
+    /// Peak of orders-service's tasks waiting for a worker (`tokio_global_queue_depth`).
+    #[serde(default)]
+    pub orders_global_queue_peak: Option<f64>,
+    /// The same for catalog-service.
+    #[serde(default)]
+    pub catalog_global_queue_peak: Option<f64>,
+    /// Peak of orders-service's alive tasks (`tokio_alive_tasks`).
+    #[serde(default)]
+    pub orders_alive_tasks_peak: Option<f64>,
     /// Peak of slots in use.
     pub active_peak: f64,
     /// Peak of `POST /api/orders` being handled.
@@ -125,19 +151,28 @@ pub struct ModeRun {
     pub load_ended_at: f64,
 }
 
-/// Runs `mode` once (repeat `repeat`).
-pub async fn run_mode(ctx: &Context, mode: &str, repeat: usize) -> anyhow::Result<ModeRun> {
+/// Runs `side` once (repeat `repeat`).
+pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Result<ModeRun> {
+    let mode = side.name;
     let dir = ctx.out.join(format!("run-{repeat}-{mode}"));
     std::fs::create_dir_all(&dir)?;
-    let db_name = format!("{}_{repeat}_{mode}", ctx.load.scenario.name());
+    let db_name = format!("{}_{repeat}_{mode}", ctx.load.scenario.name()).replace('-', "_");
     let database_url = fresh_database(&ctx.cluster, &db_name).await?;
-    let services = start_services(ctx, mode, database_url, &dir).await?;
+    let services = start_services(ctx, side, database_url, &dir).await?;
     warm_up(&ctx.ports.orders_url(), ctx.load.budget_ms, ctx.warm_up).await;
+    // The profiler's table is allocated when it starts and again when it stops: both
+    // happen outside the measured window (the stop after the last memory reading), so
+    // the memory figures see the load alone, on top of the table.
+    if ctx.profile_cpu {
+        for admin in profiled(&ctx.ports) {
+            profile(&admin, "start", None).await?;
+        }
+    }
     let client = reqwest::Client::new();
     let catalog_before = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
     let orders_before = sampler::scrape(&client, &metrics_url(&ctx.ports.orders_url())).await;
     set_fault(&ctx.ports.admin_url(), ctx.load.fault).await?;
-    let measured = measure_load(ctx, mode, &services, &dir).await;
+    let measured = measure_load(ctx, side, &services, &dir).await;
     set_fault(&ctx.ports.admin_url(), None).await?;
     let (k6_run, samples, load_start_ms, removed_ms) = measured?;
     let load_ended_at = unix_ms() as f64 / 1000.0;
@@ -145,6 +180,17 @@ pub async fn run_mode(ctx: &Context, mode: &str, repeat: usize) -> anyhow::Resul
     let catalog_after = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
     let orders_after = sampler::scrape(&client, &metrics_url(&ctx.ports.orders_url())).await;
     let rss_end = test_support::process::rss_kib(services.orders.pid()) as f64 / 1024.0;
+    if ctx.profile_cpu {
+        for (service, admin) in ["orders", "catalog"].into_iter().zip(profiled(&ctx.ports)) {
+            let title = format!(
+                "{service}-service, {}, {} scenario: CPU over the load",
+                side.name,
+                ctx.load.scenario.name()
+            );
+            let svg = profile(&admin, "stop", Some(&title)).await?;
+            std::fs::write(dir.join(format!("flamegraph-{service}.svg")), svg)?;
+        }
+    }
     services.stop();
 
     let catalog_answer_seconds =
@@ -189,16 +235,16 @@ fn metrics_url(base: &str) -> String {
     format!("{base}/metrics")
 }
 
-/// The services in `mode` with the scenario's pool size, on a fresh database.
+/// The services of `side` with the scenario's pool size, on a fresh database.
 async fn start_services(
     ctx: &Context,
-    mode: &str,
+    side: &Side,
     database_url: String,
     dir: &Path,
 ) -> anyhow::Result<Services> {
-    let env = ServiceEnv {
+    let mut env = ServiceEnv {
         orders: vec![
-            ("DEADLINE_MODE".into(), mode.into()),
+            ("DEADLINE_MODE".into(), side.mode.into()),
             (
                 "CATALOG_POOL_MAX_CONNECTIONS".into(),
                 ctx.load.pool_max_connections.to_string(),
@@ -209,6 +255,10 @@ async fn start_services(
         ],
         catalog: vec![("RUST_LOG".into(), "warn".into())],
     };
+    if let Some((key, value)) = side.env {
+        env.orders.push((key.into(), value.into()));
+        env.catalog.push((key.into(), value.into()));
+    }
     Services::start(&ctx.profile, ctx.ports, database_url, &env, dir).await
 }
 
@@ -252,7 +302,8 @@ pub async fn set_fault(admin_url: &str, fault: Option<Fault>) -> anyhow::Result<
     let url = format!("{admin_url}/admin/faults");
     let request = match fault {
         Some(f) => client.put(&url).json(&serde_json::json!({
-            "delay_ms": f.delay_ms, "jitter_ms": f.jitter_ms, "error_rate": 0.0
+            "delay_ms": f.delay_ms, "jitter_ms": f.jitter_ms, "error_rate": 0.0,
+            "busy_ms": f.busy_ms
         })),
         None => client.delete(&url),
     };
@@ -273,7 +324,7 @@ type Measured = (K6Run, Vec<Sample>, u64, Option<u64>);
 /// k6 with the sampler beside it; for `recovery`, the fault is removed mid-load.
 async fn measure_load(
     ctx: &Context,
-    mode: &str,
+    side: &Side,
     services: &Services,
     dir: &Path,
 ) -> anyhow::Result<Measured> {
@@ -293,7 +344,7 @@ async fn measure_load(
     let k6_run = k6::run(
         &ctx.k6,
         &ctx.load,
-        mode,
+        side.mode,
         &ctx.ports.orders_url(),
         ctx.margin_ms,
         dir,
@@ -305,6 +356,37 @@ async fn measure_load(
         None => None,
     };
     Ok((k6_run?, samples, load_start_ms, removed_ms))
+}
+
+/// The admin URLs of the services a `--profile-cpu` run records: orders, catalog.
+fn profiled(ports: &Ports) -> [String; 2] {
+    [ports.orders_admin_url(), ports.admin_url()]
+}
+
+/// `POST {admin}/admin/profile/{action}` (`start` or `stop`, with a title): the
+/// recorder of a service built with `profiling`; `stop` answers the flamegraph.
+async fn profile(admin: &str, action: &str, title: Option<&str>) -> anyhow::Result<Vec<u8>> {
+    let mut url = format!("{admin}/admin/profile/{action}");
+    if let Some(title) = title {
+        url.push_str(&format!(
+            "?title={}",
+            crate::prometheus::percent_encode(title)
+        ));
+    }
+    let response = reqwest::Client::new()
+        .post(&url)
+        .timeout(Duration::from_secs(120))
+        .send()
+        .await
+        .with_context(|| format!("{url} unreachable"))?;
+    let status = response.status();
+    let body = response.bytes().await?;
+    anyhow::ensure!(
+        status.is_success(),
+        "{url} answered {status}: {}",
+        String::from_utf8_lossy(&body)
+    );
+    Ok(body.to_vec())
 }
 
 /// Waits (at most 30 s) until no order is in flight; returns how long that took and
@@ -370,6 +452,39 @@ fn mean(values: impl Iterator<Item = f64>) -> f64 {
     if n == 0 { 0.0 } else { sum / f64::from(n) }
 }
 
+/// The mean catalog call between the first and the last sample, ms: the growth of the
+/// histogram's sum over the growth of its count. `None` when no call ended between them.
+pub fn call_mean_ms(samples: &[Sample]) -> Option<f64> {
+    let (first, last) = (samples.first()?, samples.last()?);
+    let calls = last.catalog_calls - first.catalog_calls;
+    (calls > 0.0).then(|| (last.catalog_call_s - first.catalog_call_s) / calls * 1000.0)
+}
+
+/// The share of a runtime's worker time spent busy between its first and its last
+/// reading: busy seconds gained over elapsed seconds times workers. `None` without two
+/// readings apart in time. Workers add their busy time in steps (when they park, and
+/// every few dozen polls), so a short window can read a little above 1.
+pub fn busy_ratio(samples: &[Sample], runtime: fn(&Sample) -> Option<Runtime>) -> Option<f64> {
+    let reading = |s: &Sample| runtime(s).map(|r| (s.t, r));
+    let (t0, first) = samples.iter().find_map(reading)?;
+    let (t1, last) = samples.iter().rev().find_map(reading)?;
+    let worker_seconds = (t1 - t0) * last.workers;
+    (worker_seconds > 0.0).then(|| (last.busy_s - first.busy_s) / worker_seconds)
+}
+
+/// The largest `value` of a runtime's readings; `None` without any.
+fn runtime_peak(
+    samples: &[Sample],
+    runtime: fn(&Sample) -> Option<Runtime>,
+    value: fn(&Runtime) -> f64,
+) -> Option<f64> {
+    samples
+        .iter()
+        .filter_map(runtime)
+        .map(|r| value(&r))
+        .reduce(f64::max)
+}
+
 /// What [`figures`] computes from.
 pub struct FigureInputs<'a> {
     /// The load that ran.
@@ -432,6 +547,25 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
         predicted_late_per_s: input.predicted_late / secs,
         catalog_wasted_slots: (catalog_busy - input.catalog_answer_seconds / secs).max(0.0),
         pending_peak: peak(|s| s.pending),
+        pending_mean: mean(input.samples.iter().map(|s| s.pending)),
+        catalog_call_mean_ms: call_mean_ms(input.samples),
+        orders_busy_ratio: busy_ratio(input.samples, |s| s.orders_runtime),
+        catalog_busy_ratio: busy_ratio(input.samples, |s| s.catalog_runtime),
+        orders_global_queue_peak: runtime_peak(
+            input.samples,
+            |s| s.orders_runtime,
+            |r| r.global_queue,
+        ),
+        catalog_global_queue_peak: runtime_peak(
+            input.samples,
+            |s| s.catalog_runtime,
+            |r| r.global_queue,
+        ),
+        orders_alive_tasks_peak: runtime_peak(
+            input.samples,
+            |s| s.orders_runtime,
+            |r| r.alive_tasks,
+        ),
         pending_limit: input.pending_limit,
         active_peak: peak(|s| s.active),
         in_flight_peak: peak(|s| s.in_flight),
@@ -445,5 +579,52 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
             .and_then(|removed| stats::recovery_ms(requests, removed, input.load.budget_ms, 0.95))
             .map(|ms| ms as f64),
         k6_exit: f64::from(input.k6.exit_code),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(t: f64, busy_s: Option<f64>, calls: f64, call_s: f64) -> Sample {
+        Sample {
+            t,
+            catalog_calls: calls,
+            catalog_call_s: call_s,
+            catalog_runtime: busy_s.map(|busy_s| Runtime {
+                workers: 2.0,
+                busy_s,
+                ..Runtime::default()
+            }),
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn the_busy_ratio_is_busy_time_over_worker_time_between_readings() {
+        // 2 workers for 10 s, 15 s busy between the first and the last reading; the
+        // samples without a reading (a failed scrape) are skipped, not read as 0.
+        let samples = [
+            sample(0.0, None, 0.0, 0.0),
+            sample(1.0, Some(4.0), 0.0, 0.0),
+            sample(6.0, None, 0.0, 0.0),
+            sample(11.0, Some(19.0), 0.0, 0.0),
+            sample(11.25, None, 0.0, 0.0),
+        ];
+        assert_eq!(busy_ratio(&samples, |s| s.catalog_runtime), Some(0.75));
+        assert_eq!(busy_ratio(&samples, |s| s.orders_runtime), None);
+        assert_eq!(busy_ratio(&samples[1..2], |s| s.catalog_runtime), None);
+    }
+
+    #[test]
+    fn the_call_mean_is_of_the_calls_that_ended_in_the_window() {
+        // 50 calls and 25 s of call time before the load; 100 calls and 10 s during it.
+        let samples = [
+            sample(0.0, None, 50.0, 25.0),
+            sample(20.0, None, 150.0, 35.0),
+        ];
+        assert_eq!(call_mean_ms(&samples), Some(100.0));
+        assert_eq!(call_mean_ms(&samples[..1]), None, "no call ended");
+        assert_eq!(call_mean_ms(&[]), None);
     }
 }

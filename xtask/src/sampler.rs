@@ -1,5 +1,6 @@
-//! Samples orders-service's gauges and memory four times a second during a load, for
-//! the peaks in the summary and the lines of the chart.
+//! Samples orders-service's gauges and memory, and both services' tokio runtimes, four
+//! times a second during a load, for the peaks in the summary, the three-way answer
+//! ([`crate::diagnosis`]) and the lines of the chart.
 
 use std::time::{Duration, Instant};
 
@@ -28,6 +29,45 @@ pub struct Sample {
     /// catalog-service's requests in flight: its busy slots, useful or not.
     #[serde(default)]
     pub catalog_in_flight: f64,
+    /// orders-service's catalog calls so far (`http_client_requests_seconds_count`).
+    #[serde(default)]
+    pub catalog_calls: f64,
+    /// Their time so far, seconds (`http_client_requests_seconds_sum`): the call, pool
+    /// wait excluded.
+    #[serde(default)]
+    pub catalog_call_s: f64,
+    /// orders-service's tokio runtime; `None` without the `tokio_*` families.
+    #[serde(default)]
+    pub orders_runtime: Option<Runtime>,
+    /// catalog-service's tokio runtime; `None` without the `tokio_*` families.
+    #[serde(default)]
+    pub catalog_runtime: Option<Runtime>,
+}
+
+/// One reading of a service's tokio runtime (docs/design.md §7).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Runtime {
+    /// Worker threads.
+    pub workers: f64,
+    /// Busy time so far, summed over the workers, seconds.
+    pub busy_s: f64,
+    /// Tasks alive.
+    pub alive_tasks: f64,
+    /// Tasks waiting in the shared queue for a worker.
+    pub global_queue: f64,
+}
+
+impl Runtime {
+    /// The runtime's families in one scrape, or `None` when it has none of them.
+    pub fn read(series: &[Series]) -> Option<Self> {
+        let value = |name| exposition::sum(series, name, &[]);
+        Some(Self {
+            workers: value(names::TOKIO_WORKERS)?,
+            busy_s: value(names::TOKIO_WORKER_BUSY_SECONDS_TOTAL)?,
+            alive_tasks: value(names::TOKIO_ALIVE_TASKS)?,
+            global_queue: value(names::TOKIO_GLOBAL_QUEUE_DEPTH)?,
+        })
+    }
 }
 
 /// Reads the gauges out of one scrape of `/metrics`.
@@ -45,7 +85,16 @@ pub fn gauges(series: &[Series], t: f64, rss_mib: f64) -> Sample {
         ),
         db_pending: value(names::DB_POOL_PENDING_ACQUIRES, &[]),
         rss_mib,
-        catalog_in_flight: 0.0,
+        catalog_calls: value(
+            &format!("{}_count", names::HTTP_CLIENT_REQUESTS_SECONDS),
+            &catalog,
+        ),
+        catalog_call_s: value(
+            &format!("{}_sum", names::HTTP_CLIENT_REQUESTS_SECONDS),
+            &catalog,
+        ),
+        orders_runtime: Runtime::read(series),
+        ..Sample::default()
     }
 }
 
@@ -84,6 +133,7 @@ impl Sampler {
                     &[("uri", "/catalog/{sku}")],
                 )
                 .unwrap_or(0.0);
+                sample.catalog_runtime = Runtime::read(&catalog);
                 samples.push(sample);
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(250)) => {}
@@ -112,6 +162,15 @@ http_client_pool_active_connections{client="catalog"} 50
 http_server_requests_in_flight{uri="/api/orders"} 57
 http_server_requests_in_flight{uri="/metrics"} 1
 db_pool_pending_acquires 2
+http_client_requests_seconds_count{client="catalog",status="200"} 10
+http_client_requests_seconds_count{client="catalog",status="timeout"} 2
+http_client_requests_seconds_sum{client="catalog",status="200"} 1.5
+http_client_requests_seconds_sum{client="catalog",status="timeout"} 1.4
+http_client_requests_seconds_count{client="fraud",status="200"} 99
+tokio_workers 2
+tokio_worker_busy_seconds_total 3.25
+tokio_alive_tasks 40
+tokio_global_queue_depth 3
 "#;
         let sample = gauges(&exposition::parse(text), 1.5, 20.0);
         assert_eq!(
@@ -123,8 +182,24 @@ db_pool_pending_acquires 2
                 in_flight: 57.0,
                 db_pending: 2.0,
                 rss_mib: 20.0,
-                catalog_in_flight: 0.0
+                catalog_in_flight: 0.0,
+                catalog_calls: 12.0,
+                catalog_call_s: 2.9,
+                orders_runtime: Some(Runtime {
+                    workers: 2.0,
+                    busy_s: 3.25,
+                    alive_tasks: 40.0,
+                    global_queue: 3.0,
+                }),
+                catalog_runtime: None,
             }
         );
+    }
+
+    #[test]
+    fn a_runtime_without_its_families_reads_as_none() {
+        let text = "tokio_workers 2\ntokio_alive_tasks 4\n";
+        assert_eq!(Runtime::read(&exposition::parse(text)), None);
+        assert_eq!(Runtime::read(&[]), None);
     }
 }

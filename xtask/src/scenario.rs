@@ -1,7 +1,8 @@
 //! The scenarios of the experiment (docs/design.md §9): what load, what fault, for how long.
 //!
-//! A scenario is data. Both modes of one invocation run the same [`Load`], so every
-//! difference in the figures comes from the mode.
+//! A scenario is data. Both sides of one invocation run the same [`Load`], so every
+//! difference in the figures comes from what differs between the sides ([`Versus`]):
+//! the mode, by default.
 
 use std::time::Duration;
 
@@ -23,6 +24,9 @@ pub enum Scenario {
     Mixed,
     /// No fault: the technique's cost, as throughput propagate / legacy.
     Happy,
+    /// The catalog's executor saturated: every call spins on a worker thread, fewer
+    /// users than pool slots, so the pool's gauges stay flat while latency rises.
+    Saturation,
 }
 
 /// How k6 sends orders.
@@ -50,6 +54,8 @@ pub struct Fault {
     pub delay_ms: u64,
     /// Extra random delay, uniform in `0..=jitter_ms`.
     pub jitter_ms: u64,
+    /// CPU spent spinning on a catalog worker thread per call, before the delay.
+    pub busy_ms: u64,
 }
 
 /// Everything that defines the load of one run.
@@ -82,12 +88,19 @@ pub struct Load {
 pub const CLIENT_PATIENCE_MS: u64 = 1000;
 
 impl Load {
-    /// The same load with `vus` users (closed loop) or `rate` arrivals (open model).
-    pub fn with_overrides(mut self, vus: Option<u32>, rate: Option<u32>) -> Self {
+    /// The same load with `vus` users (closed loop) or `rate` arrivals (open model),
+    /// and `pool_slots` catalog pool slots.
+    pub fn with_overrides(
+        mut self,
+        vus: Option<u32>,
+        rate: Option<u32>,
+        pool_slots: Option<u32>,
+    ) -> Self {
         match &mut self.model {
             Model::Closed { vus: v, .. } => *v = vus.unwrap_or(*v),
             Model::Open { rate: r } => *r = rate.unwrap_or(*r),
         }
+        self.pool_max_connections = pool_slots.unwrap_or(self.pool_max_connections);
         self
     }
 }
@@ -111,10 +124,12 @@ impl Scenario {
         let variable = Fault {
             delay_ms: 200,
             jitter_ms: 600,
+            busy_ms: 0,
         };
         let seed_fault = Fault {
             delay_ms: 1000,
             jitter_ms: 0,
+            busy_ms: 0,
         };
         match self {
             Self::Goodput => Load {
@@ -150,6 +165,7 @@ impl Scenario {
                 fault: Some(Fault {
                     delay_ms: 400,
                     jitter_ms: 0,
+                    busy_ms: 0,
                 }),
                 ..base
             },
@@ -158,6 +174,22 @@ impl Scenario {
                     vus: 50,
                     think_ms: 0,
                 },
+                ..base
+            },
+            // 20 ms of spinning per call: the catalog's workers can serve at most 100
+            // calls a second between them, so 30 users without a pause keep both busy
+            // and about 30 calls queued on them, within the 700 ms budget and under the
+            // 50 slots of orders-service's pool.
+            Self::Saturation => Load {
+                model: Model::Closed {
+                    vus: 30,
+                    think_ms: 0,
+                },
+                fault: Some(Fault {
+                    delay_ms: 0,
+                    jitter_ms: 0,
+                    busy_ms: 20,
+                }),
                 ..base
             },
         }
@@ -171,6 +203,7 @@ impl Scenario {
             Self::Recovery => "recovery",
             Self::Mixed => "mixed",
             Self::Happy => "happy",
+            Self::Saturation => "saturation",
         }
     }
 }
@@ -192,6 +225,59 @@ mod opt_secs {
         match d {
             Some(d) => s.serialize_f64(d.as_secs_f64()),
             None => s.serialize_none(),
+        }
+    }
+}
+
+/// What the two sides of an invocation differ in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Versus {
+    /// `legacy` against `propagate`: what the technique changes.
+    Modes,
+    /// Both in propagate mode, the services' runtime metrics off (`metrics-off`) against
+    /// on (`metrics-on`): what exporting the `tokio_*` families costs.
+    RuntimeMetrics,
+}
+
+/// One side of a comparison: its name in the tables, the `DEADLINE_MODE` it runs in
+/// (k6 checks p99 against the budget in `propagate`), and its extra setting, given to
+/// both services.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Side {
+    /// The name in tables, charts and folders.
+    pub name: &'static str,
+    /// orders-service's `DEADLINE_MODE`.
+    pub mode: &'static str,
+    /// A setting for both services, if any.
+    pub env: Option<(&'static str, &'static str)>,
+}
+
+impl Versus {
+    /// The two sides, in the order the tables show them; ratios are the second's over
+    /// the first's.
+    pub fn sides(self) -> [Side; 2] {
+        let side = |name, mode, env| Side { name, mode, env };
+        match self {
+            Self::Modes => [
+                side("legacy", "legacy", None),
+                side("propagate", "propagate", None),
+            ],
+            Self::RuntimeMetrics => [
+                side(
+                    "metrics-off",
+                    "propagate",
+                    Some(("RUNTIME_METRICS", "false")),
+                ),
+                side("metrics-on", "propagate", Some(("RUNTIME_METRICS", "true"))),
+            ],
+        }
+    }
+
+    /// The suffix of the results folder (`docs/results/<scenario><suffix>`).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Self::Modes => "",
+            Self::RuntimeMetrics => "-runtime-metrics",
         }
     }
 }

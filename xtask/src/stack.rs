@@ -23,12 +23,20 @@ pub fn workspace() -> PathBuf {
 
 /// Builds both services with cargo for `profile` (`dev` or `release`).
 pub fn build_services(profile: &str) -> anyhow::Result<()> {
-    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+    build_services_with(profile, &[])
+}
+
+/// Builds both services for `profile` with the cargo `features` both have (`profiling`).
+pub fn build_services_with(profile: &str, features: &[&str]) -> anyhow::Result<()> {
+    let mut command = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()));
+    command
         .current_dir(workspace())
         .args(["build", "--quiet", "--profile", profile])
-        .args(["-p", "catalog-service", "-p", "orders-service"])
-        .status()
-        .context("cannot run cargo build")?;
+        .args(["-p", "catalog-service", "-p", "orders-service"]);
+    if !features.is_empty() {
+        command.args(["--features", &features.join(",")]);
+    }
+    let status = command.status().context("cannot run cargo build")?;
     anyhow::ensure!(status.success(), "cargo build failed");
     Ok(())
 }
@@ -43,6 +51,8 @@ pub struct Ports {
     pub catalog: u16,
     /// catalog-service's admin port (fault injection).
     pub admin: u16,
+    /// orders-service's admin port (the mode; a CPU profile with `profiling`).
+    pub orders_admin: u16,
 }
 
 impl Ports {
@@ -52,6 +62,7 @@ impl Ports {
             orders: free_port(),
             catalog: free_port(),
             admin: free_port(),
+            orders_admin: free_port(),
         }
     }
 
@@ -68,6 +79,11 @@ impl Ports {
     /// `http://127.0.0.1:<admin>`.
     pub fn admin_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.admin)
+    }
+
+    /// `http://127.0.0.1:<orders_admin>`.
+    pub fn orders_admin_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.orders_admin)
     }
 }
 
@@ -126,7 +142,10 @@ impl Services {
         )?;
         let mut orders_env = vec![
             ("ORDERS_LISTEN_ADDR", format!("127.0.0.1:{}", ports.orders)),
-            ("ORDERS_ADMIN_ADDR", format!("127.0.0.1:{}", free_port())),
+            (
+                "ORDERS_ADMIN_ADDR",
+                format!("127.0.0.1:{}", ports.orders_admin),
+            ),
             ("CATALOG_URL", ports.catalog_url()),
             ("DATABASE_URL", database_url.clone()),
         ];

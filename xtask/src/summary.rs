@@ -5,11 +5,17 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::diagnosis::{self, Answer};
 use crate::run::ModeRun;
 use crate::stats::{Spread, spread};
 
-/// The modes, in the order the tables show them.
+/// The modes, in the order the tables show them: the sides of an invocation unless it
+/// compares something else ([`crate::scenario::Versus`]).
 pub const MODES: [&str; 2] = ["legacy", "propagate"];
+
+fn default_sides() -> Vec<String> {
+    MODES.map(str::to_owned).to_vec()
+}
 
 /// What `summary.json` holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -22,6 +28,14 @@ pub struct Summary {
     pub profile: String,
     /// The load both modes got (as the scenario defined it).
     pub load: serde_json::Value,
+    /// The two sides compared, in table order (summaries written before there was a
+    /// choice compared the modes).
+    #[serde(default = "default_sides")]
+    pub sides: Vec<String>,
+    /// Per side, what its runs' metrics answer to "pool queue, slow downstream or
+    /// saturated executor?" ([`crate::diagnosis`]); empty in older summaries.
+    #[serde(default)]
+    pub answers: BTreeMap<String, String>,
     /// Runs per mode.
     pub repeats: usize,
     /// Per mode, per figure: median, min, max over the repeats.
@@ -42,12 +56,13 @@ pub struct RunFigures {
 }
 
 impl Summary {
-    /// Aggregates `runs`.
+    /// Aggregates `runs` of the two `sides`.
     pub fn new(
         scenario: &str,
         commit: String,
         profile: &str,
         load: serde_json::Value,
+        sides: [&str; 2],
         runs: &[ModeRun],
     ) -> Self {
         let runs: Vec<RunFigures> = runs
@@ -58,8 +73,10 @@ impl Summary {
                 figures: flatten(&r.figures),
             })
             .collect();
+        let budget_ms = load["budget_ms"].as_f64().unwrap_or(f64::NAN);
         let mut modes = BTreeMap::new();
-        for mode in MODES {
+        let mut answers = BTreeMap::new();
+        for mode in sides {
             let mine: Vec<&RunFigures> = runs.iter().filter(|r| r.mode == mode).collect();
             let names: Vec<&String> = mine
                 .first()
@@ -76,13 +93,20 @@ impl Summary {
                 })
                 .collect();
             modes.insert(mode.to_owned(), figures);
+            let answered: Vec<Answer> = mine
+                .iter()
+                .map(|r| diagnosis::answer(&r.figures, budget_ms))
+                .collect();
+            answers.insert(mode.to_owned(), diagnosis::of_runs(&answered));
         }
-        let repeats = runs.iter().filter(|r| r.mode == MODES[0]).count();
+        let repeats = runs.iter().filter(|r| r.mode == sides[0]).count();
         Self {
             scenario: scenario.to_owned(),
             commit,
             profile: profile.to_owned(),
             load,
+            sides: sides.map(str::to_owned).to_vec(),
+            answers,
             repeats,
             modes,
             runs,
@@ -103,11 +127,40 @@ impl Summary {
             .collect()
     }
 
-    /// propagate's median over legacy's median of `figure`.
+    /// The second side's median over the first's (propagate's over legacy's) of `figure`.
     pub fn ratio(&self, figure: &str) -> Option<f64> {
-        let legacy = self.get("legacy", figure)?.median;
-        let propagate = self.get("propagate", figure)?.median;
-        (legacy > 0.0).then(|| propagate / legacy)
+        let [first, second] = self.side_names()?;
+        let first = self.get(first, figure)?.median;
+        let second = self.get(second, figure)?.median;
+        (first > 0.0).then(|| second / first)
+    }
+
+    /// Per repeat, the second side's `figure` over the first's: the two ran one after
+    /// the other, so each ratio compares runs under the same conditions. Repeats that
+    /// lack either value, or whose first is 0, are left out.
+    pub fn pair_ratios(&self, figure: &str) -> Vec<f64> {
+        let Some([first, second]) = self.side_names() else {
+            return Vec::new();
+        };
+        let value = |side: &str, repeat: usize| {
+            self.runs
+                .iter()
+                .find(|r| r.mode == side && r.repeat == repeat)
+                .and_then(|r| r.figures.get(figure).copied())
+        };
+        (0..self.repeats)
+            .filter_map(|repeat| {
+                let (a, b) = (value(first, repeat)?, value(second, repeat)?);
+                (a > 0.0).then(|| b / a)
+            })
+            .collect()
+    }
+
+    fn side_names(&self) -> Option<[&str; 2]> {
+        match self.sides.as_slice() {
+            [a, b] => Some([a.as_str(), b.as_str()]),
+            _ => None,
+        }
     }
 }
 
@@ -165,6 +218,37 @@ const ROWS: &[(&str, &str, usize)] = &[
     ),
     ("pending_peak", "catalog pool pending, peak", 0),
     ("pending_limit", "catalog pool pending, limit", 0),
+    ("pending_mean", "catalog pool pending, mean", 1),
+    (
+        "catalog_call_mean_ms",
+        "catalog call as orders-service times it (pool wait excluded), mean ms",
+        0,
+    ),
+    (
+        "orders_busy_ratio",
+        "orders-service workers busy, share of their time",
+        2,
+    ),
+    (
+        "catalog_busy_ratio",
+        "catalog-service workers busy, share of their time",
+        2,
+    ),
+    (
+        "orders_global_queue_peak",
+        "orders-service tasks waiting for a worker, peak",
+        0,
+    ),
+    (
+        "catalog_global_queue_peak",
+        "catalog-service tasks waiting for a worker, peak",
+        0,
+    ),
+    (
+        "orders_alive_tasks_peak",
+        "orders-service tasks alive, peak",
+        0,
+    ),
     ("active_peak", "catalog pool active, peak", 0),
     ("in_flight_peak", "in-flight orders, peak", 0),
     ("rss_start_mib", "RSS at the start, MiB", 1),
@@ -203,18 +287,41 @@ pub fn markdown_table_of(summary: &Summary, figures: &[&str]) -> String {
 }
 
 fn table(summary: &Summary, keep: impl Fn(&str) -> bool) -> String {
-    let mut out = String::from("| | legacy | propagate |\n| --- | ---: | ---: |\n");
+    let sides = &summary.sides;
+    let mut out = format!(
+        "| | {} |\n| --- |{}\n",
+        sides.join(" | "),
+        " ---: |".repeat(sides.len())
+    );
     for (figure, label, decimals) in ROWS.iter().filter(|(figure, ..)| keep(figure)) {
-        let cells: Vec<String> = MODES
+        let cells: Vec<String> = sides
             .iter()
             .map(|m| cell(summary.get(m, figure), *decimals))
             .collect();
         if cells.iter().all(|c| c == "-") {
             continue;
         }
-        out.push_str(&format!("| {label} | {} | {} |\n", cells[0], cells[1]));
+        out.push_str(&format!("| {label} | {} |\n", cells.join(" | ")));
     }
     out
+}
+
+/// The answer of each side to "pool queue, slow downstream or saturated executor?",
+/// one markdown line each; empty for summaries that have none.
+pub fn answers_markdown(summary: &Summary) -> String {
+    let lines: Vec<String> = summary
+        .sides
+        .iter()
+        .filter_map(|side| Some(format!("- {side}: **{}**", summary.answers.get(side)?)))
+        .collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!(
+        "Pool queue, slow downstream or saturated executor? From the services' metrics alone \
+         ([how](../../operating.md#pool-queue-slow-downstream-or-saturated-executor)):\n\n{}\n",
+        lines.join("\n")
+    )
 }
 
 #[cfg(test)]
@@ -243,6 +350,8 @@ mod tests {
             commit: "abc".into(),
             profile: "release".into(),
             load: serde_json::Value::Null,
+            sides: default_sides(),
+            answers: BTreeMap::new(),
             repeats: 2,
             modes: BTreeMap::new(),
             runs: vec![
@@ -260,8 +369,72 @@ mod tests {
             );
         }
         assert_eq!(summary.ratio("goodput_per_s"), Some(2.0));
+        assert_eq!(summary.pair_ratios("goodput_per_s"), vec![2.0, 2.0]);
+        assert!(summary.pair_ratios("p99_ms").is_empty());
         assert!(markdown_table(&summary).contains("| 41.0 (40.0–42.0) | 82.0 (80.0–84.0) |"));
         assert!(markdown_table_of(&summary, &["goodput_per_s"]).contains("| goodput: "));
         assert!(!markdown_table_of(&summary, &["p99_ms"]).contains("| goodput: "));
+    }
+
+    fn mode_run(side: &str, repeat: usize, created: f64, busy: Option<f64>) -> ModeRun {
+        ModeRun {
+            mode: side.into(),
+            repeat,
+            figures: crate::run::Figures {
+                created_per_s: created,
+                orders_busy_ratio: busy,
+                catalog_busy_ratio: busy,
+                catalog_call_mean_ms: Some(400.0),
+                ..Default::default()
+            },
+            samples: Vec::new(),
+            seconds: Vec::new(),
+            fault_removed_at: None,
+            load_ended_at: 0.0,
+        }
+    }
+
+    #[test]
+    fn other_sides_head_the_table_and_pair_ratios_compare_adjacent_runs() {
+        let runs = [
+            mode_run("metrics-off", 0, 100.0, None),
+            mode_run("metrics-on", 0, 98.0, Some(0.95)),
+            mode_run("metrics-on", 1, 126.0, Some(0.2)),
+            mode_run("metrics-off", 1, 120.0, None),
+        ];
+        let load = serde_json::json!({"budget_ms": 700});
+        let summary = Summary::new(
+            "happy",
+            "abc".into(),
+            "release",
+            load,
+            ["metrics-off", "metrics-on"],
+            &runs,
+        );
+        assert_eq!(summary.repeats, 2);
+        assert_eq!(summary.pair_ratios("created_per_s"), vec![0.98, 1.05]);
+        // The medians' ratio mixes repeats: 112 / 110.
+        let ratio = summary.ratio("created_per_s").unwrap();
+        assert!((ratio - 112.0 / 110.0).abs() < 1e-12, "{ratio}");
+        let table = markdown_table(&summary);
+        assert!(table.starts_with("| | metrics-off | metrics-on |\n| --- | ---: | ---: |\n"));
+        assert!(table.contains(
+            "| 201 created (any latency), per s | 110.0 (100.0–120.0) | 112.0 (98.0–126.0) |"
+        ));
+        // Without runtime metrics, no answer; with them, each run's, and they disagree.
+        assert_eq!(
+            summary.answers["metrics-off"],
+            "unknown (no orders_busy_ratio)"
+        );
+        assert_eq!(
+            summary.answers["metrics-on"],
+            "runs disagree: saturated executor (orders-service, catalog-service) in 1 run, \
+             slow downstream in 1 run"
+        );
+        let answers = answers_markdown(&summary);
+        assert!(
+            answers.contains("- metrics-on: **runs disagree"),
+            "{answers}"
+        );
     }
 }

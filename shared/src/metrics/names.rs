@@ -47,6 +47,14 @@ pub const CATALOG_FAULT_DELAY_SECONDS: &str = "catalog_fault_delay_seconds";
 pub const PROCESS_RESIDENT_MEMORY_BYTES: &str = "process_resident_memory_bytes";
 /// CPU time of the process (counter).
 pub const PROCESS_CPU_SECONDS_TOTAL: &str = "process_cpu_seconds_total";
+/// (service-kit) Worker threads of the tokio runtime (gauge).
+pub const TOKIO_WORKERS: &str = "tokio_workers";
+/// (service-kit) Time the runtime's workers spent not parked, summed over them (counter).
+pub const TOKIO_WORKER_BUSY_SECONDS_TOTAL: &str = "tokio_worker_busy_seconds_total";
+/// (service-kit) Tasks spawned and not yet finished (gauge).
+pub const TOKIO_ALIVE_TASKS: &str = "tokio_alive_tasks";
+/// (service-kit) Tasks waiting in the runtime's shared queue for a worker (gauge).
+pub const TOKIO_GLOBAL_QUEUE_DEPTH: &str = "tokio_global_queue_depth";
 /// Refused connections retried once, by `client` (counter).
 pub const HTTP_CLIENT_RETRIES_TOTAL: &str = "http_client_retries_total";
 /// Calls predicted late but sent anyway to notice recovery, by `client` (counter).
@@ -84,6 +92,10 @@ pub const SCALARS: &[&str] = &[
     CATALOG_FAULT_DELAY_SECONDS,
     PROCESS_RESIDENT_MEMORY_BYTES,
     PROCESS_CPU_SECONDS_TOTAL,
+    TOKIO_WORKERS,
+    TOKIO_WORKER_BUSY_SECONDS_TOTAL,
+    TOKIO_ALIVE_TASKS,
+    TOKIO_GLOBAL_QUEUE_DEPTH,
     HTTP_CLIENT_RETRIES_TOTAL,
     HTTP_CLIENT_ADMISSION_PROBES_TOTAL,
     DEADLINE_WOULD_REFUSE_TOTAL,
