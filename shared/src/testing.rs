@@ -17,3 +17,13 @@ pub use crate::db::sql::{Access, begin_sql, commit_sql};
 pub use crate::client::PROBE_INTERVAL;
 
 pub use crate::deadline::NO_RETURN_GRACE;
+
+/// The sample `name{labels}` of a Prometheus text exposition, `labels` as the
+/// exposition spells them (the crate's tests read `/metrics` with it).
+pub fn metric_value(exposition: &str, name: &str, labels: &str) -> Option<f64> {
+    let prefix = format!("{name}{{{labels}}} ");
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|value| value.split_whitespace().next()?.parse().ok())
+}

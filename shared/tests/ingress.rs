@@ -1,5 +1,6 @@
 //! The ingress layer, driven through tower without a network.
 
+use deadline_propagation::testing::metric_value;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -250,15 +251,6 @@ async fn responses_carry_server_timing_with_each_stage() {
         timing.contains(", db;dur=") && timing.contains(", total;dur="),
         "{timing}"
     );
-}
-
-/// The sample `name{labels}`, `labels` as the exposition spells them.
-fn metric_value(exposition: &str, name: &str, labels: &str) -> Option<f64> {
-    let prefix = format!("{name}{{{labels}}} ");
-    exposition
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|value| value.split_whitespace().next()?.parse().ok())
 }
 
 #[tokio::test]

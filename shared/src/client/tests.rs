@@ -2,6 +2,7 @@
 //! pool gauges as a scrape of `/metrics` sees them, and a client named by configuration
 //! (`inventory`) sending any request and answering in its own stages.
 
+use crate::testing::metric_value;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,15 +59,6 @@ fn sum(exposition: &str, name: &str, wanted: &[(&str, &str)]) -> Option<f64> {
             all.then(|| value.split_whitespace().next()?.parse::<f64>().ok())?
         })
         .reduce(|a, b| a + b)
-}
-
-/// The sample `name{labels}`, `labels` as the exposition spells them.
-fn metric_value(exposition: &str, name: &str, labels: &str) -> Option<f64> {
-    let prefix = format!("{name}{{{labels}}} ");
-    exposition
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|value| value.split_whitespace().next()?.parse().ok())
 }
 
 fn client(base_url: &str, max_connections: usize, metrics: &Metrics) -> BudgetedClient {
