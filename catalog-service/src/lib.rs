@@ -26,7 +26,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use deadline_propagation::metrics::Metrics;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::gauge::ConstGauge;
 use service_kit::server::{ServerOptions, serve};
 use tokio::net::TcpListener;
@@ -130,14 +130,12 @@ struct FaultDelay(Faults);
 impl Collector for FaultDelay {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let delay = Duration::from_millis(self.0.get().delay_ms).as_secs_f64();
-        let gauge = ConstGauge::new(delay);
-        let metric = encoder.encode_descriptor(
+        service_kit::metrics::encode_sample(
+            &mut encoder,
             "catalog_fault_delay_seconds",
             "The delay injected into every catalog answer now; 0 when none",
-            None,
-            gauge.metric_type(),
-        )?;
-        gauge.encode(metric)
+            ConstGauge::new(delay),
+        )
     }
 }
 

@@ -62,6 +62,18 @@ pub fn catalog() -> Downstream {
     Downstream::new("catalog").expect("a valid downstream name")
 }
 
+/// Encodes one unlabelled sample, read at scrape time, under `name` (a counter's name
+/// without `_total`: prometheus-client appends it). What every collector here does.
+pub fn encode_sample(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    sample: impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    let metric = encoder.encode_descriptor(name, help, None, sample.metric_type())?;
+    sample.encode(metric)
+}
+
 /// Encodes the process metrics on every scrape.
 #[derive(Debug, Default)]
 struct ProcessCollector;
@@ -70,26 +82,21 @@ impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let status = std::fs::read_to_string("/proc/self/status").ok();
         if let Some(bytes) = status.as_deref().and_then(resident_bytes) {
-            let gauge = ConstGauge::new(bytes);
-            let metric = encoder.encode_descriptor(
+            encode_sample(
+                &mut encoder,
                 "process_resident_memory_bytes",
                 "Resident memory size in bytes",
-                None,
-                gauge.metric_type(),
+                ConstGauge::new(bytes),
             )?;
-            gauge.encode(metric)?;
         }
         let stat = std::fs::read_to_string("/proc/self/stat").ok();
         if let Some(seconds) = stat.as_deref().and_then(cpu_seconds) {
-            let counter = ConstCounter::new(seconds);
-            let metric = encoder.encode_descriptor(
-                // prometheus-client appends `_total` to counters.
+            encode_sample(
+                &mut encoder,
                 "process_cpu_seconds",
                 "Total user and system CPU time spent in seconds",
-                None,
-                counter.metric_type(),
+                ConstCounter::new(seconds),
             )?;
-            counter.encode(metric)?;
         }
         Ok(())
     }

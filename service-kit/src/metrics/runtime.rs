@@ -23,10 +23,12 @@
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use tokio::runtime::{Handle, RuntimeMetrics};
+
+use super::encode_sample;
 
 /// Encodes the runtime metrics of one runtime on every scrape.
 #[derive(Debug)]
@@ -93,18 +95,14 @@ impl Collector for RuntimeCollector {
         ];
         for (name, help, value) in gauges {
             let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
-            let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
-            gauge.encode(metric)?;
+            encode_sample(&mut encoder, name, help, gauge)?;
         }
-        let counter = ConstCounter::new(reading.busy.as_secs_f64());
-        let metric = encoder.encode_descriptor(
-            // prometheus-client appends `_total` to counters.
+        encode_sample(
+            &mut encoder,
             "tokio_worker_busy_seconds",
             "Time the runtime's workers spent not parked, summed over the workers",
-            None,
-            counter.metric_type(),
-        )?;
-        counter.encode(metric)
+            ConstCounter::new(reading.busy.as_secs_f64()),
+        )
     }
 }
 
