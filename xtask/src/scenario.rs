@@ -10,7 +10,7 @@ use serde::Serialize;
 
 /// Which experiment to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Scenario {
     /// The headline: an open model above the catalog's capacity, slow and variable
     /// catalog, clients waiting at most a second past their budget. Goodput = 201s
@@ -27,6 +27,9 @@ pub enum Scenario {
     /// The catalog's executor saturated: every call spins on a worker thread, fewer
     /// users than pool slots, so the pool's gauges stay flat while latency rises.
     Saturation,
+    /// A pool queue: a catalog of normal speed behind two pool slots, more users than
+    /// slots, so calls wait for a slot while the call itself stays fast.
+    PoolQueue,
 }
 
 /// How k6 sends orders.
@@ -192,6 +195,24 @@ impl Scenario {
                 }),
                 ..base
             },
+            // 20 ms per call through 2 slots: at most 100 calls a second, so 30 users
+            // without a pause keep about 28 calls waiting for a slot, each for about
+            // 280 ms, within the 700 ms budget and under the pool's queue limit (50):
+            // nothing is refused, and the call (20 ms) stays far below a tenth of the
+            // budget. About 100 orders a second leave both executors mostly idle.
+            Self::PoolQueue => Load {
+                model: Model::Closed {
+                    vus: 30,
+                    think_ms: 0,
+                },
+                fault: Some(Fault {
+                    delay_ms: 20,
+                    jitter_ms: 0,
+                    busy_ms: 0,
+                }),
+                pool_max_connections: 2,
+                ..base
+            },
         }
     }
 
@@ -204,6 +225,7 @@ impl Scenario {
             Self::Mixed => "mixed",
             Self::Happy => "happy",
             Self::Saturation => "saturation",
+            Self::PoolQueue => "pool-queue",
         }
     }
 }
