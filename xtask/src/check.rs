@@ -67,6 +67,7 @@ pub fn check(summary: &Summary, budget_ms: f64, margin_ms: f64) -> Vec<Verdict> 
         "seed" => verdicts.push(legacy_queues(summary, budget_ms)),
         "recovery" => verdicts.push(recovered(summary)),
         "saturation" => verdicts.push(executor_saturated(summary, budget_ms)),
+        "pool-queue" => verdicts.push(pool_queued(summary, budget_ms)),
         _ => {}
     }
     verdicts
@@ -215,7 +216,41 @@ fn legacy_queues(summary: &Summary, budget_ms: f64) -> Verdict {
 /// The saturation run shows the third answer: in every run of both modes the metrics
 /// alone say the catalog's executor is saturated, and the pool's queue stays short.
 fn executor_saturated(summary: &Summary, budget_ms: f64) -> Verdict {
-    const RULE: &str = "the metrics say: saturated executor (catalog-service)";
+    every_run_answers(
+        summary,
+        budget_ms,
+        "the metrics say: saturated executor (catalog-service)",
+        |answer, pending| {
+            matches!(answer, Answer::SaturatedExecutor(s) if s.contains(&"catalog-service"))
+                // A missing (NaN) mean is no flat pool.
+                && pending < diagnosis::QUEUED_PENDING_MEAN
+        },
+        "catalog_busy_ratio",
+    )
+}
+
+/// The pool-queue run shows the first answer: in every run of both modes the metrics
+/// alone say calls wait for a slot while the downstream answers at its normal speed.
+fn pool_queued(summary: &Summary, budget_ms: f64) -> Verdict {
+    every_run_answers(
+        summary,
+        budget_ms,
+        "the metrics say: pool queue",
+        |answer, _| *answer == Answer::PoolQueue,
+        "pending_mean",
+    )
+}
+
+/// `rule` holds when both modes ran and `expected(answer, pending_mean)` holds for the
+/// answer of every run; the detail names each run that broke it, or else propagate's
+/// median of `shown`.
+fn every_run_answers(
+    summary: &Summary,
+    budget_ms: f64,
+    rule: &str,
+    expected: impl Fn(&Answer, f64) -> bool,
+    shown: &str,
+) -> Verdict {
     let mut wrong = Vec::new();
     for mode in MODES {
         if summary.values(mode, "k6_exit").is_empty() {
@@ -224,12 +259,8 @@ fn executor_saturated(summary: &Summary, budget_ms: f64) -> Verdict {
     }
     for run in &summary.runs {
         let answer = diagnosis::answer(&run.figures, budget_ms);
-        let saturated =
-            matches!(&answer, Answer::SaturatedExecutor(s) if s.contains(&"catalog-service"));
         let pending = run.figures.get("pending_mean").copied().unwrap_or(f64::NAN);
-        // A missing (NaN) mean is no flat pool.
-        let flat = pending < diagnosis::QUEUED_PENDING_MEAN;
-        if !saturated || !flat {
+        if !expected(&answer, pending) {
             wrong.push(format!(
                 "{} #{}: {answer}, pool pending mean {pending:.1}",
                 run.mode, run.repeat
@@ -238,14 +269,14 @@ fn executor_saturated(summary: &Summary, budget_ms: f64) -> Verdict {
     }
     let detail = match wrong.is_empty() {
         true => format!(
-            "every run; catalog workers busy {} of the time",
+            "every run; propagate's {shown} {}",
             summary
-                .get("propagate", "catalog_busy_ratio")
+                .get("propagate", shown)
                 .map_or("-".to_owned(), |s| format!("{:.2}", s.median))
         ),
         false => wrong.join("; "),
     };
-    verdict(RULE, wrong.is_empty(), detail)
+    verdict(rule, wrong.is_empty(), detail)
 }
 
 /// Propagate serves a whole second in budget within 1 s of the fault going away.
@@ -573,6 +604,39 @@ mod tests {
         let one_mode = summary("saturation", &[("propagate", SATURATED)]);
         let v = find(&check(&one_mode, 700.0, 50.0), rule).clone();
         assert!(!v.ok && v.detail.contains("no legacy run"), "{}", v.detail);
+    }
+
+    const QUEUED: &[(&str, f64)] = &[
+        ("k6_exit", 0.0),
+        ("orders_busy_ratio", 0.1),
+        ("catalog_busy_ratio", 0.05),
+        ("catalog_call_mean_ms", 21.0),
+        ("pending_mean", 27.0),
+    ];
+
+    #[test]
+    fn the_pool_queue_run_must_read_as_a_pool_queue_in_every_run() {
+        let rule = "the metrics say: pool queue";
+        let ok = summary("pool-queue", &[("legacy", QUEUED), ("propagate", QUEUED)]);
+        let v = find(&check(&ok, 700.0, 50.0), rule).clone();
+        assert!(v.ok, "{}", v.detail);
+        // A slow call, a saturated executor, or no queue: not a pool queue.
+        for (figure, value) in [
+            ("catalog_call_mean_ms", 300.0),
+            ("orders_busy_ratio", 0.95),
+            ("pending_mean", 0.2),
+        ] {
+            let mut figures = QUEUED.to_vec();
+            figures.retain(|(f, _)| *f != figure);
+            figures.push((figure, value));
+            let bad = summary("pool-queue", &[("legacy", &figures), ("propagate", QUEUED)]);
+            let v = find(&check(&bad, 700.0, 50.0), rule).clone();
+            assert!(!v.ok, "{figure} = {value}: {}", v.detail);
+            assert!(v.detail.contains("legacy #"), "{}", v.detail);
+        }
+        let one_mode = summary("pool-queue", &[("legacy", QUEUED)]);
+        let v = find(&check(&one_mode, 700.0, 50.0), rule).clone();
+        assert!(!v.ok && v.detail.contains("no propagate run"), "{}", v.detail);
     }
 
     #[test]

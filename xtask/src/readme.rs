@@ -346,6 +346,17 @@ fn main_headline(summary: &Summary) -> String {
             median("legacy", "p99_ms"),
             median("propagate", "p99_ms")
         ),
+        "pool-queue" => format!(
+            "Calls waiting for one of orders-service's catalog pool slots, on average: {:.1} \
+             (legacy) and {:.1} (propagate); the catalog call itself {:.0} and {:.0} ms; p99 \
+             legacy {:.0} ms, propagate {:.0} ms.",
+            median("legacy", "pending_mean"),
+            median("propagate", "pending_mean"),
+            median("legacy", "catalog_call_mean_ms"),
+            median("propagate", "catalog_call_mean_ms"),
+            median("legacy", "p99_ms"),
+            median("propagate", "p99_ms")
+        ),
         _ => format!(
             "p99: legacy {:.0} ms, propagate {:.0} ms.",
             median("legacy", "p99_ms"),
