@@ -55,7 +55,7 @@ impl CatalogClient {
             .map_err(|err| err.into_problem(self.http.downstream()))
     }
 
-    /// The underlying budgeted client (bulkhead gauges, tests).
+    /// The underlying budgeted client (the readiness probe calls its downstream).
     pub fn http(&self) -> &BudgetedClient {
         &self.http
     }

@@ -73,10 +73,9 @@ async fn a_saturated_pool_refuses_the_extra_requests_early_and_keeps_its_queue_b
     })
     .await;
     app.slow_catalog(1000);
-    let bulkhead = app.state.catalog.http().bulkhead().clone();
 
     let sampler = {
-        let (bulkhead, metrics) = (bulkhead.clone(), app.state.metrics.clone());
+        let metrics = app.state.metrics.clone();
         tokio::spawn(async move {
             let mut worst = 0.0_f64;
             let until = Instant::now() + MS(1500);
@@ -87,7 +86,7 @@ async fn a_saturated_pool_refuses_the_extra_requests_early_and_keeps_its_queue_b
                     r#"client="catalog""#,
                 )
                 .unwrap_or(0.0);
-                worst = worst.max(gauge).max(bulkhead.pending() as f64);
+                worst = worst.max(gauge);
                 tokio::time::sleep(MS(2)).await;
             }
             worst
@@ -131,8 +130,6 @@ async fn a_saturated_pool_refuses_the_extra_requests_early_and_keeps_its_queue_b
         worst >= 1.0,
         "the pending gauge never rose while the pool was saturated"
     );
-    assert!(bulkhead.peak_pending() <= 4);
-    assert_eq!(bulkhead.pending(), 0);
     let text = app.metrics();
     let gauge = |name| metric_value(&text, name, r#"client="catalog""#);
     assert_eq!(gauge("http_client_pool_pending_acquires"), Some(0.0));

@@ -159,12 +159,14 @@ fn readme_command(args: &ReadmeArgs) -> anyhow::Result<u8> {
     let outcomes = xtask::readme::update(&stack::workspace(), args.check)?;
     let mut stale = false;
     for outcome in &outcomes {
-        let file = outcome.file.display();
+        let (file, block) = (outcome.file.display(), outcome.block);
         match (outcome.changed, args.check) {
-            (false, _) => println!("{file}: up to date"),
-            (true, false) => println!("{file}: tables regenerated"),
+            (false, _) => println!("{file} ({block}): up to date"),
+            (true, false) => println!("{file} ({block}): regenerated"),
             (true, true) => {
-                println!("FAIL {file}: tables out of date (run `cargo xtask readme-tables`)");
+                println!(
+                    "FAIL {file} ({block}): out of date (run `cargo xtask readme-tables`)"
+                );
                 stale = true;
             }
         }

@@ -2,9 +2,11 @@
 //! docs/experiment.md, generated from the summaries committed under `docs/results/`, so
 //! every figure names the commit that produced it and can be traced to its files.
 //!
-//! Each file holds its generated block between [`BEGIN`] and [`END`]; the command
-//! rewrites what lies between them and leaves the rest of the file alone. The README
-//! gets the `goodput` scenario in brief, docs/experiment.md every published run in full.
+//! Each file holds its generated blocks between marker lines, `<!-- NAME:begin -->` and
+//! `<!-- NAME:end -->` (see [`begin`] and [`end`]); the command rewrites what lies
+//! between them and leaves the rest of the file alone. The README gets the `goodput`
+//! scenario in brief and the three answers in a sentence, docs/experiment.md every
+//! published run in full and the three answers as a table.
 
 use std::fmt::Write as _;
 use std::path::{Component, Path, PathBuf};
@@ -14,24 +16,37 @@ use anyhow::Context as _;
 use crate::scenario::Scenario;
 use crate::summary::{self, Summary};
 
-/// The line before a generated block.
-pub const BEGIN: &str = "<!-- tables:begin -->";
-/// The line after a generated block.
-pub const END: &str = "<!-- tables:end -->";
+/// The marker line before the block `name`.
+pub fn begin(name: &str) -> String {
+    format!("<!-- {name}:begin -->")
+}
 
-/// What a file's block holds.
+/// The marker line after the block `name`.
+pub fn end(name: &str) -> String {
+    format!("<!-- {name}:end -->")
+}
+
+/// What a block holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Content {
     /// The `goodput` scenario: its headline and the rows in [`BRIEF_ROWS`].
     Brief,
     /// Every published run, each with its headline, provenance and whole table.
     Full,
+    /// One sentence: what the metrics answer in the seed, saturation and pool-queue
+    /// runs, and what the runtime metrics cost.
+    AnswersBrief,
+    /// The figures behind each published run's answer, one row per side ([`ANSWER_ROWS`]).
+    AnswersTable,
 }
 
-/// The files the command keeps up to date (relative to the workspace), and their blocks.
-pub const TARGETS: &[(&str, Content)] = &[
-    ("README.md", Content::Brief),
-    ("docs/experiment.md", Content::Full),
+/// The blocks the command keeps up to date: the file (relative to the workspace), the
+/// block's marker name, and what it holds.
+pub const TARGETS: &[(&str, &str, Content)] = &[
+    ("README.md", "tables", Content::Brief),
+    ("README.md", "answers", Content::AnswersBrief),
+    ("docs/experiment.md", "tables", Content::Full),
+    ("docs/experiment.md", "answers", Content::AnswersTable),
 ];
 
 /// The figures of the brief table, in the full table's order.
@@ -47,12 +62,14 @@ pub const BRIEF_ROWS: &[&str] = &[
     "rss_peak_mib",
 ];
 
-/// What the command did to one file.
+/// What the command did to one block.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     /// The file, relative to the workspace.
     pub file: PathBuf,
-    /// Whether its block differed from the generated one (and, unless checking, was
+    /// The block's marker name.
+    pub block: &'static str,
+    /// Whether the block differed from the generated one (and, unless checking, was
     /// rewritten).
     pub changed: bool,
 }
@@ -61,7 +78,7 @@ pub struct Outcome {
 pub fn update(workspace: &Path, check: bool) -> anyhow::Result<Vec<Outcome>> {
     let results = workspace.join("docs/results");
     let mut outcomes = Vec::new();
-    for &(file, content) in TARGETS {
+    for &(file, name, content) in TARGETS {
         let path = workspace.join(file);
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("cannot read {}", path.display()))?;
@@ -69,8 +86,13 @@ pub fn update(workspace: &Path, check: bool) -> anyhow::Result<Vec<Outcome>> {
         let block = match content {
             Content::Brief => brief(&results, &prefix)?,
             Content::Full => full(&results, &prefix)?,
+            Content::AnswersBrief => answers_brief(
+                &results,
+                &format!("{}/experiment.md", relative(Path::new(file), Path::new("docs"))),
+            )?,
+            Content::AnswersTable => answers_table(&results, &prefix)?,
         };
-        let new = replace_block(&text, &block).with_context(|| format!("in {file}"))?;
+        let new = replace_block(&text, name, &block).with_context(|| format!("in {file}"))?;
         let changed = new != text;
         if changed && !check {
             std::fs::write(&path, &new)
@@ -78,15 +100,17 @@ pub fn update(workspace: &Path, check: bool) -> anyhow::Result<Vec<Outcome>> {
         }
         outcomes.push(Outcome {
             file: PathBuf::from(file),
+            block: name,
             changed,
         });
     }
     Ok(outcomes)
 }
 
-/// `text` with what lies between its one [`BEGIN`] line and its one [`END`] line
-/// replaced by `block` (set off by blank lines, so Markdown reads it as its own blocks).
-pub fn replace_block(text: &str, block: &str) -> anyhow::Result<String> {
+/// `text` with what lies between its one `begin(name)` line and its one `end(name)`
+/// line replaced by `block` (set off by blank lines, so Markdown reads it as its own
+/// blocks).
+pub fn replace_block(text: &str, name: &str, block: &str) -> anyhow::Result<String> {
     let marker_lines = |marker: &str| -> Vec<usize> {
         let mut offset = 0;
         let mut found = Vec::new();
@@ -98,19 +122,20 @@ pub fn replace_block(text: &str, block: &str) -> anyhow::Result<String> {
         }
         found
     };
-    let (begins, ends) = (marker_lines(BEGIN), marker_lines(END));
+    let (begin, end) = (begin(name), end(name));
+    let (begins, ends) = (marker_lines(&begin), marker_lines(&end));
     anyhow::ensure!(
         begins.len() == 1 && ends.len() == 1,
-        "expected one `{BEGIN}` line and one `{END}` line, found {} and {}",
+        "expected one `{begin}` line and one `{end}` line, found {} and {}",
         begins.len(),
         ends.len()
     );
-    let (begin, end) = (begins[0], ends[0]);
-    anyhow::ensure!(begin < end, "`{END}` comes before `{BEGIN}`");
-    let after_begin = begin
-        + text[begin..]
+    let (first, last) = (begins[0], ends[0]);
+    anyhow::ensure!(first < last, "`{end}` comes before `{begin}`");
+    let after_begin = first
+        + text[first..]
             .find('\n')
-            .map_or(text.len() - begin, |n| n + 1);
+            .map_or(text.len() - first, |n| n + 1);
     let block = block.trim_matches('\n');
     let mut out = String::with_capacity(text.len() + block.len());
     out.push_str(&text[..after_begin]);
@@ -122,7 +147,7 @@ pub fn replace_block(text: &str, block: &str) -> anyhow::Result<String> {
         out.push_str(block);
         out.push_str("\n\n");
     }
-    out.push_str(&text[end..]);
+    out.push_str(&text[last..]);
     Ok(out)
 }
 
@@ -186,6 +211,107 @@ pub fn full(results: &Path, prefix: &str) -> anyhow::Result<String> {
         }
     }
     Ok(out)
+}
+
+/// The published sides whose answers docs/experiment.md tables: the results folder and
+/// the side.
+pub const ANSWER_ROWS: &[(&str, &str)] = &[
+    ("seed", "legacy"),
+    ("seed", "propagate"),
+    ("saturation", "legacy"),
+    ("saturation", "propagate"),
+    ("pool-queue", "legacy"),
+    ("pool-queue", "propagate"),
+    ("happy-runtime-metrics", "metrics-on"),
+];
+
+/// docs/experiment.md's answers block: per published side, the four figures the answer
+/// is decided from (medians of its runs) and the answer.
+pub fn answers_table(results: &Path, prefix: &str) -> anyhow::Result<String> {
+    let mut out = String::from(
+        "| run | orders-service workers busy | catalog-service workers busy | catalog call, \
+         mean (orders' view) | pool pending, mean | the metrics say | commit |\n\
+         | --- | ---: | ---: | ---: | ---: | --- | --- |\n",
+    );
+    for &(dir, side) in ANSWER_ROWS {
+        let Some(summary) = read(&results.join(dir))? else {
+            continue;
+        };
+        let figure = |name: &str, decimals: usize, unit: &str| {
+            summary
+                .get(side, name)
+                .map_or("-".to_owned(), |s| format!("{:.decimals$}{unit}", s.median))
+        };
+        writeln!(
+            out,
+            "| [`{dir}`]({prefix}/{dir}/summary.md), {side} | {} | {} | {} | {} | {} | `{}` |",
+            figure("orders_busy_ratio", 2, ""),
+            figure("catalog_busy_ratio", 2, ""),
+            figure("catalog_call_mean_ms", 0, " ms"),
+            figure("pending_mean", 1, ""),
+            summary.answers.get(side).map_or("-", String::as_str),
+            summary.commit,
+        )?;
+    }
+    Ok(out)
+}
+
+/// The README's answers block: what propagate's metrics answer in the `seed`,
+/// `saturation` and `pool-queue` runs, with the figures that decided it, and what the
+/// runtime metrics cost; `experiment` links to docs/experiment.md.
+pub fn answers_brief(results: &Path, experiment: &str) -> anyhow::Result<String> {
+    let published = |dir: &str| -> anyhow::Result<Summary> {
+        read(&results.join(dir))?
+            .with_context(|| format!("no docs/results/{dir}/summary.json: publish a {dir} run"))
+    };
+    let (seed, saturation, queue, cost) = (
+        published("seed")?,
+        published("saturation")?,
+        published("pool-queue")?,
+        published("happy-runtime-metrics")?,
+    );
+    let median = |summary: &Summary, name: &str| {
+        summary
+            .get("propagate", name)
+            .map_or(f64::NAN, |s| s.median)
+    };
+    let answer = |summary: &Summary| {
+        summary
+            .answers
+            .get("propagate")
+            .cloned()
+            .unwrap_or_else(|| "no answer".to_owned())
+    };
+    let fault = |summary: &Summary, name: &str| summary.load["fault"][name].as_u64().unwrap_or(0);
+    let pairs = cost.pair_ratios("created_per_s");
+    let spread = crate::stats::spread(&pairs);
+    let ratio = |pick: fn(&crate::stats::Spread) -> f64| spread.as_ref().map_or(f64::NAN, pick);
+    Ok(format!(
+        "From the services' metrics alone, in propagate mode: the `seed` run ({} ms of \
+         catalog latency) reads *{}* (catalog calls {:.0} ms, catalog workers busy {:.2}); \
+         the `saturation` run ({} ms of spinning per catalog call) *{}* (catalog workers \
+         busy {:.2}, pool pending {:.1}); the `pool-queue` run ({} pool slots in front of a \
+         {} ms catalog) *{}* ({:.1} calls waiting for a slot on average, calls {:.0} ms). \
+         Exporting the tokio runtime metrics: throughput on / off, median of {} pairs \
+         {:.3} ({:.3} to {:.3}) ([the three answers]({experiment}#the-three-answers-from-real-runs)).",
+        fault(&seed, "delay_ms"),
+        answer(&seed),
+        median(&seed, "catalog_call_mean_ms"),
+        median(&seed, "catalog_busy_ratio"),
+        fault(&saturation, "busy_ms"),
+        answer(&saturation),
+        median(&saturation, "catalog_busy_ratio"),
+        median(&saturation, "pending_mean"),
+        queue.load["pool_max_connections"].as_u64().unwrap_or(0),
+        fault(&queue, "delay_ms"),
+        answer(&queue),
+        median(&queue, "pending_mean"),
+        median(&queue, "catalog_call_mean_ms"),
+        pairs.len(),
+        ratio(|s| s.median),
+        ratio(|s| s.min),
+        ratio(|s| s.max),
+    ))
 }
 
 /// Links to the flamegraphs in `dir/flamegraphs/` (`<side>-<service>.svg`), by name.
@@ -369,31 +495,42 @@ fn main_headline(summary: &Summary) -> String {
 mod tests {
     use super::*;
 
+    const BEGIN: &str = "<!-- tables:begin -->";
+    const END: &str = "<!-- tables:end -->";
+
     #[test]
     fn the_block_between_the_markers_is_replaced_and_the_rest_kept() {
         let text = format!("# Title\n\nBefore.\n\n{BEGIN}\nold table\nmore\n{END}\n\nAfter.\n");
-        let new = replace_block(&text, "| a | b |\n").unwrap();
+        let new = replace_block(&text, "tables", "| a | b |\n").unwrap();
         assert_eq!(
             new,
             format!("# Title\n\nBefore.\n\n{BEGIN}\n\n| a | b |\n\n{END}\n\nAfter.\n")
         );
         // Idempotent: a second run changes nothing.
-        assert_eq!(replace_block(&new, "| a | b |\n").unwrap(), new);
+        assert_eq!(replace_block(&new, "tables", "| a | b |\n").unwrap(), new);
         // An empty block leaves the markers next to each other.
         assert_eq!(
-            replace_block(&new, "").unwrap(),
+            replace_block(&new, "tables", "").unwrap(),
             format!("# Title\n\nBefore.\n\n{BEGIN}\n{END}\n\nAfter.\n")
         );
     }
 
     #[test]
     fn missing_repeated_or_swapped_markers_are_errors() {
-        assert!(replace_block("no markers\n", "x").is_err());
-        assert!(replace_block(&format!("{BEGIN}\n{END}\n{BEGIN}\n{END}\n"), "x").is_err());
-        assert!(replace_block(&format!("{END}\n{BEGIN}\n"), "x").is_err());
+        assert!(replace_block("no markers\n", "tables", "x").is_err());
+        assert!(replace_block(&format!("{BEGIN}\n{END}\n{BEGIN}\n{END}\n"), "tables", "x").is_err());
+        assert!(replace_block(&format!("{END}\n{BEGIN}\n"), "tables", "x").is_err());
         // A marker quoted inside a line is not a marker line.
         let quoted = format!("say `{BEGIN}`\n{BEGIN}\n{END}\n");
-        assert!(replace_block(&quoted, "x").unwrap().starts_with("say `"));
+        assert!(replace_block(&quoted, "tables", "x").unwrap().starts_with("say `"));
+        // Another block's markers are no markers of this one, and stay as they are.
+        let two = format!("{BEGIN}\n{END}\n<!-- answers:begin -->\nold\n<!-- answers:end -->\n");
+        let new = replace_block(&two, "answers", "new").unwrap();
+        assert_eq!(
+            new,
+            format!("{BEGIN}\n{END}\n<!-- answers:begin -->\n\nnew\n\n<!-- answers:end -->\n")
+        );
+        assert!(replace_block("<!-- answers:begin -->\n", "tables", "x").is_err());
     }
 
     #[test]

@@ -193,9 +193,9 @@ impl BudgetedClient {
         })
     }
 
-    /// The bulkhead, for gauges and tests.
-    #[doc(hidden)]
-    pub fn bulkhead(&self) -> &Arc<Bulkhead> {
+    /// The bulkhead, for the crate's own tests.
+    #[cfg(test)]
+    pub(crate) fn bulkhead(&self) -> &Arc<Bulkhead> {
         &self.bulkhead
     }
 
