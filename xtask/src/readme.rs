@@ -5,8 +5,8 @@
 //! Each file holds its generated blocks between marker lines, `<!-- NAME:begin -->` and
 //! `<!-- NAME:end -->` (see [`begin`] and [`end`]); the command rewrites what lies
 //! between them and leaves the rest of the file alone. The README gets the `goodput`
-//! scenario in brief and the three answers in a sentence, docs/experiment.md every
-//! published run in full and the three answers as a table.
+//! scenario in brief, then the cost and the three answers in a few sentences;
+//! docs/experiment.md every published run in full and the three answers as a table.
 
 use std::fmt::Write as _;
 use std::path::{Component, Path, PathBuf};
@@ -33,9 +33,9 @@ pub enum Content {
     Brief,
     /// Every published run, each with its headline, provenance and whole table.
     Full,
-    /// One sentence: what the metrics answer in the seed, saturation and pool-queue
-    /// runs, and what the runtime metrics cost.
-    AnswersBrief,
+    /// What the technique costs without a fault (`happy`), what the metrics answer in
+    /// the seed, saturation and pool-queue runs, and what the runtime metrics cost.
+    Findings,
     /// The figures behind each published run's answer, one row per side ([`ANSWER_ROWS`]).
     AnswersTable,
 }
@@ -44,7 +44,7 @@ pub enum Content {
 /// block's marker name, and what it holds.
 pub const TARGETS: &[(&str, &str, Content)] = &[
     ("README.md", "tables", Content::Brief),
-    ("README.md", "answers", Content::AnswersBrief),
+    ("README.md", "findings", Content::Findings),
     ("docs/experiment.md", "tables", Content::Full),
     ("docs/experiment.md", "answers", Content::AnswersTable),
 ];
@@ -86,7 +86,7 @@ pub fn update(workspace: &Path, check: bool) -> anyhow::Result<Vec<Outcome>> {
         let block = match content {
             Content::Brief => brief(&results, &prefix)?,
             Content::Full => full(&results, &prefix)?,
-            Content::AnswersBrief => answers_brief(
+            Content::Findings => findings(
                 &results,
                 &format!("{}/experiment.md", relative(Path::new(file), Path::new("docs"))),
             )?,
@@ -256,15 +256,17 @@ pub fn answers_table(results: &Path, prefix: &str) -> anyhow::Result<String> {
     Ok(out)
 }
 
-/// The README's answers block: what propagate's metrics answer in the `seed`,
-/// `saturation` and `pool-queue` runs, with the figures that decided it, and what the
+/// The README's findings block: the technique's cost without a fault (`happy`, the
+/// median of its pair ratios), what propagate's metrics answer in the `seed`,
+/// `saturation` and `pool-queue` runs with the figures that decided it, and what the
 /// runtime metrics cost; `experiment` links to docs/experiment.md.
-pub fn answers_brief(results: &Path, experiment: &str) -> anyhow::Result<String> {
+pub fn findings(results: &Path, experiment: &str) -> anyhow::Result<String> {
     let published = |dir: &str| -> anyhow::Result<Summary> {
         read(&results.join(dir))?
             .with_context(|| format!("no docs/results/{dir}/summary.json: publish a {dir} run"))
     };
-    let (seed, saturation, queue, cost) = (
+    let (happy, seed, saturation, queue, cost) = (
+        published("happy")?,
         published("seed")?,
         published("saturation")?,
         published("pool-queue")?,
@@ -283,17 +285,30 @@ pub fn answers_brief(results: &Path, experiment: &str) -> anyhow::Result<String>
             .unwrap_or_else(|| "no answer".to_owned())
     };
     let fault = |summary: &Summary, name: &str| summary.load["fault"][name].as_u64().unwrap_or(0);
-    let pairs = cost.pair_ratios("created_per_s");
-    let spread = crate::stats::spread(&pairs);
-    let ratio = |pick: fn(&crate::stats::Spread) -> f64| spread.as_ref().map_or(f64::NAN, pick);
+    let ratios = |summary: &Summary| {
+        let pairs = summary.pair_ratios("created_per_s");
+        let spread = crate::stats::spread(&pairs);
+        let pick = |f: fn(&crate::stats::Spread) -> f64| spread.as_ref().map_or(f64::NAN, f);
+        format!(
+            "median of {} pairs {:.3} ({:.3} to {:.3})",
+            pairs.len(),
+            pick(|s| s.median),
+            pick(|s| s.min),
+            pick(|s| s.max)
+        )
+    };
     Ok(format!(
-        "From the services' metrics alone, in propagate mode: the `seed` run ({} ms of \
+        "Without a fault (the `happy` scenario) the technique's cost, as throughput \
+         propagate / legacy in adjacent runs: {} \
+         ([the cost]({experiment}#the-cost-of-the-technique)).\n\n\
+         From the services' metrics alone, in propagate mode: the `seed` run ({} ms of \
          catalog latency) reads *{}* (catalog calls {:.0} ms, catalog workers busy {:.2}); \
          the `saturation` run ({} ms of spinning per catalog call) *{}* (catalog workers \
          busy {:.2}, pool pending {:.1}); the `pool-queue` run ({} pool slots in front of a \
          {} ms catalog) *{}* ({:.1} calls waiting for a slot on average, calls {:.0} ms). \
-         Exporting the tokio runtime metrics: throughput on / off, median of {} pairs \
-         {:.3} ({:.3} to {:.3}) ([the three answers]({experiment}#the-three-answers-from-real-runs)).",
+         Exporting the tokio runtime metrics: throughput on / off, {} \
+         ([the three answers]({experiment}#the-three-answers-from-real-runs)).",
+        ratios(&happy),
         fault(&seed, "delay_ms"),
         answer(&seed),
         median(&seed, "catalog_call_mean_ms"),
@@ -307,10 +322,7 @@ pub fn answers_brief(results: &Path, experiment: &str) -> anyhow::Result<String>
         answer(&queue),
         median(&queue, "pending_mean"),
         median(&queue, "catalog_call_mean_ms"),
-        pairs.len(),
-        ratio(|s| s.median),
-        ratio(|s| s.min),
-        ratio(|s| s.max),
+        ratios(&cost),
     ))
 }
 
@@ -564,6 +576,21 @@ mod tests {
             full.contains("--admission off --out docs/results/seed-admission-off"),
             "{full}"
         );
+        let table = answers_table(&results, "results").unwrap();
+        assert_eq!(
+            table.lines().count(),
+            ANSWER_ROWS.len() + 2,
+            "a row for every published side: {table}"
+        );
+        assert!(
+            table.contains("| [`pool-queue`](results/pool-queue/summary.md), legacy |"),
+            "{table}"
+        );
+        let sentence = findings(&results, "docs/experiment.md").unwrap();
+        for answer in ["*slow downstream*", "*saturated executor", "*pool queue*"] {
+            assert!(sentence.contains(answer), "{answer}: {sentence}");
+        }
+        assert!(!sentence.contains("NaN"), "{sentence}");
     }
 
     fn summary_of(scenario: &str, sides: [&str; 2], busy: f64) -> Summary {
@@ -605,6 +632,11 @@ mod tests {
             headline(&saturated).contains("legacy *saturated executor (catalog-service)*"),
             "{}",
             headline(&saturated)
+        );
+        let queue = headline(&summary_of("pool-queue", summary::MODES, 0.05));
+        assert!(
+            queue.starts_with("Calls waiting for one of orders-service's catalog pool slots"),
+            "{queue}"
         );
         let cost = summary_of("happy", ["metrics-off", "metrics-on"], 0.3);
         let line = headline(&cost);

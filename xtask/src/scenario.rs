@@ -27,8 +27,8 @@ pub enum Scenario {
     /// The catalog's executor saturated: every call spins on a worker thread, fewer
     /// users than pool slots, so the pool's gauges stay flat while latency rises.
     Saturation,
-    /// A pool queue: a catalog of normal speed behind two pool slots, more users than
-    /// slots, so calls wait for a slot while the call itself stays fast.
+    /// A pool queue: a catalog of normal speed behind two pool slots and more users
+    /// than slots, so calls wait for a slot while the call itself stays fast.
     PoolQueue,
 }
 
@@ -196,10 +196,12 @@ impl Scenario {
                 ..base
             },
             // 20 ms per call through 2 slots: at most 100 calls a second, so 30 users
-            // without a pause keep about 28 calls waiting for a slot, each for about
-            // 280 ms, within the 700 ms budget and under the pool's queue limit (50):
-            // nothing is refused, and the call (20 ms) stays far below a tenth of the
-            // budget. About 100 orders a second leave both executors mostly idle.
+            // without a pause keep about 28 calls waiting for a slot, under the pool's
+            // queue limit (50). Legacy's wait their turn (about 300 ms, within the
+            // budget); propagate's are refused (503 `catalog_pool`) once they have
+            // waited the pool's acquire timeout, and their users ask again at once.
+            // Either way the call itself (20 ms) stays far below a tenth of the budget
+            // and both executors stay mostly idle.
             Self::PoolQueue => Load {
                 model: Model::Closed {
                     vus: 30,
