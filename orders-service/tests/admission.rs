@@ -442,7 +442,13 @@ async fn after_a_switch_from_legacy_its_waiters_do_not_fill_the_queue() {
     })
     .await;
     app.slow_catalog(DELAY_MS);
-    let pending = || counter(&app, "http_client_pool_pending_acquires", r#"client="catalog""#);
+    let pending = || {
+        counter(
+            &app,
+            "http_client_pool_pending_acquires",
+            r#"client="catalog""#,
+        )
+    };
 
     let legacy = futures_util::future::join_all(
         (0..LEGACY_ORDERS).map(|_| async { app.order(SKU, 1, None).await.status() }),

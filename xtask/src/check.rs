@@ -636,7 +636,11 @@ mod tests {
         }
         let one_mode = summary("pool-queue", &[("legacy", QUEUED)]);
         let v = find(&check(&one_mode, 700.0, 50.0), rule).clone();
-        assert!(!v.ok && v.detail.contains("no propagate run"), "{}", v.detail);
+        assert!(
+            !v.ok && v.detail.contains("no propagate run"),
+            "{}",
+            v.detail
+        );
     }
 
     #[test]

@@ -164,9 +164,7 @@ fn readme_command(args: &ReadmeArgs) -> anyhow::Result<u8> {
             (false, _) => println!("{file} ({block}): up to date"),
             (true, false) => println!("{file} ({block}): regenerated"),
             (true, true) => {
-                println!(
-                    "FAIL {file} ({block}): out of date (run `cargo xtask readme-tables`)"
-                );
+                println!("FAIL {file} ({block}): out of date (run `cargo xtask readme-tables`)");
                 stale = true;
             }
         }

@@ -88,7 +88,10 @@ pub fn update(workspace: &Path, check: bool) -> anyhow::Result<Vec<Outcome>> {
             Content::Full => full(&results, &prefix)?,
             Content::Findings => findings(
                 &results,
-                &format!("{}/experiment.md", relative(Path::new(file), Path::new("docs"))),
+                &format!(
+                    "{}/experiment.md",
+                    relative(Path::new(file), Path::new("docs"))
+                ),
             )?,
             Content::AnswersTable => answers_table(&results, &prefix)?,
         };
@@ -530,11 +533,17 @@ mod tests {
     #[test]
     fn missing_repeated_or_swapped_markers_are_errors() {
         assert!(replace_block("no markers\n", "tables", "x").is_err());
-        assert!(replace_block(&format!("{BEGIN}\n{END}\n{BEGIN}\n{END}\n"), "tables", "x").is_err());
+        assert!(
+            replace_block(&format!("{BEGIN}\n{END}\n{BEGIN}\n{END}\n"), "tables", "x").is_err()
+        );
         assert!(replace_block(&format!("{END}\n{BEGIN}\n"), "tables", "x").is_err());
         // A marker quoted inside a line is not a marker line.
         let quoted = format!("say `{BEGIN}`\n{BEGIN}\n{END}\n");
-        assert!(replace_block(&quoted, "tables", "x").unwrap().starts_with("say `"));
+        assert!(
+            replace_block(&quoted, "tables", "x")
+                .unwrap()
+                .starts_with("say `")
+        );
         // Another block's markers are no markers of this one, and stay as they are.
         let two = format!("{BEGIN}\n{END}\n<!-- answers:begin -->\nold\n<!-- answers:end -->\n");
         let new = replace_block(&two, "answers", "new").unwrap();
