@@ -14,6 +14,7 @@ use super::{BudgetedClient, CallError};
 use crate::deadline::{Deadline, DeadlineExceeded};
 use crate::header::{DEADLINE_MODE_HEADER, OBSERVE, REQUEST_TIMEOUT_HEADER};
 use crate::ingress::DeadlineMode;
+use crate::metrics::ClientMetrics;
 
 /// The least budget worth a retry of a refused connection.
 const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);
@@ -71,6 +72,11 @@ impl BudgetedClient {
         }
         crate::propagation::inject(span, &mut headers);
         let started = Instant::now();
+        let unfinished = Unfinished {
+            metrics: self.metrics.as_ref(),
+            name,
+            started,
+        };
         let mut outcome = self.attempt(deadline, request, headers.clone()).await;
         // A refused connection sent nothing, so one retry is safe, for any method (a
         // POST included: the downstream never saw it), and worth it only if the budget
@@ -85,6 +91,7 @@ impl BudgetedClient {
             outcome = self.attempt(deadline, request, headers).await;
         }
         let took = started.elapsed();
+        unfinished.finish();
         if let Ok(Ok(answer)) = &outcome {
             span.record("http.response.status_code", answer.status.as_u16());
         }
@@ -181,4 +188,30 @@ async fn fetch(request: reqwest::RequestBuilder) -> Result<Reply, reqwest::Error
         headers,
         body,
     })
+}
+
+/// A call that has started and is not yet timed. If its future is dropped first (the
+/// caller went away: a client that hangs up drops the handler, and the call in it), the
+/// guard times it as `cancelled`. Without it the calls of callers who gave up would drop
+/// out of the histogram, and a downstream slower than their patience would read as a
+/// fast one.
+struct Unfinished<'a> {
+    metrics: Option<&'a ClientMetrics>,
+    name: &'static str,
+    started: Instant,
+}
+
+impl Unfinished<'_> {
+    /// The call came back: the caller times it with its outcome.
+    fn finish(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(metrics) = self.metrics {
+            metrics.observe_request(self.name, "cancelled", self.started.elapsed());
+        }
+    }
 }

@@ -285,6 +285,48 @@ async fn a_client_named_inventory_answers_its_504_and_its_metrics_in_its_own_nam
 /// What a downstream received: method, budget header, content type and body.
 type Received = (Method, Option<u64>, Option<String>, bytes::Bytes);
 
+/// A caller that goes away (its client hung up, so the handler's future and the call in
+/// it were dropped) still leaves its call in the histogram, as `cancelled`, with the
+/// time the call ran. Otherwise a downstream slower than its callers' patience would
+/// drop out of the call's figures and read as a fast one.
+#[tokio::test]
+async fn a_call_whose_caller_goes_away_is_timed_as_cancelled() {
+    let metrics = Metrics::new("test");
+    let (metrics_url, _scrape) = serve_on_port_0(metrics.router()).await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let (url, _downstream) = serve_on_port_0(slow_downstream(Arc::clone(&started))).await;
+    let client = named_client(inventory(), &url, 4, &metrics);
+    let deadline = deadline_reporting_to(&metrics, MS(10_000));
+
+    let call = client
+        .request(Method::POST, "/check")
+        .json(&serde_json::json!({"sku": "SKU-00001"}))
+        .send(&deadline);
+    // The caller waits until the downstream has the request, then 50 ms more, then
+    // gives up: the call's future is dropped.
+    let gave_up = async {
+        started.notified().await;
+        tokio::time::sleep(MS(50)).await;
+    };
+    tokio::select! {
+        _ = call => panic!("the downstream answers only after 30 s"),
+        () = gave_up => {}
+    }
+
+    let text = scrape(&metrics_url).await;
+    let cancelled = [("client", "inventory"), ("status", "cancelled")];
+    assert_eq!(
+        sum(&text, "http_client_requests_seconds_count", &cancelled),
+        Some(1.0),
+        "{text}"
+    );
+    let seconds = sum(&text, "http_client_requests_seconds_sum", &cancelled).unwrap();
+    assert!(
+        seconds >= 0.05,
+        "the call ran at least 50 ms, timed {seconds} s"
+    );
+}
+
 #[tokio::test]
 async fn a_post_arrives_with_its_method_body_headers_and_a_smaller_budget() {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Received>();
