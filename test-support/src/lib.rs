@@ -6,8 +6,11 @@
 //! - [`wait_until`]: wait on a condition instead of sleeping and hoping.
 //! - [`exposition`]: the Prometheus text parser ([`metric_value`] reads one sample).
 //! - [`process`]: the service binaries as child processes.
+//! - [`net`]: network faults on a real link (partition, one way lost, SYNs dropped,
+//!   loss, delay), removed when the test ends.
 
 pub mod exposition;
+pub mod net;
 pub mod postgres;
 pub mod process;
 
