@@ -112,6 +112,20 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub db_pool_acquire_timeout_ms: u64,
 
+    /// How long PostgreSQL lets a transaction wait for the service's next statement
+    /// before it ends the session (`idle_in_transaction_session_timeout`, set on every
+    /// session at connect): what ends a transaction the network has cut off. 0: off.
+    #[arg(long, env = "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", default_value_t = 500,
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    pub db_idle_in_transaction_timeout_ms: u64,
+
+    /// How long PostgreSQL waits on a silent TCP connection to the service before it
+    /// closes the session (`tcp_user_timeout`, keepalives every second,
+    /// `client_connection_check_interval`). 0: off.
+    #[arg(long, env = "DB_LIVENESS_TIMEOUT_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    pub db_liveness_timeout_ms: u64,
+
     /// The time budget of one assistant turn (never more than the request's own).
     #[arg(long, env = "ASSISTANT_TURN_BUDGET_MS", default_value_t = 2000,
           value_parser = clap::value_parser!(u64).range(1..=600_000))]

@@ -126,6 +126,8 @@ impl Application {
             DbConfig {
                 max_connections: config.db_pool_max_connections,
                 acquire_timeout: Config::ms(config.db_pool_acquire_timeout_ms),
+                idle_in_transaction: Config::ms(config.db_idle_in_transaction_timeout_ms),
+                liveness: Config::ms(config.db_liveness_timeout_ms),
             },
         )
         .context("DATABASE_URL is not a valid PostgreSQL URL")?

@@ -2,8 +2,9 @@
 //! invariants that make "refuse fast, lose nothing" true.
 //!
 //! Faults: catalog delay, jitter and errors; the catalog killed (SIGKILL) and restarted;
-//! PostgreSQL restarted; the catalog pool saturated by bursts; clients that disconnect
-//! at random points. Clients retry after 502/503/504 or a lost connection with the same
+//! PostgreSQL restarted; the link to PostgreSQL and the link to the catalog each cut
+//! (every packet dropped both ways, no reset) for a random time and healed; the catalog
+//! pool saturated by bursts; clients that disconnect at random points. Clients retry after 502/503/504 or a lost connection with the same
 //! `Idempotency-Key`, as a real client would. `CHAOS_SECONDS` (default 40) sets the
 //! length, `CHAOS_SEED` replays a run. The report is printed and written to
 //! `target/chaos-report.txt`.
@@ -27,6 +28,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 use stack::Stack;
+use test_support::net::Link;
 use test_support::{PgCluster, metric_value, wait_until};
 use tokio::time::Instant;
 
@@ -49,7 +51,15 @@ pub(crate) struct Faults {
     postgres_restarts: u64,
     latency_changes: u64,
     bursts: u64,
+    postgres_partitions: u64,
+    catalog_partitions: u64,
     pub(crate) disconnects: AtomicU64,
+}
+
+/// The two links the run cuts: orders-service to PostgreSQL, and to the catalog.
+struct Links {
+    postgres: Link,
+    catalog: Link,
 }
 
 /// Injects every kind of fault, in shuffled rounds, until `until`; returns the log of
@@ -57,6 +67,7 @@ pub(crate) struct Faults {
 async fn inject_faults(
     stack: &Arc<Stack>,
     cluster: &Arc<PgCluster>,
+    links: &Links,
     tally: &Arc<Mutex<Tally>>,
     seed: u64,
     until: Instant,
@@ -68,10 +79,11 @@ async fn inject_faults(
     let mut round: Vec<u8> = Vec::new();
     while Instant::now() + Duration::from_secs(3) < until {
         if round.is_empty() {
-            round = vec![0, 2, 3, 4];
+            round = vec![0, 2, 3, 4, 5, 6];
             round.shuffle(&mut rng);
         }
-        match round.pop().unwrap_or(0) {
+        let kind = round.pop().unwrap_or(0);
+        match kind {
             0 | 1 => {
                 let config = json!({
                     "delay_ms": rng.random_range(0..=1200),
@@ -103,6 +115,20 @@ async fn inject_faults(
                     .unwrap()
                     .unwrap();
                 counts.postgres_restarts += 1;
+            }
+            5 | 6 => {
+                let (link, name) = if kind == 5 {
+                    counts.postgres_partitions += 1;
+                    (&links.postgres, "postgres")
+                } else {
+                    counts.catalog_partitions += 1;
+                    (&links.catalog, "catalog")
+                };
+                let cut_for = MS(rng.random_range(300..=3000));
+                faults_log.push(format!("link to {name} cut for {} ms", cut_for.as_millis()));
+                link.partition();
+                tokio::time::sleep(cut_for).await;
+                link.heal();
             }
             _ => {
                 faults_log.push("burst of 40 against a slow catalog".to_owned());
@@ -145,8 +171,14 @@ async fn inject_faults(
         tokio::time::sleep(MS(rng.random_range(1000..=2500))).await;
     }
     faults_log.push(format!(
-        "totals: {} latency changes, {} catalog kills, {} postgres restarts, {} bursts",
-        counts.latency_changes, counts.catalog_kills, counts.postgres_restarts, counts.bursts
+        "totals: {} latency changes, {} catalog kills, {} postgres restarts, {} bursts, \
+         {} postgres partitions, {} catalog partitions",
+        counts.latency_changes,
+        counts.catalog_kills,
+        counts.postgres_restarts,
+        counts.bursts,
+        counts.postgres_partitions,
+        counts.catalog_partitions
     ));
     (faults_log, counts)
 }
@@ -212,7 +244,12 @@ async fn the_stack_loses_nothing_and_leaks_nothing_under_chaos() {
         })
         .collect();
 
-    let (faults_log, counts) = inject_faults(&stack, &cluster, &tally, seed, until).await;
+    let links = Links {
+        postgres: Link::to(cluster.port()),
+        catalog: Link::to(stack.catalog_port()),
+    };
+    let (faults_log, counts) = inject_faults(&stack, &cluster, &links, &tally, seed, until).await;
+    drop(links);
     stack.set_faults(json!({})).await;
     for client in clients {
         client.await.unwrap();
@@ -316,6 +353,8 @@ async fn the_stack_loses_nothing_and_leaks_nothing_under_chaos() {
         && counts.catalog_kills > 0
         && counts.postgres_restarts > 0
         && counts.bursts > 0
+        && counts.postgres_partitions > 0
+        && counts.catalog_partitions > 0
         && disconnects > 0;
     // Freed memory may stay with the allocator; a leak per request would grow by far more
     // than this over thousands of requests.

@@ -65,6 +65,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let db = DbConfig {
         max_connections: 10,
         acquire_timeout: Duration::from_millis(250),
+        ..DbConfig::default() // and the server's own bounds for a silent network
     };
     let url = std::env::var("DATABASE_URL")?;
     let db = Db::connect_lazy(&url, db)?.with_metrics(&metrics);

@@ -65,6 +65,9 @@ impl ClientMetrics {
     pub(crate) fn estimate_gauge(&self, _: &'static str) -> FloatGauge {
         match *self {}
     }
+    pub(crate) fn wire_gauge(&self, _: &'static str) -> FloatGauge {
+        match *self {}
+    }
     pub(crate) fn count_retry(&self, _: &'static str) {
         match *self {}
     }

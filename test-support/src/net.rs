@@ -100,7 +100,8 @@ impl Link {
     /// to begin with. Panics when this is not root, or when another live link holds the
     /// port.
     pub fn to(port: u16) -> Self {
-        Self::try_to(port).unwrap_or_else(|err| panic!("cannot control the link to port {port}: {err:#}"))
+        Self::try_to(port)
+            .unwrap_or_else(|err| panic!("cannot control the link to port {port}: {err:#}"))
     }
 
     fn try_to(port: u16) -> anyhow::Result<Self> {
@@ -168,7 +169,10 @@ impl Link {
     /// one. [`Direction::Both`] adds the delay to each way, so a round trip then takes
     /// twice as long.
     pub fn delay(&self, direction: Direction, delay: Duration, jitter: Duration) {
-        assert!(jitter <= delay, "jitter {jitter:?} above the delay {delay:?}");
+        assert!(
+            jitter <= delay,
+            "jitter {jitter:?} above the delay {delay:?}"
+        );
         let mut held = self.delay.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(previous) = held.take() {
             previous.stop();
@@ -216,7 +220,12 @@ impl Drop for Link {
         // Not `heal`: a panic here, while a failed test unwinds, would abort the process
         // and hide the test's own message.
         let _ = remove_chain(&self.chain, self.port, std::process::id());
-        if let Some(delayer) = self.delay.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(delayer) = self
+            .delay
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
             delayer.stop();
         }
     }
@@ -417,9 +426,9 @@ fn hold(mut nfq: nfq::Queue, queue: u16, delay: Duration, jitter: Duration, stop
             message.set_verdict(nfq::Verdict::Accept);
             let _ = nfq.verdict(message);
         }
-        let next = held
-            .peek()
-            .map_or(Duration::from_millis(1), |h| h.release.saturating_duration_since(now));
+        let next = held.peek().map_or(Duration::from_millis(1), |h| {
+            h.release.saturating_duration_since(now)
+        });
         std::thread::sleep(next.min(Duration::from_millis(1)));
     }
     for Held { mut message, .. } in held.into_vec() {

@@ -86,6 +86,17 @@ impl PgCluster {
         self.port
     }
 
+    /// A URL for `database` through the server's UNIX socket: a session that a cut in
+    /// the TCP link (test_support::net) does not reach, to watch `pg_stat_activity` and
+    /// `pg_locks` while the service's connections are cut off.
+    pub fn socket_url(&self, database: &str) -> String {
+        format!(
+            "postgres://postgres@localhost/{database}?host={}&port={}",
+            self.dir.display(),
+            self.port
+        )
+    }
+
     /// A program of this server's installation (`pgbench`, `psql`, ...).
     pub fn bin(&self, program: &str) -> PathBuf {
         self.bindir.join(program)
@@ -156,8 +167,11 @@ impl PgCluster {
     fn wait_ready(&self, timeout: Duration) -> anyhow::Result<()> {
         let started = Instant::now();
         while started.elapsed() < timeout {
+            // Through the UNIX socket, so a restart behind a cut TCP link is seen.
             let ready = Command::new(self.bindir.join("pg_isready"))
-                .args(["-h", "127.0.0.1", "-q", "-p", &self.port.to_string()])
+                .arg("-h")
+                .arg(&self.dir)
+                .args(["-q", "-p", &self.port.to_string()])
                 .status()
                 .is_ok_and(|s| s.success());
             if ready {

@@ -85,7 +85,10 @@ fn a_partition_loses_every_packet_both_ways_silently_and_heals() {
     let link = Link::to(addr.port());
     link.partition();
     assert_eq!(round_trip(&mut stream, b'b', MS(300)), None, "no answer");
-    assert!(arrivals.recv_timeout(MS(100)).is_ok(), "the first byte arrived");
+    assert!(
+        arrivals.recv_timeout(MS(100)).is_ok(),
+        "the first byte arrived"
+    );
     assert!(
         arrivals.try_recv().is_err(),
         "the byte sent during the partition did not arrive"
@@ -95,7 +98,9 @@ fn a_partition_loses_every_packet_both_ways_silently_and_heals() {
     // TCP retransmits what was lost: the byte arrives and comes back.
     stream.set_read_timeout(Some(MS(5000))).unwrap();
     let mut back = [0_u8; 1];
-    stream.read_exact(&mut back).expect("the echo after the heal");
+    stream
+        .read_exact(&mut back)
+        .expect("the echo after the heal");
     assert_eq!(back[0], b'b');
     assert!(connects_within(addr, MS(1000)));
 }
@@ -144,7 +149,10 @@ fn a_delay_holds_each_packet_in_the_kernel_for_its_time() {
     }
     link.heal();
     let healed = round_trip(&mut stream, b'e', MS(1000)).expect("an echo");
-    assert!(healed < MS(60), "{healed:?} after the heal (before: {fast:?})");
+    assert!(
+        healed < MS(60),
+        "{healed:?} after the heal (before: {fast:?})"
+    );
 }
 
 #[test]
@@ -158,7 +166,11 @@ fn jitter_spreads_the_delay_around_its_middle() {
         .collect();
     assert!(trips.iter().all(|t| *t >= MS(50)), "{trips:?}");
     assert!(trips.iter().all(|t| *t < MS(150) + MS(250)), "{trips:?}");
-    let spread = trips.iter().max().unwrap().saturating_sub(*trips.iter().min().unwrap());
+    let spread = trips
+        .iter()
+        .max()
+        .unwrap()
+        .saturating_sub(*trips.iter().min().unwrap());
     assert!(spread >= MS(20), "no jitter to be seen: {trips:?}");
 }
 
@@ -209,5 +221,8 @@ fn a_dropped_link_leaves_no_rule_even_when_its_test_panics() {
     assert!(failed.is_err());
     assert_eq!(our_rules(port), Vec::<String>::new());
     let mut stream = connect(addr);
-    assert!(round_trip(&mut stream, b'a', MS(1000)).is_some(), "the link works again");
+    assert!(
+        round_trip(&mut stream, b'a', MS(1000)).is_some(),
+        "the link works again"
+    );
 }

@@ -67,6 +67,16 @@ fn panels(summary: &Summary) -> Vec<Panel> {
             limit: None,
         },
         Panel {
+            title: "write transactions of orders-service open on the server (partition)",
+            series: |r| r.held.iter().map(|h| (h.t, h.writes)).collect(),
+            limit: None,
+        },
+        Panel {
+            title: "oldest of them: row locks held for, ms (partition)",
+            series: |r| r.held.iter().map(|h| (h.t, h.oldest_ms)).collect(),
+            limit: Some((budget, "budget")),
+        },
+        Panel {
             title: "orders-service tokio workers busy, share of their time (1 s windows)",
             series: |r| busy_series(r, |s| s.orders_runtime),
             limit: Some((SATURATED_BUSY_RATIO, "saturated")),
@@ -181,6 +191,14 @@ fn draw_panel(
                     RGBColor(0xf3, 0xe9, 0xd2).filled(),
                 )
             });
+    }
+    // The cut of the link to PostgreSQL (`partition`).
+    if let Some([cut, healed]) = shown.iter().find_map(|(r, _)| r.partition_at) {
+        let grey = RGBColor(0xdd, 0xdd, 0xe8);
+        chart
+            .draw_series([Rectangle::new([(cut, 0.0), (healed, top)], grey.filled())])?
+            .label("link to PostgreSQL cut")
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], grey.filled()));
     }
     if let Some((limit, label)) = panel.limit {
         chart

@@ -68,6 +68,7 @@ pub fn check(summary: &Summary, budget_ms: f64, margin_ms: f64) -> Vec<Verdict> 
         "recovery" => verdicts.push(recovered(summary)),
         "saturation" => verdicts.push(executor_saturated(summary, budget_ms)),
         "pool-queue" => verdicts.push(pool_queued(summary, budget_ms)),
+        "partition" => verdicts.extend(partition_bounded(summary, budget_ms)),
         _ => {}
     }
     verdicts
@@ -295,6 +296,69 @@ fn recovered(summary: &Summary) -> Verdict {
         worst <= MAX_RECOVERY_MS,
         format!("slowest recovery {worst:.0} ms, limit {MAX_RECOVERY_MS:.0} ms"),
     )
+}
+
+/// How much of its goodput before the cut propagate must have back after the heal.
+pub const MIN_GOODPUT_AFTER_HEAL: f64 = 0.9;
+/// How long past the budget a transaction of propagate may hold its row locks on the
+/// server while the link is cut (the session bounds' time, docs/design.md §5).
+pub const MAX_LOCK_HOLD_PAST_BUDGET_MS: f64 = 1000.0;
+
+/// `partition`: propagate's transactions hold their locks no longer than the budget plus
+/// a second whatever the network does; no transaction of either mode survives the heal;
+/// propagate's goodput comes back.
+fn partition_bounded(summary: &Summary, budget_ms: f64) -> Vec<Verdict> {
+    let mut verdicts = Vec::new();
+    let rule = "propagate holds row locks no longer than budget + 1 s during the cut";
+    let limit = budget_ms + MAX_LOCK_HOLD_PAST_BUDGET_MS;
+    verdicts.push(
+        match every_run(summary, "propagate", "longest_write_xact_ms") {
+            Some(holds) => {
+                let worst = holds.into_iter().fold(f64::MIN, f64::max);
+                verdict(
+                    rule,
+                    worst <= limit,
+                    format!("longest {worst:.0} ms, limit {limit:.0} ms"),
+                )
+            }
+            None => missing(rule, "propagate", "longest_write_xact_ms"),
+        },
+    );
+    for side in MODES {
+        let rule = &format!("{side}: no transaction left without a client after the heal");
+        verdicts.push(
+            match every_run(summary, side, "clientless_xacts_after_heal") {
+                Some(left) => {
+                    let worst = left.into_iter().fold(f64::MIN, f64::max);
+                    verdict(rule, worst == 0.0, format!("at most {worst:.0} left"))
+                }
+                None => missing(rule, side, "clientless_xacts_after_heal"),
+            },
+        );
+    }
+    let rule = "propagate's goodput comes back after the heal";
+    let before = every_run(summary, "propagate", "goodput_before_cut_per_s");
+    let after = every_run(summary, "propagate", "goodput_after_heal_per_s");
+    verdicts.push(match (before, after) {
+        (Some(before), Some(after)) => {
+            let worst = before
+                .iter()
+                .zip(&after)
+                .map(|(b, a)| if *b > 0.0 { a / b } else { 0.0 })
+                .fold(f64::MAX, f64::min);
+            verdict(
+                rule,
+                worst >= MIN_GOODPUT_AFTER_HEAL,
+                format!("after / before at least {worst:.2}, limit {MIN_GOODPUT_AFTER_HEAL}"),
+            )
+        }
+        _ => missing(
+            rule,
+            "propagate",
+            "goodput_before_cut_per_s or goodput_after_heal_per_s",
+        ),
+    });
+    verdicts
 }
 
 #[cfg(test)]
@@ -668,5 +732,45 @@ mod tests {
         );
         assert!(find(&verdicts, "metrics-off p99").ok);
         assert!(verdicts.iter().all(|v| !v.rule.starts_with("goodput")));
+    }
+
+    #[test]
+    fn a_partition_passes_with_locks_bounded_no_ghost_after_the_heal_and_goodput_back() {
+        let mut good: Vec<(&str, f64)> = GOOD.to_vec();
+        good.extend([
+            ("longest_write_xact_ms", 1500.0),
+            ("clientless_xacts_after_heal", 0.0),
+            ("goodput_before_cut_per_s", 80.0),
+            ("goodput_after_heal_per_s", 78.0),
+        ]);
+        let s = summary("partition", &[("legacy", &good), ("propagate", &good)]);
+        let verdicts = check(&s, 700.0, 50.0);
+        assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
+
+        let with = |figure: &str, value: f64| -> Vec<(&str, f64)> {
+            good.iter()
+                .map(|&(f, v)| (f, if f == figure { value } else { v }))
+                .collect()
+        };
+        let held_too_long = with("longest_write_xact_ms", 20_000.0);
+        let s = summary(
+            "partition",
+            &[("legacy", &good), ("propagate", &held_too_long)],
+        );
+        assert!(!find(&check(&s, 700.0, 50.0), "propagate holds row locks").ok);
+        let ghost = with("clientless_xacts_after_heal", 1.0);
+        let s = summary("partition", &[("legacy", &ghost), ("propagate", &good)]);
+        assert!(!find(&check(&s, 700.0, 50.0), "legacy: no transaction left").ok);
+        let slow_back = with("goodput_after_heal_per_s", 40.0);
+        let s = summary("partition", &[("legacy", &good), ("propagate", &slow_back)]);
+        assert!(!find(&check(&s, 700.0, 50.0), "propagate's goodput comes back").ok);
+
+        let s = summary("partition", &[("legacy", GOOD), ("propagate", GOOD)]);
+        let verdicts = check(&s, 700.0, 50.0);
+        assert_eq!(
+            verdicts.iter().filter(|v| !v.ok).count(),
+            4,
+            "every partition rule fails on missing figures: {verdicts:?}"
+        );
     }
 }

@@ -619,6 +619,8 @@ mod tests {
                 seconds: Vec::new(),
                 fault_removed_at: None,
                 load_ended_at: 0.0,
+                partition_at: None,
+                held: Vec::new(),
             })
             .collect();
         let load = serde_json::json!({"budget_ms": 700, "duration": 20.0});

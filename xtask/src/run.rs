@@ -11,6 +11,7 @@ use test_support::PgCluster;
 use test_support::exposition::{self, Sample as Series};
 
 use crate::k6::{self, K6Run};
+use crate::partition::{self, Held};
 use crate::sampler::{self, Runtime, Sample, Sampler};
 use crate::scenario::{Fault, Load, Side};
 use crate::stack::{Ports, ServiceEnv, Services, fresh_database};
@@ -128,6 +129,23 @@ pub struct Figures {
     /// For `recovery`: from the fault's removal to the first whole second of arrivals
     /// served in budget at 95%, ms.
     pub recovery_ms: Option<f64>,
+    /// For `partition`: the longest a write transaction of orders-service was seen open
+    /// on the server, ms (what held its row locks longest).
+    #[serde(default)]
+    pub longest_write_xact_ms: Option<f64>,
+    /// For `partition`: the most write transactions left without a client at once
+    /// (open longer than any budget).
+    #[serde(default)]
+    pub clientless_xacts_peak: Option<f64>,
+    /// For `partition`: the most of them from a second after the heal on.
+    #[serde(default)]
+    pub clientless_xacts_after_heal: Option<f64>,
+    /// For `partition`: goodput over the arrivals before the cut, per s.
+    #[serde(default)]
+    pub goodput_before_cut_per_s: Option<f64>,
+    /// For `partition`: goodput over the arrivals after the heal, per s.
+    #[serde(default)]
+    pub goodput_after_heal_per_s: Option<f64>,
     /// k6's exit code (99: a threshold failed).
     pub k6_exit: f64,
 }
@@ -149,6 +167,14 @@ pub struct ModeRun {
     pub fault_removed_at: Option<f64>,
     /// When k6 finished, in Unix seconds (Prometheus is queried at that moment).
     pub load_ended_at: f64,
+    /// For `partition`: seconds after the load's start when the link to PostgreSQL was
+    /// cut and when it was healed.
+    #[serde(default)]
+    pub partition_at: Option<[f64; 2]>,
+    /// For `partition`: orders-service's write transactions on the server, four times
+    /// a second.
+    #[serde(default)]
+    pub held: Vec<Held>,
 }
 
 /// Runs `side` once (repeat `repeat`).
@@ -172,9 +198,16 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     let catalog_before = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
     let orders_before = sampler::scrape(&client, &metrics_url(&ctx.ports.orders_url())).await;
     set_fault(&ctx.ports.admin_url(), ctx.load.fault).await?;
-    let measured = measure_load(ctx, side, &services, &dir).await;
+    let measured = measure_load(ctx, side, &services, &dir, &db_name).await;
     set_fault(&ctx.ports.admin_url(), None).await?;
-    let (k6_run, samples, load_start_ms, removed_ms) = measured?;
+    let Measured {
+        k6: k6_run,
+        samples,
+        load_start_ms,
+        removed_ms,
+        cut,
+        held,
+    } = measured?;
     let load_ended_at = unix_ms() as f64 / 1000.0;
     let (drain, in_flight_end) = wait_drained(&client, &ctx.ports.orders_url()).await;
     let catalog_after = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
@@ -210,7 +243,18 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
         rss_end,
         removed_ms,
     };
-    let figures = figures(&inputs);
+    let mut figures = figures(&inputs);
+    let seconds = stats::per_second(&k6_run.requests, load_start_ms, ctx.load.budget_ms);
+    let since_start = |ms: u64| ms.saturating_sub(load_start_ms) as f64 / 1000.0;
+    let partition_at = cut.map(|(cut, healed)| [since_start(cut), since_start(healed)]);
+    if let Some([cut_s, healed_s]) = partition_at {
+        let p = partition::figures(&held, &seconds, cut_s, healed_s);
+        figures.longest_write_xact_ms = Some(p.longest_write_ms);
+        figures.clientless_xacts_peak = Some(p.stale_peak);
+        figures.clientless_xacts_after_heal = Some(p.stale_after_heal);
+        figures.goodput_before_cut_per_s = Some(p.goodput_before_cut);
+        figures.goodput_after_heal_per_s = Some(p.goodput_after_heal);
+    }
     eprintln!(
         "  {mode:>9}: goodput {:.1}/s, p99 {:.0} ms, 503 {:.1}/s, 504 {:.1}/s, gave up {:.1}/s, k6 exit {}",
         figures.goodput_per_s,
@@ -224,10 +268,12 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
         mode: mode.to_owned(),
         repeat,
         figures,
-        seconds: stats::per_second(&k6_run.requests, load_start_ms, ctx.load.budget_ms),
+        seconds,
         samples,
-        fault_removed_at: removed_ms.map(|r| r.saturating_sub(load_start_ms) as f64 / 1000.0),
+        fault_removed_at: removed_ms.map(since_start),
         load_ended_at,
+        partition_at,
+        held,
     })
 }
 
@@ -255,9 +301,9 @@ async fn start_services(
         ],
         catalog: vec![("RUST_LOG".into(), "warn".into())],
     };
-    if let Some((key, value)) = side.env {
-        env.orders.push((key.into(), value.into()));
-        env.catalog.push((key.into(), value.into()));
+    for (key, value) in side.env {
+        env.orders.push(((*key).into(), (*value).into()));
+        env.catalog.push(((*key).into(), (*value).into()));
     }
     Services::start(&ctx.profile, ctx.ports, database_url, &env, dir).await
 }
@@ -319,15 +365,33 @@ pub async fn set_fault(admin_url: &str, fault: Option<Fault>) -> anyhow::Result<
     Ok(())
 }
 
-type Measured = (K6Run, Vec<Sample>, u64, Option<u64>);
+/// What one load left: k6's run, the samples, when it started, and, where the scenario
+/// has them, when the fault was removed and when the link was cut and healed.
+struct Measured {
+    k6: K6Run,
+    samples: Vec<Sample>,
+    load_start_ms: u64,
+    removed_ms: Option<u64>,
+    cut: Option<(u64, u64)>,
+    held: Vec<Held>,
+}
 
-/// k6 with the sampler beside it; for `recovery`, the fault is removed mid-load.
+/// k6 with the sampler beside it; for `recovery`, the fault is removed mid-load; for
+/// `partition`, the link to PostgreSQL is cut and healed while the database is watched.
 async fn measure_load(
     ctx: &Context,
     side: &Side,
     services: &Services,
     dir: &Path,
+    db_name: &str,
 ) -> anyhow::Result<Measured> {
+    let watched = match ctx.load.partition {
+        Some(partition) => Some((
+            partition::Observer::start(&ctx.cluster.socket_url(db_name)).await?,
+            partition::Cut::start(ctx.cluster.port(), partition).await?,
+        )),
+        None => None,
+    };
     let sampler = Sampler::start(
         metrics_url(&ctx.ports.orders_url()),
         metrics_url(&ctx.ports.catalog_url()),
@@ -355,7 +419,18 @@ async fn measure_load(
         Some(task) => Some(task.await??),
         None => None,
     };
-    Ok((k6_run?, samples, load_start_ms, removed_ms))
+    let (cut, held) = match watched {
+        Some((observer, cut)) => (Some(cut.finish().await?), observer.stop().await),
+        None => (None, Vec::new()),
+    };
+    Ok(Measured {
+        k6: k6_run?,
+        samples,
+        load_start_ms,
+        removed_ms,
+        cut,
+        held,
+    })
 }
 
 /// The admin URLs of the services a `--profile-cpu` run records: orders, catalog.
@@ -579,6 +654,12 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
             .and_then(|removed| stats::recovery_ms(requests, removed, input.load.budget_ms, 0.95))
             .map(|ms| ms as f64),
         k6_exit: f64::from(input.k6.exit_code),
+        // Filled in by the run, from the database's readings (`partition`).
+        longest_write_xact_ms: None,
+        clientless_xacts_peak: None,
+        clientless_xacts_after_heal: None,
+        goodput_before_cut_per_s: None,
+        goodput_after_heal_per_s: None,
     }
 }
 

@@ -30,6 +30,10 @@ pub enum Scenario {
     /// A pool queue: a catalog of normal speed behind two pool slots and more users
     /// than slots, so calls wait for a slot while the call itself stays fast.
     PoolQueue,
+    /// The goodput load while the link to PostgreSQL is cut (every packet dropped both
+    /// ways, no reset) for a while and healed: answers by the budget, the transactions
+    /// left on the server without a client, and goodput after the heal.
+    Partition,
 }
 
 /// How k6 sends orders.
@@ -83,6 +87,20 @@ pub struct Load {
     pub fault_removed_after: Option<Duration>,
     /// orders-service's catalog bulkhead: slots in flight.
     pub pool_max_connections: u32,
+    /// For `partition`: the link to PostgreSQL cut during the load.
+    pub partition: Option<Partition>,
+}
+
+/// A cut of the link between orders-service and PostgreSQL (test_support::net): every
+/// packet dropped both ways from `after` into the load, for `length`, then healed.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Partition {
+    /// When the cut starts, after the load's start.
+    #[serde(with = "secs")]
+    pub after: Duration,
+    /// How long it lasts.
+    #[serde(with = "secs")]
+    pub length: Duration,
 }
 
 /// How long past its budget a client of the open scenarios waits before it gives up.
@@ -121,6 +139,7 @@ impl Scenario {
             fault: None,
             fault_removed_after: None,
             pool_max_connections: 50,
+            partition: None,
         };
         // 50 slots at 200 to 800 ms (500 ms mean) serve about 100 orders/s: 150/s is
         // half again what the catalog can take.
@@ -215,6 +234,21 @@ impl Scenario {
                 pool_max_connections: 2,
                 ..base
             },
+            // 10 s of the goodput load, 20 s with the database cut off, and the minute
+            // after the heal (a shorter --duration keeps those shares). A COMMIT on
+            // the wire when the cut starts is answered 500 outcome-unknown, true then.
+            Self::Partition => {
+                let duration = secs(90);
+                Load {
+                    duration,
+                    fault: Some(variable),
+                    partition: Some(Partition {
+                        after: duration / 9,
+                        length: duration * 2 / 9,
+                    }),
+                    ..base
+                }
+            }
         }
     }
 
@@ -228,6 +262,7 @@ impl Scenario {
             Self::Happy => "happy",
             Self::Saturation => "saturation",
             Self::PoolQueue => "pool-queue",
+            Self::Partition => "partition",
         }
     }
 }
@@ -261,6 +296,10 @@ pub enum Versus {
     /// Both in propagate mode, the services' runtime metrics off (`metrics-off`) against
     /// on (`metrics-on`): what exporting the `tokio_*` families costs.
     RuntimeMetrics,
+    /// Both in propagate mode, the database sessions' own bounds for a silent network
+    /// off (`bounds-off`: `DB_IDLE_IN_TRANSACTION_TIMEOUT_MS` and `DB_LIVENESS_TIMEOUT_MS`
+    /// 0) against on (`bounds-on`): what they do for a partition, and what they cost.
+    SessionBounds,
 }
 
 /// One side of a comparison: its name in the tables, the `DEADLINE_MODE` it runs in
@@ -272,8 +311,8 @@ pub struct Side {
     pub name: &'static str,
     /// orders-service's `DEADLINE_MODE`.
     pub mode: &'static str,
-    /// A setting for both services, if any.
-    pub env: Option<(&'static str, &'static str)>,
+    /// Settings for both services (each ignores the other's).
+    pub env: &'static [(&'static str, &'static str)],
 }
 
 impl Versus {
@@ -283,16 +322,23 @@ impl Versus {
         let side = |name, mode, env| Side { name, mode, env };
         match self {
             Self::Modes => [
-                side("legacy", "legacy", None),
-                side("propagate", "propagate", None),
+                side("legacy", "legacy", &[]),
+                side("propagate", "propagate", &[]),
             ],
             Self::RuntimeMetrics => [
+                side("metrics-off", "propagate", &[("RUNTIME_METRICS", "false")]),
+                side("metrics-on", "propagate", &[("RUNTIME_METRICS", "true")]),
+            ],
+            Self::SessionBounds => [
                 side(
-                    "metrics-off",
+                    "bounds-off",
                     "propagate",
-                    Some(("RUNTIME_METRICS", "false")),
+                    &[
+                        ("DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", "0"),
+                        ("DB_LIVENESS_TIMEOUT_MS", "0"),
+                    ],
                 ),
-                side("metrics-on", "propagate", Some(("RUNTIME_METRICS", "true"))),
+                side("bounds-on", "propagate", &[]),
             ],
         }
     }
@@ -302,6 +348,7 @@ impl Versus {
         match self {
             Self::Modes => "",
             Self::RuntimeMetrics => "-runtime-metrics",
+            Self::SessionBounds => "-session-bounds",
         }
     }
 }

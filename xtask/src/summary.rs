@@ -261,6 +261,31 @@ const ROWS: &[(&str, &str, usize)] = &[
         "recovery: first whole second served in budget at 95%, ms after the fault went",
         0,
     ),
+    (
+        "longest_write_xact_ms",
+        "partition: longest write transaction on the server (row locks held), ms",
+        0,
+    ),
+    (
+        "clientless_xacts_peak",
+        "partition: write transactions left without a client, peak",
+        0,
+    ),
+    (
+        "clientless_xacts_after_heal",
+        "partition: of them, still there a second after the heal",
+        0,
+    ),
+    (
+        "goodput_before_cut_per_s",
+        "partition: goodput before the cut, per s",
+        1,
+    ),
+    (
+        "goodput_after_heal_per_s",
+        "partition: goodput after the heal, per s",
+        1,
+    ),
     ("k6_exit", "k6 exit code", 0),
 ];
 
@@ -391,6 +416,8 @@ mod tests {
             seconds: Vec::new(),
             fault_removed_at: None,
             load_ended_at: 0.0,
+            partition_at: None,
+            held: Vec::new(),
         }
     }
 

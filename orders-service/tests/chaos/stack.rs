@@ -109,6 +109,15 @@ impl Stack {
         (stack, orders, cluster)
     }
 
+    /// The catalog's public port (the link the run cuts).
+    pub(crate) fn catalog_port(&self) -> u16 {
+        self.catalog_url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a port")
+    }
+
     pub(crate) async fn set_faults(&self, faults: Value) {
         let _ = self
             .client

@@ -43,6 +43,7 @@ mod request;
 mod send;
 #[cfg(test)]
 mod tests;
+mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,6 +63,7 @@ pub(crate) use bulkhead::Slot;
 pub use error::CallError;
 pub(crate) use error::DEFAULT_RETRY_AFTER;
 pub use request::{CallRequest, Reply};
+use wire::Wire;
 
 use crate::deadline::Deadline;
 use crate::ingress::DeadlineMode;
@@ -123,6 +125,8 @@ pub struct BudgetedClient {
     http: reqwest::Client,
     bulkhead: Arc<Bulkhead>,
     admission: Option<Arc<Admission>>,
+    /// The round trip on the wire, kept back from every budget sent.
+    wire: Arc<Wire>,
     config: Arc<ClientConfig>,
     metrics: Option<ClientMetrics>,
 }
@@ -175,6 +179,12 @@ impl BudgetedClient {
             let gauge = metrics.as_ref().map(|m| m.estimate_gauge(name));
             Arc::new(Admission::new(gauge.unwrap_or_default()))
         });
+        let wire = Wire::new(
+            metrics
+                .as_ref()
+                .map(|m| m.wire_gauge(name))
+                .unwrap_or_default(),
+        );
         // No redirects: a 3xx is the downstream's answer. Following one would send the
         // call elsewhere, and a refused connection there would be retried as if nothing
         // had been sent.
@@ -188,6 +198,7 @@ impl BudgetedClient {
             http,
             bulkhead: Arc::new(bulkhead),
             admission,
+            wire: Arc::new(wire),
             config: Arc::new(config),
             metrics,
         })
@@ -320,11 +331,17 @@ impl BudgetedClient {
         }
     }
 
-    /// Whether `deadline` has no more than this hop's reserve left: nothing can be
-    /// handed on, so no call may be sent (docs/design.md §3.4).
+    /// What is kept back from every budget sent: this hop's reserve, and the round
+    /// trip on the wire (see `wire.rs`).
+    pub(crate) fn keep_back(&self) -> Duration {
+        self.config.reserve + self.wire.estimate()
+    }
+
+    /// Whether `deadline` has no more than [`keep_back`](Self::keep_back) left:
+    /// nothing can be handed on, so no call may be sent (docs/design.md §3.4).
     fn is_spent(&self, deadline: &Deadline) -> bool {
         deadline.mode() != DeadlineMode::Legacy
-            && deadline.outbound_millis(self.config.reserve).is_none()
+            && deadline.outbound_millis(self.keep_back()).is_none()
     }
 
     /// In propagate, a spent budget is a 504 `{name}` at once. It comes before

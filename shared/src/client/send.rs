@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::request::{CallRequest, Reply};
+use super::wire::server_total;
 use super::{BudgetedClient, CallError};
 use crate::deadline::{Deadline, DeadlineExceeded};
 use crate::header::{DEADLINE_MODE_HEADER, OBSERVE, REQUEST_TIMEOUT_HEADER};
@@ -61,7 +62,7 @@ impl BudgetedClient {
     ) -> Result<Reply, CallError> {
         let (name, stage) = (self.config.name.name(), self.config.name.call());
         let mode = deadline.mode();
-        let spent = deadline.outbound_millis(self.config.reserve).is_none();
+        let spent = deadline.outbound_millis(self.keep_back()).is_none();
         if spent && mode == DeadlineMode::Propagate {
             // Nothing is sent, so there is nothing to learn from either.
             return Err(CallError::Deadline(deadline.exceeded(stage)));
@@ -94,6 +95,9 @@ impl BudgetedClient {
         unfinished.finish();
         if let Ok(Ok(answer)) = &outcome {
             span.record("http.response.status_code", answer.status.as_u16());
+            if let Some(server) = server_total(&answer.headers) {
+                self.wire.record(took, server);
+            }
         }
         // Cut at our deadline, or the downstream ran out of the budget we gave it: the
         // call would have taken at least this long (a censored observation).
@@ -139,7 +143,7 @@ impl BudgetedClient {
         let stage = self.config.name.call();
         let url = format!("{}{}", self.config.base_url, request.path);
         let budget = |headers: &mut HeaderMap| {
-            let budget = deadline.outbound_millis(self.config.reserve);
+            let budget = deadline.outbound_millis(self.keep_back());
             if let Some(ms) = budget {
                 headers.insert(REQUEST_TIMEOUT_HEADER, ms.into());
             }

@@ -10,6 +10,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::FutureExt as _;
@@ -77,27 +78,79 @@ pub(super) struct Job {
     pub(super) stop: CancellationToken,
     /// A cancel was sent whose outcome is unknown: the connection must not be reused.
     pub(super) cancel_unsettled: AtomicBool,
+    /// Who answers the caller, and how far the job got (shared with the caller).
+    pub(super) handoff: Arc<Handoff>,
+}
+
+/// What the caller and its job share. Exactly one of them answers: the job, when it
+/// knows the outcome in time, or the caller, at the deadline, when it does not. The one
+/// that claims the answer first counts it and records its stage time; the other stays
+/// silent. The job claims it before it sends COMMIT, so a COMMIT's outcome is always
+/// the job's to tell, and a caller at its deadline then waits for it.
+#[derive(Debug, Default)]
+pub(super) struct Handoff {
+    answered: AtomicBool,
+    /// When the job had its connection: the `db` stage began (unset: still `db_pool`).
+    connected_at: OnceLock<Instant>,
+}
+
+impl Handoff {
+    /// Takes the answer for whoever calls first; `false` for every later call.
+    pub(super) fn claim(&self) -> bool {
+        !self.answered.swap(true, Ordering::AcqRel)
+    }
+
+    /// The stage a 504 at the deadline names: `db` once the job had its connection.
+    pub(super) fn stage(&self) -> Stage {
+        if self.connected_at.get().is_some() {
+            Stage::Db
+        } else {
+            Stage::DbPool
+        }
+    }
+
+    /// Records the `db` stage's time so far into `deadline`'s log (once connected).
+    pub(super) fn record_db(&self, deadline: &Deadline) {
+        if let Some(started) = self.connected_at.get() {
+            deadline.log().record(Stage::Db, started.elapsed());
+        }
+    }
 }
 
 type Conn = PoolConnection<Postgres>;
+
+/// A failed step's error, made only if it is the answer: making it counts a deadline
+/// (`deadline_exceeded_total`), which must happen once per request, by whoever answers.
+type Failure<'a> = Box<dyn FnOnce() -> DbError + Send + 'a>;
 type Reply<T> = oneshot::Sender<Result<T, DbError>>;
 
-/// The caller's reply, which writes the `db` stage's time into the request's log as it
-/// answers: the handler builds its response (and `Server-Timing`) as soon as the answer
-/// arrives, while this task may still be rolling back or returning the connection.
+/// The caller's reply. It is sent only if the job claims the answer (see [`Handoff`]);
+/// the result is made only then, so a deadline the caller has already answered is not
+/// counted twice. Sending writes the `db` stage's time into the request's log: the
+/// handler builds its response (and `Server-Timing`) as soon as the answer arrives,
+/// while this task may still be rolling back or returning the connection.
 struct Answer<'a, T> {
     reply: Reply<T>,
-    started: Instant,
+    handoff: &'a Handoff,
     deadline: &'a Deadline,
+    claimed: bool,
 }
 
 impl<T> Answer<'_, T> {
-    fn send(self, result: Result<T, DbError>) {
-        self.deadline
-            .log()
-            .record(Stage::Db, self.started.elapsed());
+    /// Claims the answer ahead of sending it (before COMMIT: its outcome is the job's to
+    /// tell); `false` when the caller has answered already or gone.
+    fn claim(&mut self) -> bool {
+        self.claimed = self.claimed || self.handoff.claim();
+        self.claimed
+    }
+
+    fn send(mut self, result: impl FnOnce() -> Result<T, DbError>) {
+        if !self.claim() {
+            return; // The caller answered at its deadline, or went away.
+        }
+        self.handoff.record_db(self.deadline);
         // A caller that has gone reads nothing; there is no one to tell.
-        drop(self.reply.send(result));
+        drop(self.reply.send(result()));
     }
 }
 
@@ -111,35 +164,44 @@ enum Guarded<O> {
 }
 
 impl Job {
-    /// Runs the whole transaction and answers on `reply` (exactly once).
+    /// Runs the whole transaction and answers on `reply` (at most once, and only if the
+    /// caller has not answered itself at its deadline).
     pub(super) async fn run<T, B: Body<T>>(self, body: B, reply: Reply<T>) {
         let waited = self.acquire();
-        let mut conn =
-            match Instrument::instrument(waited, self.deadline.stage_span(Stage::DbPool)).await {
-                Ok(conn) => conn,
-                Err(err) => return drop(reply.send(Err(err))),
-            };
+        let acquired =
+            Instrument::instrument(waited, self.deadline.stage_span(Stage::DbPool)).await;
+        let mut conn = match acquired {
+            Ok(conn) => conn,
+            Err(err) => {
+                if self.handoff.claim() {
+                    drop(reply.send(Err(err())));
+                }
+                return;
+            }
+        };
         self.deadline
             .log()
             .observe_start(Stage::Db, self.deadline.remaining());
+        let _ = self.handoff.connected_at.set(Instant::now());
         let span = self.deadline.stage_span(Stage::Db);
         let answer = Answer {
             reply,
-            started: Instant::now(),
+            handoff: &self.handoff,
             deadline: &self.deadline,
+            claimed: false,
         };
-        let reply = self.transact(&mut conn, body, answer);
+        let transacted = self.transact(&mut conn, body, answer);
         // A body that panics mid-transaction must not hand its connection back with the
         // transaction open (holding its locks, for the next request to run in): the
         // panic is caught here, where the connection is still ours to close. The caller
         // then reads a closed channel.
-        match AssertUnwindSafe(Instrument::instrument(reply, span))
+        match AssertUnwindSafe(Instrument::instrument(transacted, span))
             .catch_unwind()
             .await
         {
-            Ok(Some(Answer { reply, .. })) => {
-                // The caller went away before an answer was decided; nobody reads this.
-                drop(reply.send(Err(self.deadline.exceeded(Stage::Db).into())));
+            Ok(Some(answer)) => {
+                // Nothing decided an answer: the deadline passed or the caller went away.
+                answer.send(|| Err(self.deadline.exceeded(Stage::Db).into()));
             }
             Ok(None) => {}
             Err(_) => {
@@ -152,14 +214,16 @@ impl Job {
         }
     }
 
-    /// Stage `db_pool`: a connection within `min(acquire timeout, remaining)`.
-    async fn acquire(&self) -> Result<Conn, DbError> {
+    /// Stage `db_pool`: a connection within `min(acquire timeout, remaining)`. A failure
+    /// comes as the means to make its error, so that it is counted only if it is the
+    /// answer.
+    async fn acquire(&self) -> Result<Conn, Failure<'_>> {
         let deadline = &self.deadline;
         deadline
             .log()
             .observe_start(Stage::DbPool, deadline.remaining());
         if deadline.is_expired() {
-            return Err(deadline.exceeded(Stage::DbPool).into());
+            return Err(Box::new(|| deadline.exceeded(Stage::DbPool).into()));
         }
         let _waiting = self.metrics.as_ref().map(Pending::enter);
         let started = Instant::now();
@@ -168,29 +232,36 @@ impl Job {
         deadline.log().record(Stage::DbPool, started.elapsed());
         let conn = match acquired {
             Ok(Ok(conn)) => conn,
-            Ok(Err(err)) => return Err(classify(err, deadline, Stage::DbPool)),
-            Err(_) if deadline.is_expired() => return Err(deadline.exceeded(Stage::DbPool).into()),
-            Err(_) => return Err(classify(sqlx::Error::PoolTimedOut, deadline, Stage::DbPool)),
+            Ok(Err(err)) => return Err(Box::new(move || classify(err, deadline, Stage::DbPool))),
+            Err(_) if deadline.is_expired() => {
+                return Err(Box::new(|| deadline.exceeded(Stage::DbPool).into()));
+            }
+            Err(_) => {
+                return Err(Box::new(|| {
+                    classify(sqlx::Error::PoolTimedOut, deadline, Stage::DbPool)
+                }));
+            }
         };
         // The wait may have used the budget up: then no statement starts at all.
         if deadline.remaining() < MIN_STEP {
-            return Err(deadline.exceeded(Stage::DbPool).into());
+            return Err(Box::new(|| deadline.exceeded(Stage::DbPool).into()));
         }
         Ok(conn)
     }
 
-    /// `BEGIN`, the body, then `COMMIT` or `ROLLBACK`. Returns `reply` if it was not used.
+    /// `BEGIN`, the body, then `COMMIT` or `ROLLBACK`. Returns the answer if nothing
+    /// decided it (the caller left, or the statements were abandoned).
     async fn transact<'a, T, B: Body<T>>(
-        &self,
+        &'a self,
         conn: &mut Conn,
         body: B,
-        reply: Answer<'a, T>,
+        answer: Answer<'a, T>,
     ) -> Option<Answer<'a, T>> {
         if self.stop.is_cancelled() {
-            return Some(reply); // The caller left while we waited for the pool.
+            return Some(answer); // The caller left while we waited for the pool.
         }
-        if let Err(err) = self.begin(conn).await {
-            reply.send(Err(err));
+        if let Err(failure) = self.begin(conn).await {
+            answer.send(|| Err(failure()));
             return None;
         }
         let ran = {
@@ -201,35 +272,35 @@ impl Job {
             Guarded::Finished { output, cancelled } => (output, cancelled),
             Guarded::Abandoned => {
                 conn.close_on_drop();
-                return Some(reply);
+                return Some(answer);
             }
         };
         let (value, check) = match output {
             Ok(End::Commit(value)) => (value, None),
             Ok(End::CommitVerified(value, check)) => (value, Some(check)),
             Ok(End::Rollback(value)) => {
-                reply.send(Ok(value));
+                answer.send(|| Ok(value));
                 self.rollback(conn).await;
                 return None;
             }
             Err(err) => {
-                reply.send(Err(classify(err, &self.deadline, Stage::Db)));
+                answer.send(|| Err(classify(err, &self.deadline, Stage::Db)));
                 self.rollback(conn).await;
                 return None;
             }
         };
         if cancelled || self.stop.is_cancelled() {
             // Too late, or nobody to tell: nothing is written.
-            reply.send(Err(self.deadline.exceeded(Stage::Db).into()));
+            answer.send(|| Err(self.deadline.exceeded(Stage::Db).into()));
             self.rollback(conn).await;
             return None;
         }
-        self.commit(conn, value, check, reply).await;
+        self.commit(conn, value, check, answer).await;
         None
     }
 
     /// `BEGIN` with this transaction's limit and marker, in one round trip.
-    async fn begin(&self, conn: &mut Conn) -> Result<(), DbError> {
+    async fn begin(&self, conn: &mut Conn) -> Result<(), Failure<'_>> {
         let sql = begin_sql(
             self.access,
             server_limit(self.deadline.remaining()),
@@ -239,6 +310,7 @@ impl Job {
             let batch = sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut **conn);
             self.guarded(batch, CLEANUP_GRACE).await
         };
+        let exceeded: Failure<'_> = Box::new(|| self.deadline.exceeded(Stage::Db).into());
         match begun {
             Guarded::Finished {
                 output: Ok(_),
@@ -249,17 +321,17 @@ impl Job {
                 cancelled: true,
             } => {
                 self.rollback(conn).await;
-                Err(self.deadline.exceeded(Stage::Db).into())
+                Err(exceeded)
             }
             Guarded::Finished {
                 output: Err(err), ..
             } => {
                 self.settle(conn).await;
-                Err(classify(err, &self.deadline, Stage::Db))
+                Err(Box::new(move || classify(err, &self.deadline, Stage::Db)))
             }
             Guarded::Abandoned => {
                 conn.close_on_drop();
-                Err(self.deadline.exceeded(Stage::Db).into())
+                Err(exceeded)
             }
         }
     }
@@ -337,11 +409,14 @@ impl Job {
         conn: &mut Conn,
         value: T,
         check: Option<Check>,
-        reply: Answer<'_, T>,
+        mut answer: Answer<'_, T>,
     ) {
         let left = self.deadline.remaining();
-        if left < MIN_STEP {
-            reply.send(Err(self.deadline.exceeded(Stage::Db).into()));
+        // From the COMMIT on, its outcome is this job's to tell, so the answer is claimed
+        // first; a caller that answered at its deadline already has a 504, and then no
+        // COMMIT may be sent.
+        if left < MIN_STEP || !answer.claim() {
+            answer.send(|| Err(self.deadline.exceeded(Stage::Db).into()));
             self.rollback(conn).await;
             return;
         }
@@ -355,11 +430,11 @@ impl Job {
         match sent {
             // Committed, even if a cancel arrived after the commit record (PostgreSQL
             // holds interrupts from there on and completes the COMMIT).
-            Guarded::Finished { output: Ok(_), .. } => reply.send(Ok(value)),
+            Guarded::Finished { output: Ok(_), .. } => answer.send(|| Ok(value)),
             Guarded::Finished {
                 output: Err(err), ..
             } if proves_rollback(&err) => {
-                reply.send(Err(classify(err, &self.deadline, Stage::Db)));
+                answer.send(|| Err(classify(err, &self.deadline, Stage::Db)));
                 self.settle(conn).await;
             }
             Guarded::Finished {
@@ -368,12 +443,12 @@ impl Job {
                 tracing::warn!(error = %err, "the connection failed during COMMIT");
                 conn.close_on_drop();
                 let learned = self.learn_outcome(check).await;
-                reply.send(learned.map(|()| value));
+                answer.send(|| learned.map(|()| value));
             }
             Guarded::Abandoned => {
                 tracing::warn!("no outcome for a COMMIT within the grace; closing its connection");
                 conn.close_on_drop();
-                reply.send(Err(DbError::OutcomeUnknown));
+                answer.send(|| Err(DbError::OutcomeUnknown));
             }
         }
     }

@@ -80,7 +80,7 @@ use crate::metrics::Metrics;
 
 pub use error::DbError;
 pub(crate) use error::classify;
-use job::Job;
+use job::{Handoff, Job};
 use sql::Access;
 
 /// What a transaction's body decides: commit or roll back, with the value to return.
@@ -176,7 +176,7 @@ impl<T, F> Body<T> for F where
 {
 }
 
-/// Pool settings.
+/// Pool settings, and the bounds the server keeps on each session by itself.
 ///
 /// ```
 /// use std::time::Duration;
@@ -184,15 +184,85 @@ impl<T, F> Body<T> for F where
 ///
 /// let config = DbConfig {
 ///     max_connections: 10,
-///     acquire_timeout: Duration::from_millis(250), // DB_POOL_ACQUIRE_TIMEOUT_MS: 503 `db_pool` after
+///     acquire_timeout: Duration::from_millis(250), // then 503 `db_pool`
+///     ..DbConfig::default()
 /// };
 /// ```
+///
+/// # When the network goes silent
+///
+/// A statement's `statement_timeout` and the cancel at the deadline reach the server
+/// only while the network does. When the link to the database is cut (packets dropped,
+/// no reset), neither arrives, and a transaction whose statement has finished sits
+/// `idle in transaction` on the server holding its row locks, for as long as the
+/// server's TCP stack takes to give up on the client: minutes by default, and after a
+/// partition longer than the client's own retries it survives the heal. So every
+/// session of the pool is opened with bounds the server applies by itself, as startup
+/// options (they travel in the connection's first packet: no statement, no round trip,
+/// and they hold in every mode, since a session serves requests of all of them):
+///
+/// - `idle_in_transaction_session_timeout` = [`idle_in_transaction`](Self::idle_in_transaction):
+///   a transaction waiting that long for its client's next statement has lost its
+///   client (a body runs only SQL, so a live one waits a round trip at most); the
+///   server ends the session and the transaction rolls back.
+/// - `tcp_user_timeout` = [`liveness`](Self::liveness), with TCP keepalives every
+///   second and `client_connection_check_interval` at a quarter of it: a session whose
+///   client stops acknowledging (an answer sent into a cut link, keepalives unanswered)
+///   is closed by the server's kernel, and a statement still running notices it and
+///   stops. This bounds the statements of `legacy` and `observe` too, which carry no
+///   `statement_timeout`.
+///
+/// Measured on a partitioned loopback link: a ghost transaction
+/// ended 0.5 s after its statement finished, a running statement whose client was cut
+/// off about 2 s after its client's last packet. Zero switches a bound off.
 #[derive(Clone, Copy, Debug)]
 pub struct DbConfig {
-    /// Pool size (`DB_POOL_MAX_CONNECTIONS`).
+    /// Pool size.
     pub max_connections: u32,
-    /// The longest a request waits for a connection (`DB_POOL_ACQUIRE_TIMEOUT_MS`).
+    /// The longest a request waits for a connection: then 503 `db_pool`.
     pub acquire_timeout: Duration,
+    /// How long the server lets a transaction wait for its client's next statement.
+    pub idle_in_transaction: Duration,
+    /// How long the server waits for a silent client's TCP connection before it closes
+    /// the session (`tcp_user_timeout`, keepalives, the connection check).
+    pub liveness: Duration,
+}
+
+impl Default for DbConfig {
+    /// 10 connections, a 250 ms acquire timeout, 500 ms idle in a transaction, 1 s of
+    /// liveness.
+    fn default() -> Self {
+        Self {
+            max_connections: 10,
+            acquire_timeout: Duration::from_millis(250),
+            idle_in_transaction: Duration::from_millis(500),
+            liveness: Duration::from_secs(1),
+        }
+    }
+}
+
+impl DbConfig {
+    /// The startup options that carry [`idle_in_transaction`](Self::idle_in_transaction)
+    /// and [`liveness`](Self::liveness) to the server.
+    fn session_bounds(&self) -> Vec<(&'static str, u128)> {
+        let mut bounds = Vec::new();
+        let idle = self.idle_in_transaction.as_millis();
+        if idle > 0 {
+            bounds.push(("idle_in_transaction_session_timeout", idle));
+        }
+        let liveness = self.liveness.as_millis();
+        if liveness > 0 {
+            // Keepalives count whole seconds, one at the least; with a user timeout
+            // set, the kernel gives up once probes go unanswered that long.
+            bounds.extend([
+                ("tcp_user_timeout", liveness),
+                ("tcp_keepalives_idle", 1),
+                ("tcp_keepalives_interval", 1),
+                ("client_connection_check_interval", (liveness / 4).max(1)),
+            ]);
+        }
+        bounds
+    }
 }
 
 /// The `application_name` of the side pool's sessions (cancels, outcome checks).
@@ -240,6 +310,7 @@ impl Markers {
 /// let config = DbConfig {
 ///     max_connections: 10,
 ///     acquire_timeout: Duration::from_millis(250),
+///     ..DbConfig::default()
 /// };
 /// let db = Db::connect_lazy("postgres://app@127.0.0.1/app", config)?;
 /// let deadline = Deadline::after(Duration::from_millis(300));
@@ -273,24 +344,23 @@ impl Db {
     ///
     /// # #[tokio::main] async fn main() -> Result<(), sqlx::Error> {
     /// let metrics = Metrics::new("orders-service");
-    /// let config = DbConfig {
-    ///     max_connections: 10,
-    ///     acquire_timeout: Duration::from_millis(250),
-    /// };
+    /// let config = DbConfig::default();
     /// // Nothing is connected yet: a database that is down is a 503 per request, not a crash.
     /// let db = Db::connect_lazy("postgres://app@127.0.0.1/app", config)?.with_metrics(&metrics);
     /// # Ok(()) }
     /// ```
     pub fn connect_lazy(url: &str, config: DbConfig) -> Result<Self, sqlx::Error> {
         let options: PgConnectOptions = url.parse()?;
-        // No per-connection limits: the mode can switch at run time, and a connection
-        // outlives many requests of either mode. Each propagate transaction sets its own
-        // limit; legacy sets none, as code without the technique would. The pool's own
-        // acquire limit stays sqlx's: propagate bounds each acquire by
-        // `min(acquire_timeout, remaining)`, legacy by its fixed timeout.
+        // No per-connection deadline limits: the mode can switch at run time, and a
+        // connection outlives many requests of either mode. Each propagate transaction
+        // sets its own limit; legacy sets none, as code without the technique would.
+        // What every session carries are the bounds for a silent network (see
+        // `DbConfig`), the same in every mode. The pool's own acquire limit stays
+        // sqlx's: propagate bounds each acquire by `min(acquire_timeout, remaining)`,
+        // legacy by its fixed timeout.
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
-            .connect_lazy_with(options.clone());
+            .connect_lazy_with(options.clone().options(config.session_bounds()));
         let side_pool = PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(1))
@@ -418,11 +488,16 @@ impl Db {
             DeadlineMode::Observe => return self.legacy(body, deadline, true).await,
             DeadlineMode::Propagate => {}
         }
-        let (reply, answer) = oneshot::channel();
-        // Dropping this future (client gone, tool cancelled) cancels the token: the job
-        // then stops its statement on the server and cleans up by itself.
+        let (reply, mut answer) = oneshot::channel();
         let stop = CancellationToken::new();
-        let _stop_when_dropped = stop.clone().drop_guard();
+        let handoff = Arc::new(Handoff::default());
+        // Dropping this future (client gone, tool cancelled) cancels the token: the job
+        // then stops its statement on the server and cleans up by itself, answering
+        // nobody.
+        let _leave = Leave {
+            handoff: handoff.clone(),
+            stop: stop.clone(),
+        };
         let job = Job {
             pool: self.pool.clone(),
             side_pool: self.side_pool.clone(),
@@ -431,14 +506,44 @@ impl Db {
             deadline: deadline.clone(),
             access,
             marker: self.markers.next(),
-            stop,
+            stop: stop.clone(),
             cancel_unsettled: AtomicBool::new(false),
+            handoff: handoff.clone(),
         };
         tokio::spawn(job.run(body, reply).in_current_span());
-        // The job always answers; no answer means it panicked.
-        answer
-            .await
-            .unwrap_or(Err(DbError::Query(sqlx::Error::WorkerCrashed)))
+        // The job answers as soon as it knows. At the deadline, if it has not, the caller
+        // answers 504 itself, at once, naming the stage the job is in: the job may be
+        // waiting on a server the network has cut off, and nothing it could still learn
+        // would change that answer, since no COMMIT has been sent. (Once the job has
+        // claimed the answer, a COMMIT is on its way and only the job can tell its
+        // outcome: then the caller waits for it, within the COMMIT's grace.)
+        let crashed = || Err(DbError::Query(sqlx::Error::WorkerCrashed));
+        tokio::select! {
+            biased;
+            answered = &mut answer => return answered.unwrap_or_else(|_| crashed()),
+            () = tokio::time::sleep_until(deadline.instant()) => {}
+        }
+        if handoff.claim() {
+            stop.cancel();
+            handoff.record_db(deadline);
+            return Err(deadline.exceeded(handoff.stage()).into());
+        }
+        // The job always answers once it has claimed; no answer means it panicked.
+        answer.await.unwrap_or_else(|_| crashed())
+    }
+}
+
+/// Dropped with the caller's future: claims the answer (nobody is left to read one, and
+/// a request that was not answered is not counted) and tells the job to stop.
+struct Leave {
+    handoff: Arc<Handoff>,
+    stop: CancellationToken,
+}
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        self.handoff.claim();
+        self.stop.cancel();
     }
 }
 

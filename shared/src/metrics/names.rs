@@ -41,6 +41,8 @@ pub const HTTP_CLIENT_POOL_LIMIT: &str = "http_client_pool_limit";
 pub const HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL: &str = "http_client_admission_rejections_total";
 /// The latency estimate admission decides on, by `client` (gauge).
 pub const HTTP_CLIENT_LATENCY_ESTIMATE_SECONDS: &str = "http_client_latency_estimate_seconds";
+/// The round trip on the wire kept back from the budget sent, by `client` (gauge).
+pub const HTTP_CLIENT_WIRE_SECONDS: &str = "http_client_wire_seconds";
 /// (catalog) The injected delay now; 0 when none (gauge).
 pub const CATALOG_FAULT_DELAY_SECONDS: &str = "catalog_fault_delay_seconds";
 /// Resident memory of the process (gauge).

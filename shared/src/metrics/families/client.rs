@@ -75,6 +75,7 @@ pub(crate) struct ClientMetrics {
     admission: Family<ClientReason, Counter>,
     probes: Family<ClientLabel, Counter>,
     estimate: Family<ClientLabel, Gauge<f64, AtomicU64>>,
+    wire: Family<ClientLabel, Gauge<f64, AtomicU64>>,
     /// The service's deadline families, for the stage series of each client.
     deadline: DeadlineMetrics,
 }
@@ -91,6 +92,7 @@ impl ClientMetrics {
             admission: Family::default(),
             probes: Family::default(),
             estimate: Family::default(),
+            wire: Family::default(),
             deadline,
         };
         registry.register(
@@ -138,6 +140,11 @@ impl ClientMetrics {
             "The call time admission decides on (pool wait not included)",
             this.estimate.clone(),
         );
+        registry.register(
+            "http_client_wire_seconds",
+            "The round trip on the wire (call time less the downstream's own Server-Timing total), kept back from the budget sent",
+            this.wire.clone(),
+        );
         this
     }
 
@@ -154,6 +161,7 @@ impl ClientMetrics {
         let _ = self.retries.get_or_create(&label);
         let _ = self.probes.get_or_create(&label);
         let _ = self.estimate.get_or_create(&label);
+        let _ = self.wire.get_or_create(&label);
         let reason = "predicted_late";
         let _ = self
             .admission
@@ -211,6 +219,11 @@ impl ClientMetrics {
     /// The estimate gauge of `client`, for its admission to set.
     pub(crate) fn estimate_gauge(&self, client: &'static str) -> Gauge<f64, AtomicU64> {
         self.estimate.get_or_create(&ClientLabel { client }).clone()
+    }
+
+    /// The wire gauge of `client`, for its wire estimate to set.
+    pub(crate) fn wire_gauge(&self, client: &'static str) -> Gauge<f64, AtomicU64> {
+        self.wire.get_or_create(&ClientLabel { client }).clone()
     }
 
     /// Counts a retry after a refused connection.

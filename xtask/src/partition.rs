@@ -1,0 +1,243 @@
+//! The `partition` scenario's own parts: the cut of the link between orders-service and
+//! PostgreSQL during the load (test_support::net), what PostgreSQL holds meanwhile
+//! (sampled through its UNIX socket, which the cut does not reach), and the figures
+//! that come of it.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use test_support::net::Link;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::run::unix_ms;
+use crate::scenario::Partition;
+use crate::stats::Second;
+
+/// A transaction older than this has lost its client: the service grants no budget
+/// longer (`DEADLINE_MAX_MS`), so nothing a client still waits for runs this long.
+pub const STALE_AFTER: Duration = Duration::from_secs(2);
+
+/// The cut, running beside the load: the link is taken at once (so a machine where it
+/// cannot be fails before the load), cut after the partition's delay and healed after
+/// its length.
+pub struct Cut {
+    task: JoinHandle<anyhow::Result<(u64, u64)>>,
+}
+
+impl Cut {
+    /// Takes the link to PostgreSQL's `port` and schedules `partition` on it.
+    pub async fn start(port: u16, partition: Partition) -> anyhow::Result<Self> {
+        let link = tokio::task::spawn_blocking(move || {
+            std::panic::catch_unwind(|| Link::to(port)).map_err(|_| {
+                anyhow::anyhow!("cannot cut the link to PostgreSQL (root and iptables are needed)")
+            })
+        })
+        .await??;
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(partition.after).await;
+            let link = tokio::task::spawn_blocking(move || {
+                link.partition();
+                link
+            })
+            .await?;
+            let cut = unix_ms();
+            tokio::time::sleep(partition.length).await;
+            tokio::task::spawn_blocking(move || {
+                link.heal();
+                drop(link);
+            })
+            .await?;
+            Ok((cut, unix_ms()))
+        });
+        Ok(Self { task })
+    }
+
+    /// When the link was cut and when it was healed, ms since the epoch.
+    pub async fn finish(self) -> anyhow::Result<(u64, u64)> {
+        self.task.await.context("the cut's task failed")?
+    }
+}
+
+/// One reading of the service's write transactions on the server: the ones that hold
+/// row locks (they have a transaction id).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Held {
+    /// Seconds since the load started.
+    pub t: f64,
+    /// Write transactions open.
+    pub writes: f64,
+    /// Of them, older than [`STALE_AFTER`]: left without a client.
+    pub stale: f64,
+    /// The oldest one's age, ms (0 when none).
+    pub oldest_ms: f64,
+}
+
+/// Reads [`Held`] four times a second through the UNIX socket until stopped.
+pub struct Observer {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Vec<Held>>,
+}
+
+const HELD: &str = "\
+    SELECT count(*)::float8, \
+           count(*) FILTER (WHERE clock_timestamp() - xact_start > make_interval(secs => $1))::float8, \
+           coalesce(max(extract(epoch FROM clock_timestamp() - xact_start)) * 1000, 0)::float8 \
+    FROM pg_stat_activity \
+    WHERE datname = current_database() AND backend_type = 'client backend' \
+      AND pid <> pg_backend_pid() AND backend_xid IS NOT NULL";
+
+impl Observer {
+    /// Starts reading the database of `socket_url` (a UNIX-socket URL).
+    pub async fn start(socket_url: &str) -> anyhow::Result<Self> {
+        let options: PgConnectOptions = socket_url.parse()?;
+        let pool: PgPool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.application_name("experiment-observer"))
+            .await
+            .context("cannot observe PostgreSQL through its socket")?;
+        let (stop, mut stopped) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let mut held = Vec::new();
+            loop {
+                let read: Result<(f64, f64, f64), _> = sqlx::query_as(HELD)
+                    .bind(STALE_AFTER.as_secs_f64())
+                    .fetch_one(&pool)
+                    .await;
+                if let Ok((writes, stale, oldest_ms)) = read {
+                    held.push(Held {
+                        t: started.elapsed().as_secs_f64(),
+                        writes,
+                        stale,
+                        oldest_ms,
+                    });
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                    _ = stopped.changed() => break,
+                }
+            }
+            pool.close().await;
+            held
+        });
+        Ok(Self { stop, task })
+    }
+
+    /// Stops reading; every reading taken.
+    pub async fn stop(self) -> Vec<Held> {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap_or_default()
+    }
+}
+
+/// The figures of a run with a cut from `cut_s` to `healed_s` (seconds after the load
+/// started).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PartitionFigures {
+    /// The longest a write transaction of the service was seen open, ms: how long it
+    /// held its row locks, at most.
+    pub longest_write_ms: f64,
+    /// The most write transactions left without a client at once.
+    pub stale_peak: f64,
+    /// The most left without a client from a second after the heal on: ghosts that
+    /// survived it.
+    pub stale_after_heal: f64,
+    /// Goodput over the seconds of arrivals before the cut.
+    pub goodput_before_cut: f64,
+    /// Goodput over the seconds of arrivals from the heal to the end of the load.
+    pub goodput_after_heal: f64,
+}
+
+/// Reads [`PartitionFigures`] from the readings and the per-second goodput.
+pub fn figures(held: &[Held], seconds: &[Second], cut_s: f64, healed_s: f64) -> PartitionFigures {
+    let max = |values: &mut dyn Iterator<Item = f64>| values.fold(0.0, f64::max);
+    let goodput = |from: f64, to: f64| {
+        let inside: Vec<f64> = seconds
+            .iter()
+            .filter(|s| (s.t as f64) >= from && ((s.t + 1) as f64) <= to)
+            .map(|s| s.good as f64)
+            .collect();
+        if inside.is_empty() {
+            0.0
+        } else {
+            inside.iter().sum::<f64>() / inside.len() as f64
+        }
+    };
+    let end = seconds.last().map_or(healed_s, |s| (s.t + 1) as f64);
+    PartitionFigures {
+        longest_write_ms: max(&mut held.iter().map(|h| h.oldest_ms)),
+        stale_peak: max(&mut held.iter().map(|h| h.stale)),
+        stale_after_heal: max(&mut held
+            .iter()
+            .filter(|h| h.t >= healed_s + 1.0)
+            .map(|h| h.stale)),
+        goodput_before_cut: goodput(1.0, cut_s),
+        goodput_after_heal: goodput(healed_s, end),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn second(t: u64, good: u64) -> Second {
+        Second {
+            t,
+            good,
+            ..Second::default()
+        }
+    }
+
+    fn held(t: f64, stale: f64, oldest_ms: f64) -> Held {
+        Held {
+            t,
+            writes: stale + 1.0,
+            stale,
+            oldest_ms,
+        }
+    }
+
+    #[test]
+    fn the_figures_split_the_run_at_the_cut_and_the_heal() {
+        // Cut at 10 s, healed at 30 s; goodput 80 before, 0 during, 70 after.
+        let seconds: Vec<Second> = (0..60)
+            .map(|t| {
+                second(
+                    t,
+                    if t < 10 {
+                        80
+                    } else if t < 30 {
+                        0
+                    } else {
+                        70
+                    },
+                )
+            })
+            .collect();
+        let readings = [
+            held(5.0, 0.0, 12.0),
+            held(20.0, 3.0, 9000.0),
+            held(30.5, 1.0, 19_500.0),
+            held(31.5, 0.0, 40.0),
+        ];
+        let f = figures(&readings, &seconds, 10.0, 30.0);
+        assert_eq!(f.longest_write_ms, 19_500.0);
+        assert_eq!(f.stale_peak, 3.0);
+        assert_eq!(
+            f.stale_after_heal, 0.0,
+            "the ghost seen at 30.5 s is within the second"
+        );
+        assert_eq!(f.goodput_before_cut, 80.0, "from the first whole second");
+        assert_eq!(f.goodput_after_heal, 70.0);
+    }
+
+    #[test]
+    fn a_ghost_that_survives_the_heal_is_counted() {
+        let readings = [held(20.0, 2.0, 9000.0), held(45.0, 1.0, 35_000.0)];
+        let f = figures(&readings, &[], 10.0, 30.0);
+        assert_eq!(f.stale_after_heal, 1.0);
+    }
+}
