@@ -13,6 +13,19 @@ pub use crate::header::{
 #[cfg(feature = "sqlx")]
 pub use crate::db::sql::{Access, begin_sql, commit_sql};
 
+/// The bounds every pooled session of [`Db`](crate::db::Db) carries with `config`, as
+/// libpq's `PGOPTIONS` spells them (`-c name=value ...`), so pgbench sessions can carry
+/// the same.
+#[cfg(feature = "sqlx")]
+pub fn session_options(config: &crate::db::DbConfig) -> String {
+    config
+        .session_bounds()
+        .iter()
+        .map(|(name, value)| format!("-c {name}={value}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[cfg(feature = "http-client")]
 pub use crate::client::PROBE_INTERVAL;
 

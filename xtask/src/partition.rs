@@ -75,7 +75,8 @@ pub struct Held {
     pub oldest_ms: f64,
 }
 
-/// Reads [`Held`] four times a second through the UNIX socket until stopped.
+/// Reads [`Held`] ten times a second through the UNIX socket until stopped: a ghost
+/// the session bounds end within half a second is still seen.
 pub struct Observer {
     stop: watch::Sender<bool>,
     task: JoinHandle<Vec<Held>>,
@@ -116,7 +117,7 @@ impl Observer {
                     });
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                     _ = stopped.changed() => break,
                 }
             }

@@ -171,7 +171,8 @@ pub fn brief(results: &Path, prefix: &str) -> anyhow::Result<String> {
 }
 
 /// docs/experiment.md's block: every scenario with a committed summary, each followed
-/// by its `-admission-off` and `-runtime-metrics` twins when there are.
+/// by its `-admission-off`, `-runtime-metrics` and `-session-bounds` twins when there
+/// are.
 pub fn full(results: &Path, prefix: &str) -> anyhow::Result<String> {
     use clap::ValueEnum as _;
     let mut out = String::new();
@@ -186,6 +187,10 @@ pub fn full(results: &Path, prefix: &str) -> anyhow::Result<String> {
             (
                 format!("{name}-runtime-metrics"),
                 format!("`{name}`, runtime metrics off against on"),
+            ),
+            (
+                format!("{name}-session-bounds"),
+                format!("`{name}`, the database sessions' bounds off against on"),
             ),
         ] {
             let Some(summary) = read(&results.join(&dir))? else {
@@ -394,6 +399,9 @@ fn command(summary: &Summary, dir: &str, profiled: bool) -> String {
     if dir.ends_with("-runtime-metrics") {
         options.push_str(" --versus runtime-metrics");
     }
+    if dir.ends_with("-session-bounds") {
+        options.push_str(" --versus session-bounds");
+    }
     if profiled {
         options.push_str(" --profile-cpu");
     }
@@ -457,6 +465,28 @@ fn main_headline(summary: &Summary) -> String {
             spread.map_or(f64::NAN, |s| s.max),
             median("metrics-on", "created_per_s"),
             median("metrics-off", "created_per_s"),
+        );
+    }
+    if summary.scenario == "partition" {
+        let [a, b] = [summary.sides[0].as_str(), summary.sides[1].as_str()];
+        return format!(
+            "The link to PostgreSQL cut mid-load: write transactions held their row locks \
+             for at most {:.0} ms ({a}) and {:.0} ms ({b}); {:.0} and {:.0} were left on the \
+             server without a client at once, {:.0} and {:.0} a second after the heal; \
+             goodput after the heal {:.1} and {:.1} orders/s (before the cut {:.1} and {:.1}); \
+             p99 {a} {:.0} ms, {b} {:.0} ms.",
+            median(a, "longest_write_xact_ms"),
+            median(b, "longest_write_xact_ms"),
+            median(a, "clientless_xacts_peak"),
+            median(b, "clientless_xacts_peak"),
+            median(a, "clientless_xacts_after_heal"),
+            median(b, "clientless_xacts_after_heal"),
+            median(a, "goodput_after_heal_per_s"),
+            median(b, "goodput_after_heal_per_s"),
+            median(a, "goodput_before_cut_per_s"),
+            median(b, "goodput_before_cut_per_s"),
+            median(a, "p99_ms"),
+            median(b, "p99_ms"),
         );
     }
     match summary.scenario.as_str() {

@@ -171,7 +171,7 @@ pub struct ModeRun {
     /// cut and when it was healed.
     #[serde(default)]
     pub partition_at: Option<[f64; 2]>,
-    /// For `partition`: orders-service's write transactions on the server, four times
+    /// For `partition`: orders-service's write transactions on the server, ten times
     /// a second.
     #[serde(default)]
     pub held: Vec<Held>,

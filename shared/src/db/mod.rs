@@ -244,7 +244,7 @@ impl Default for DbConfig {
 impl DbConfig {
     /// The startup options that carry [`idle_in_transaction`](Self::idle_in_transaction)
     /// and [`liveness`](Self::liveness) to the server.
-    fn session_bounds(&self) -> Vec<(&'static str, u128)> {
+    pub(crate) fn session_bounds(&self) -> Vec<(&'static str, u128)> {
         let mut bounds = Vec::new();
         let idle = self.idle_in_transaction.as_millis();
         if idle > 0 {
