@@ -235,7 +235,11 @@ fn markdown(s: &Summary) -> String {
         s.clients,
         s.seconds,
         s.runs.len() / 2,
-        if s.session_options.is_empty() { "none" } else { &s.session_options },
+        if s.session_options.is_empty() {
+            "none"
+        } else {
+            &s.session_options
+        },
         cell(&s.legacy_tps, 0),
         cell(&s.propagate_tps, 0),
         s.ratio,

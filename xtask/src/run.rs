@@ -184,7 +184,11 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     std::fs::create_dir_all(&dir)?;
     let db_name = format!("{}_{repeat}_{mode}", ctx.load.scenario.name()).replace('-', "_");
     let database_url = fresh_database(&ctx.cluster, &db_name).await?;
-    let services = start_services(ctx, side, database_url, &dir).await?;
+    let services = start_services(ctx, side, database_url.clone(), &dir).await?;
+    if ctx.load.db_statement_ms > 0 {
+        // After orders-service's migrations made the table.
+        slow_statements(&database_url, ctx.load.db_statement_ms).await?;
+    }
     warm_up(&ctx.ports.orders_url(), ctx.load.budget_ms, ctx.warm_up).await;
     // The profiler's table is allocated when it starts and again when it stops: both
     // happen outside the measured window (the stop after the last memory reading), so
@@ -306,6 +310,26 @@ async fn start_services(
         env.catalog.push(((*key).into(), (*value).into()));
     }
     Services::start(&ctx.profile, ctx.ports, database_url, &env, dir).await
+}
+
+/// Makes every stock update spend `ms` on the server, holding its row lock: a `BEFORE
+/// UPDATE` trigger that sleeps.
+async fn slow_statements(database_url: &str, ms: u64) -> anyhow::Result<()> {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::PgConnection::connect(database_url).await?;
+    let seconds = ms as f64 / 1000.0;
+    // The number is ours, formatted in; a simple query takes no parameters.
+    let sql = format!(
+        "CREATE FUNCTION experiment_slow_stock() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_sleep({seconds}); RETURN NEW; END $$; \
+         CREATE TRIGGER experiment_slow_stock BEFORE UPDATE ON inventory FOR EACH ROW \
+         EXECUTE FUNCTION experiment_slow_stock()"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut conn)
+        .await?;
+    conn.close().await?;
+    Ok(())
 }
 
 /// Orders with no fault for `length`, 8 at a time: connections, pools, caches and a

@@ -89,6 +89,9 @@ pub struct Load {
     pub pool_max_connections: u32,
     /// For `partition`: the link to PostgreSQL cut during the load.
     pub partition: Option<Partition>,
+    /// Time the order's statement spends on the server holding its row locks (a
+    /// `BEFORE UPDATE` trigger that sleeps), ms; 0 for none.
+    pub db_statement_ms: u64,
 }
 
 /// A cut of the link between orders-service and PostgreSQL (test_support::net): every
@@ -140,6 +143,7 @@ impl Scenario {
             fault_removed_after: None,
             pool_max_connections: 50,
             partition: None,
+            db_statement_ms: 0,
         };
         // 50 slots at 200 to 800 ms (500 ms mean) serve about 100 orders/s: 150/s is
         // half again what the catalog can take.
@@ -235,13 +239,17 @@ impl Scenario {
                 ..base
             },
             // 10 s of the goodput load, 20 s with the database cut off, and the minute
-            // after the heal (a shorter --duration keeps those shares). A COMMIT on
-            // the wire when the cut starts is answered 500 outcome-unknown, true then.
+            // after the heal (a shorter --duration keeps those shares). The order's
+            // statement takes 50 ms on the server, so about four write transactions are
+            // there, holding row locks, when the cut comes (with 2 ms statements it would
+            // mostly find none). A COMMIT on the wire when the cut starts is answered
+            // 500 outcome-unknown, true then.
             Self::Partition => {
                 let duration = secs(90);
                 Load {
                     duration,
                     fault: Some(variable),
+                    db_statement_ms: 50,
                     partition: Some(Partition {
                         after: duration / 9,
                         length: duration * 2 / 9,
