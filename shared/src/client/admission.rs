@@ -11,36 +11,45 @@
 //! # The estimate
 //!
 //! What a call started *now* will take is best told by the calls started most recently.
-//! The estimate is a weighted quantile of the last [`WINDOW`] call times, each weighted by
-//! how recently its call *started* (halving every [`HALF_LIFE`]). Weighting by start,
-//! not by completion, is what makes recovery quick: when the downstream gets fast, the
-//! slow calls started before that still complete for a while, but they started earlier
-//! than the first fast call, so they count for little next to it.
+//! The estimate is a quantile of the last [`WINDOW`] call times, each weighted by how
+//! recently its call *started* (halving every [`HALF_LIFE`]). Weighting by start, not
+//! by completion, is what makes recovery quick: when the downstream gets fast, the slow
+//! calls started before that still complete for a while, but they started earlier than
+//! the first fast call, so they count for little next to it.
 //!
 //! The quantile is a *low* one ([`MIN_SUCCESS_CHANCE`], 10 %): a call is refused only
-//! when fewer than one in ten recent calls were as quick as it would need to be. A
-//! high quantile would refuse calls that have a good chance: with a catalog answering in
-//! 200 to 800 ms and a 700 ms budget, 80 % of calls succeed, and refusing them all
-//! because the p90 is 740 ms would throw that goodput away. Refusing only calls with a
-//! small chance costs nothing where calls might succeed, and still refuses everything
-//! when the downstream is slower than every budget.
+//! when the chance that it finishes in what it has left is below one in ten. A high
+//! quantile would refuse calls that have a good chance: with a catalog answering in 200
+//! to 800 ms and a 700 ms budget, 80 % of calls succeed, and refusing them all because
+//! the p90 is 740 ms would throw that goodput away. Refusing only calls with a small
+//! chance costs nothing where calls might succeed, and still refuses everything when the
+//! downstream is slower than every budget.
 //!
 //! # Censored calls
 //!
-//! A call cut at its deadline says only that the downstream took *at least* that long.
-//! Dropping such calls would leave a downstream slower than every budget unlearned
-//! forever; counting them at the time they were cut would put the estimate exactly at
-//! the budget of the next caller like them, who would be admitted and cut again. So a
-//! cut call counts as [`CENSORED_FACTOR`] times its budget: longer than it could wait,
-//! by a margin that callers with much more budget can still afford.
+//! A call cut at its deadline says only that the downstream took *at least* that long:
+//! a censored observation. The chance of finishing in time is estimated the way
+//! survival analysis does it, Kaplan–Meier with the recency weights: walking up the call
+//! times, each finished call lowers the chance of still running by its weight over the
+//! weight of the calls that ran at least that long; a cut call only leaves the set of
+//! calls still running at its cut, and says nothing about any time above it. The
+//! estimate is the first time by which the chance of having finished reaches 10 %. When
+//! the calls that finished are too few for that (every recent call was cut), the
+//! downstream is slower than anything seen: the estimate is then [`CENSORED_FACTOR`]
+//! times the longest cut, longer than those callers could wait, by a margin that
+//! callers with much more budget can still afford.
 //!
-//! A cut call is cut by the *caller's* budget, which may have nothing to do with the
-//! downstream: a caller deep in a call chain with 20 ms left, cut after 20 ms, says only
-//! that a downstream which takes a second took more than 20 ms. Were that sample to
-//! pull the estimate down, every caller would be admitted to a downstream that is
-//! still slow until their own cut calls came back. So a cut call may raise the
-//! estimate but never lower it: it counts as at least the estimate it was recorded
-//! under. Only a call that finished can say the downstream got quicker.
+//! Why it must be so, as measured from a cold start: a downstream that was fast (5 ms)
+//! turns slow (1 s) while 60 callers a second have 695 ms and 8 a second have 20 ms.
+//! Counted as a call time (twice its budget, 40 ms), a cut short caller looked quick:
+//! three such samples among 61 of the main callers' (1,390 ms) carried 22 % of the
+//! window's weight, since they start last and finish first, so the 10 % quantile was 40
+//! ms, the main callers were all admitted and cut, and 63 calls a second reached a
+//! downstream that could answer none of them. Kaplan–Meier lets a call cut at 20 ms
+//! speak only of the first 20 ms: the chance of finishing by 695 ms is 0 whatever the
+//! short callers' share, so the main callers are refused (4 calls a second: the
+//! probes). A cut call can therefore never lower the estimate; only a call that
+//! finished can say the downstream got quicker.
 //!
 //! # Noticing recovery
 //!
@@ -52,8 +61,7 @@
 //!
 //! The probe goes to a call with enough budget to learn something: at least
 //! 1/[`MIN_PROBE_SHARE`] of the estimate. Callers like the ones that were cut have about
-//! half the estimate (a cut call counts twice its budget), so they qualify with room to
-//! spare; a caller with a few ms left does not, since it would be cut long before a slow
+//! half the estimate (it is twice their cut), so they qualify with room to spare; a caller with a few ms left does not, since it would be cut long before a slow
 //! downstream answered. If no such call comes for [`PROBE_STARVED_AFTER`], any refused
 //! call may probe: when only short callers are left, one of them must find out that the
 //! downstream got quick, and cut, it cannot lower the estimate anyway.
@@ -75,7 +83,8 @@ pub(crate) const WINDOW: usize = 64;
 pub(crate) const HALF_LIFE: Duration = Duration::from_millis(250);
 /// A call is refused when fewer than this share of recent calls were quick enough.
 pub(crate) const MIN_SUCCESS_CHANCE: f64 = 0.1;
-/// A call cut at its deadline counts as this many times the budget it had.
+/// When too few calls finished to reach the quantile, the estimate is this many times
+/// the longest cut.
 pub(crate) const CENSORED_FACTOR: u32 = 2;
 /// While refusing, one call per interval goes through as a probe.
 #[doc(hidden)]
@@ -110,11 +119,13 @@ pub(crate) enum Verdict {
     },
 }
 
-/// One finished call: when it started and how long it took (or counts as taking).
+/// One call: when it started, how long it ran, and whether it was cut then (it would
+/// have taken at least `took`).
 #[derive(Clone, Copy, Debug)]
 struct Sample {
     started: Instant,
     took: Duration,
+    censored: bool,
 }
 
 /// The latency estimate and probe clock of one downstream. Share it behind an `Arc`.
@@ -168,35 +179,22 @@ impl Admission {
         }
     }
 
-    /// Records a finished call that started at `started` and took `took`; `censored`
-    /// when it was cut at its deadline (it would have taken at least `took`). A censored
-    /// call never lowers the estimate (see the module's "Censored calls").
+    /// Records a call that started at `started` and ran for `took`; `censored` when it
+    /// was cut then (at its deadline: it would have taken at least `took`).
     pub(crate) fn record(&self, started: Instant, took: Duration, censored: bool) {
         let mut samples = self
             .samples
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Read under the lock: two cut calls recorded at once must not both compare
-        // against an estimate the other is about to replace.
-        let before = self.estimate();
-        let took = if censored {
-            took.saturating_mul(CENSORED_FACTOR).max(before)
-        } else {
-            took
-        };
-        samples.push_back(Sample { started, took });
+        samples.push_back(Sample {
+            started,
+            took,
+            censored,
+        });
         if samples.len() > WINDOW {
             samples.pop_front();
         }
-        let quantile = weighted_quantile(&samples, MIN_SUCCESS_CHANCE);
-        // Kept in the window at no less than the estimate, a cut call cannot pull a
-        // later estimate down either; the window's oldest call leaving could, so the
-        // estimate is held here too.
-        let estimate = if censored {
-            quantile.max(before)
-        } else {
-            quantile
-        };
+        let estimate = weighted_quantile(&samples, MIN_SUCCESS_CHANCE);
         self.estimate_nanos.store(
             u64::try_from(estimate.as_nanos()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
@@ -224,28 +222,38 @@ impl Admission {
     }
 }
 
-/// The `quantile` of the call times, each weighted by how recently its call started.
+/// The first call time by which, by the weighted Kaplan–Meier estimate, a share
+/// `quantile` of calls have finished; [`CENSORED_FACTOR`] times the longest cut when no
+/// time reaches it (see the module's "Censored calls"). Each sample is weighted by how
+/// recently its call started.
 fn weighted_quantile(samples: &VecDeque<Sample>, quantile: f64) -> Duration {
     let Some(newest) = samples.iter().map(|s| s.started).max() else {
         return Duration::ZERO;
     };
-    let mut weighted: Vec<(Duration, f64)> = samples
+    let mut weighted: Vec<(Duration, bool, f64)> = samples
         .iter()
         .map(|s| {
             let age = newest.duration_since(s.started).as_secs_f64();
-            (s.took, (-age / HALF_LIFE.as_secs_f64()).exp2())
+            (s.took, s.censored, (-age / HALF_LIFE.as_secs_f64()).exp2())
         })
         .collect();
-    weighted.sort_by_key(|&(took, _)| took);
-    let total: f64 = weighted.iter().map(|&(_, w)| w).sum();
-    let mut seen = 0.0;
-    for &(took, weight) in &weighted {
-        seen += weight;
-        if seen >= quantile * total {
-            return took;
+    // A call cut at the same time as one finished was still running then: finished
+    // calls first.
+    weighted.sort_by_key(|&(took, censored, _)| (took, censored));
+    let mut at_risk: f64 = weighted.iter().map(|&(_, _, w)| w).sum();
+    let mut still_running = 1.0;
+    for &(took, censored, weight) in &weighted {
+        if !censored {
+            still_running *= 1.0 - weight / at_risk;
+            if 1.0 - still_running >= quantile - f64::EPSILON {
+                return took;
+            }
         }
+        at_risk -= weight;
     }
-    weighted.last().map_or(Duration::ZERO, |&(took, _)| took)
+    weighted.last().map_or(Duration::ZERO, |&(took, ..)| {
+        took.saturating_mul(CENSORED_FACTOR)
+    })
 }
 
 /// How long a call is expected to wait for a slot: nothing while one is free; else its
@@ -280,6 +288,8 @@ mod tests {
     /// Calls sent and not finished: (finishes at, started, took, cut at its deadline).
     struct Sim {
         admission: Admission,
+        /// Time between two arrivals.
+        tick: Duration,
         in_flight: Vec<(Instant, Instant, Duration, bool)>,
         arrivals: usize,
         sent: usize,
@@ -289,8 +299,14 @@ mod tests {
 
     impl Sim {
         fn new() -> Self {
+            Self::arriving(1000 / TICK.as_millis() as u32)
+        }
+
+        /// A simulation with `rate` arrivals a second.
+        fn arriving(rate: u32) -> Self {
             Self {
                 admission: Admission::default(),
+                tick: Duration::from_secs(1) / rate,
                 in_flight: Vec::new(),
                 arrivals: 0,
                 sent: 0,
@@ -314,7 +330,7 @@ mod tests {
         ) {
             let end = Instant::now() + period;
             while Instant::now() < end {
-                tokio::time::advance(TICK).await;
+                tokio::time::advance(self.tick).await;
                 let now = Instant::now();
                 self.in_flight.retain(|&(done, started, took, cut)| {
                     let finished = done <= now;
@@ -455,23 +471,25 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_cut_call_may_raise_the_estimate_but_never_lower_it() {
         let admission = Admission::default();
-        let started = Instant::now();
-        admission.record(started, MS(1000), false);
-        // Cut after 20 ms: it would have taken at least 20 ms, which says nothing new.
+        admission.record(Instant::now(), MS(1000), false);
+        assert_eq!(admission.estimate(), MS(1000));
+        // Cut after 20 ms, or 800: it would have taken at least that long, which says
+        // nothing against the call that took a second.
         tokio::time::advance(MS(10)).await;
         admission.record(Instant::now(), MS(20), true);
         assert_eq!(admission.estimate(), MS(1000));
-        // Cut after 800 ms, again and again: at least 800 ms, counted as twice that.
         for _ in 0..10 {
             tokio::time::advance(MS(100)).await;
             admission.record(Instant::now(), MS(800), true);
-            assert!(
-                admission.estimate() >= MS(1000),
-                "{:?}",
-                admission.estimate()
-            );
+            assert_eq!(admission.estimate(), MS(1000));
         }
-        assert_eq!(admission.estimate(), MS(1600));
+        // Cut later than every call that finished, again and again: slower than
+        // anything seen, so twice the longest cut.
+        for _ in 0..10 {
+            tokio::time::advance(MS(100)).await;
+            admission.record(Instant::now(), MS(1200), true);
+        }
+        assert_eq!(admission.estimate(), MS(2400));
         // A call that finished says how long it took: the estimate follows it down.
         tokio::time::advance(MS(10)).await;
         admission.record(Instant::now(), MS(5), false);
@@ -480,6 +498,29 @@ mod tests {
             "{:?}",
             admission.estimate()
         );
+    }
+
+    #[test]
+    fn the_estimate_is_the_kaplan_meier_quantile_of_finished_and_cut_calls() {
+        let now = Instant::now();
+        let sample = |ms, censored| Sample {
+            started: now,
+            took: MS(ms),
+            censored,
+        };
+        // Equal weights. Ten finished calls of 10..100 ms: the 10 % point is the first.
+        let finished: VecDeque<Sample> = (1..=10).map(|i| sample(i * 10, false)).collect();
+        assert_eq!(weighted_quantile(&finished, 0.1), MS(10));
+        assert_eq!(weighted_quantile(&finished, 0.5), MS(50));
+        // Nine cut at 5 ms before any finished: they leave the risk set at once and
+        // take nothing away from the finished one's chance, which is now all of it.
+        let mut cut_early: VecDeque<Sample> = (0..9).map(|_| sample(5, true)).collect();
+        cut_early.push_back(sample(100, false));
+        assert_eq!(weighted_quantile(&cut_early, 0.1), MS(100));
+        // Every call cut: twice the longest cut.
+        let all_cut: VecDeque<Sample> = [20, 695, 300].map(|ms| sample(ms, true)).into();
+        assert_eq!(weighted_quantile(&all_cut, 0.1), MS(1390));
+        assert_eq!(weighted_quantile(&VecDeque::new(), 0.1), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
@@ -538,5 +579,54 @@ mod tests {
         assert_eq!(expected_wait(10, 10, 0, MS(100), limit), MS(10));
         assert_eq!(expected_wait(10, 10, 2, MS(100), limit), MS(30));
         assert_eq!(expected_wait(10, 10, 50, MS(100), limit), limit);
+    }
+
+    /// The measured case, from a cold start: a downstream that was fast (5 ms) turns
+    /// slow (1 s) while 60 callers a second have 695 ms to spend and 8 a second have
+    /// 20 ms. Nothing teaches admission the slow downstream first: only the calls cut
+    /// at their deadlines can. Calls reaching the downstream, per second, over 25 s.
+    async fn calls_per_s_from_a_cold_start(tiny: Duration, tiny_every: usize) -> f64 {
+        let rate = 68;
+        let mut sim = Sim::arriving(rate);
+        let budget = move |i: usize| {
+            if i.is_multiple_of(tiny_every) {
+                tiny
+            } else {
+                BUDGET
+            }
+        };
+        sim.run_with(Duration::from_secs(5), budget, |_| MS(5))
+            .await;
+        assert_eq!(sim.refused, 0, "a fast downstream is never refused");
+        sim.reset_counts();
+        let period = Duration::from_secs(25);
+        sim.run_with(period, budget, |_| MS(1000)).await;
+        sim.sent as f64 / period.as_secs_f64()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn from_a_cold_start_callers_near_their_deadline_do_not_switch_admission_off() {
+        // One arrival in eight has 20 ms (a 25 ms budget less the reserve).
+        let per_s = calls_per_s_from_a_cold_start(MS(20), 8).await;
+        eprintln!("{per_s:.2} calls/s reached the slow downstream");
+        assert!(
+            per_s <= 10.0,
+            "{per_s:.1} calls/s reached the slow downstream"
+        );
+    }
+
+    /// The same for any mix: the short callers' budget from 10 ms to the main one's,
+    /// from one caller in twenty to every other one.
+    #[tokio::test(start_paused = true)]
+    async fn from_a_cold_start_no_mix_of_budgets_switches_admission_off() {
+        for tiny in [10, 25, 50, 100, 300, 600].map(MS) {
+            for every in [20, 8, 4, 2] {
+                let per_s = calls_per_s_from_a_cold_start(tiny, every).await;
+                assert!(
+                    per_s <= 10.0,
+                    "{per_s:.1} calls/s with one caller in {every} at {tiny:?}"
+                );
+            }
+        }
     }
 }
