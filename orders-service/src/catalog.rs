@@ -83,6 +83,12 @@ pub(crate) fn pooled_client(
             reserve: Config::ms(config.deadline_reserve_ms),
             admission: config.catalog_admission,
             idle_timeout: Config::ms(config.catalog_pool_idle_timeout_ms),
+            // Hedged are the catalog's GETs only; a precheck's POST is not safe to
+            // send twice.
+            hedge: (downstream.name() == "catalog")
+                .then(|| config.catalog_hedge())
+                .flatten(),
+            retry_budget: config.retry_budget(),
         },
         metrics,
     )

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use deadline_propagation::DeadlineMode;
-use deadline_propagation::client::AdmissionMode;
+use deadline_propagation::client::{AdmissionMode, HedgePolicy, RetryBudget};
 use service_kit::telemetry::LogFormat;
 
 use crate::prechecks::{self, PrecheckSpec};
@@ -91,6 +91,35 @@ pub struct Config {
     #[arg(long, env = "CATALOG_POOL_IDLE_TIMEOUT_MS", default_value_t = 2000,
           value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub catalog_pool_idle_timeout_ms: u64,
+
+    /// `on`: hedge catalog calls: a first call slower than the catalog's recent p(100 −
+    /// 100 × CATALOG_HEDGE_MAX_EXTRA_LOAD) gets a backup, if what is left covers a
+    /// call's usual time, a slot is free and the retry budget has a token. Off by
+    /// default (docs/operating.md, hedging).
+    #[arg(long, env = "CATALOG_HEDGE", value_enum, default_value_t = Switch::Off)]
+    pub catalog_hedge: Switch,
+
+    /// The share of extra catalog calls hedging may add: the hedge's delay is the
+    /// latency quantile 1 − this.
+    #[arg(long, env = "CATALOG_HEDGE_MAX_EXTRA_LOAD", default_value_t = 0.01,
+          value_parser = share_of_calls)]
+    pub catalog_hedge_max_extra_load: f64,
+
+    /// `false` sends a hedge or a retry even when what is left cannot cover a call's
+    /// usual time (only to measure what the rule is worth).
+    #[arg(long, env = "CATALOG_HEDGE_DEADLINE_AWARE", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    pub catalog_hedge_deadline_aware: bool,
+
+    /// Extra catalog calls (hedges and retries) at most, as a share of first calls.
+    #[arg(long, env = "CATALOG_RETRY_BUDGET_RATIO", default_value_t = 0.03,
+          value_parser = share_of_calls)]
+    pub catalog_retry_budget_ratio: f64,
+
+    /// Extra catalog calls allowed per second whatever the traffic.
+    #[arg(long, env = "CATALOG_RETRY_BUDGET_PER_S", default_value_t = 0.5,
+          value_parser = per_second)]
+    pub catalog_retry_budget_per_s: f64,
 
     /// Extra downstreams each order must pass before it is written, as `name=url`
     /// (repeat the flag, or separate with commas in the variable): orders POSTs
@@ -190,6 +219,31 @@ pub struct Config {
     pub log_format: LogFormat,
 }
 
+/// `on` or `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    /// Enabled.
+    On,
+    /// Disabled.
+    Off,
+}
+
+/// A share of calls, 0.0 to 1.0.
+fn share_of_calls(value: &str) -> Result<f64, String> {
+    match value.trim().parse::<f64>() {
+        Ok(share) if (0.0..=1.0).contains(&share) => Ok(share),
+        _ => Err(format!("{value:?} is not a share from 0.0 to 1.0")),
+    }
+}
+
+/// A rate per second, 0 to 1000.
+fn per_second(value: &str) -> Result<f64, String> {
+    match value.trim().parse::<f64>() {
+        Ok(rate) if (0.0..=1000.0).contains(&rate) => Ok(rate),
+        _ => Err(format!("{value:?} is not a rate from 0 to 1000 a second")),
+    }
+}
+
 /// Reads one allowed origin (clap's value parser for `MCP_ALLOWED_ORIGINS`): `null`, or
 /// `scheme://host` and a port, `:*` meaning any. The port must be given: an origin
 /// without one stands for its scheme's default port, and an entry that is unclear about
@@ -227,6 +281,24 @@ impl Config {
             &format!("--catalog-url={catalog_url}"),
             &format!("--database-url={database_url}"),
         ])
+    }
+
+    /// The catalog's hedge policy, if hedging is on.
+    pub(crate) fn catalog_hedge(&self) -> Option<HedgePolicy> {
+        (self.catalog_hedge == Switch::On).then(|| HedgePolicy {
+            max_extra_load: self.catalog_hedge_max_extra_load,
+            deadline_aware: self.catalog_hedge_deadline_aware,
+            ..HedgePolicy::default()
+        })
+    }
+
+    /// The retry budget of every downstream's client.
+    pub(crate) fn retry_budget(&self) -> RetryBudget {
+        RetryBudget {
+            ratio: self.catalog_retry_budget_ratio,
+            floor_per_s: self.catalog_retry_budget_per_s,
+            ..RetryBudget::default()
+        }
     }
 
     pub(crate) fn ms(value: u64) -> Duration {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::{Router, routing::get};
-use deadline_propagation::client::{AdmissionMode, BudgetedClient, ClientConfig};
+use deadline_propagation::client::{AdmissionMode, BudgetedClient, ClientConfig, RetryBudget};
 use deadline_propagation::{Deadline, DeadlineLayer, DeadlinePolicy, Downstream, Problem};
 use tokio::net::TcpListener;
 
@@ -60,6 +60,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         reserve: Duration::from_millis(5),          // kept to answer our own caller
         admission: AdmissionMode::Predict,          // refuse calls that cannot finish
         idle_timeout: Duration::from_secs(2),
+        hedge: None,
+        retry_budget: RetryBudget::default(),
     })?;
     let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000));
     let app = Router::new()

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::{Json, Router, routing::get};
-use deadline_propagation::client::{AdmissionMode, BudgetedClient, ClientConfig};
+use deadline_propagation::client::{AdmissionMode, BudgetedClient, ClientConfig, RetryBudget};
 use deadline_propagation::db::{Db, DbConfig};
 use deadline_propagation::metrics::Metrics;
 use deadline_propagation::{Deadline, DeadlineLayer, DeadlinePolicy, Downstream, Problem};
@@ -60,6 +60,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         reserve: Duration::from_millis(5),          // time to build our own answer
         admission: AdmissionMode::Predict,
         idle_timeout: Duration::from_secs(2), // under the catalog's 5 s idle close
+        hedge: None,
+        retry_budget: RetryBudget::default(),
     };
     let catalog = BudgetedClient::with_metrics(catalog, &metrics)?;
     let db = DbConfig {

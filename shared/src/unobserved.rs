@@ -39,6 +39,24 @@ pub(crate) enum RejectReason {
     Deadline,
 }
 
+/// Which attempt of a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AttemptKind {
+    First,
+    Hedge,
+    Retry,
+}
+
+/// What became of an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AttemptOutcome {
+    Won,
+    Lost,
+    RefusedBudget,
+    RefusedDeadline,
+    NoSlot,
+}
+
 /// No client families: there is no value of this type.
 #[derive(Clone, Debug)]
 pub(crate) enum ClientMetrics {}
@@ -66,6 +84,12 @@ impl ClientMetrics {
         match *self {}
     }
     pub(crate) fn wire_gauge(&self, _: &'static str) -> FloatGauge {
+        match *self {}
+    }
+    pub(crate) fn hedge_delay_gauge(&self, _: &'static str) -> FloatGauge {
+        match *self {}
+    }
+    pub(crate) fn count_attempt(&self, _: &'static str, _: AttemptKind, _: AttemptOutcome) {
         match *self {}
     }
     pub(crate) fn count_retry(&self, _: &'static str) {

@@ -154,6 +154,14 @@ impl Bulkhead {
         (self.slot(permit), over)
     }
 
+    /// A slot if one is free now, without waiting or joining the queue (a hedge, which
+    /// must not queue behind the calls it would overtake: tokio's semaphore gives no
+    /// permit to a newcomer while anyone waits).
+    pub(crate) fn try_acquire(self: &Arc<Self>) -> Option<Slot> {
+        let permit = Arc::clone(&self.slots).try_acquire_owned().ok()?;
+        Some(self.slot(permit))
+    }
+
     /// Calls waiting for a slot now.
     pub fn pending(&self) -> usize {
         self.pending.load(Ordering::SeqCst)

@@ -39,7 +39,9 @@
 mod admission;
 mod bulkhead;
 mod error;
+mod hedge;
 mod request;
+mod retry_budget;
 mod send;
 #[cfg(test)]
 mod tests;
@@ -62,7 +64,11 @@ pub use bulkhead::Bulkhead;
 pub(crate) use bulkhead::Slot;
 pub use error::CallError;
 pub(crate) use error::DEFAULT_RETRY_AFTER;
+pub use hedge::HedgePolicy;
+use hedge::History;
 pub use request::{CallRequest, Reply};
+pub use retry_budget::RetryBudget;
+use retry_budget::Tokens;
 use wire::Wire;
 
 use crate::deadline::Deadline;
@@ -76,7 +82,7 @@ use crate::stage::Downstream;
 ///
 /// ```
 /// use std::time::Duration;
-/// use deadline_propagation::client::{AdmissionMode, BudgetedClient, ClientConfig};
+/// use deadline_propagation::client::{AdmissionMode, BudgetedClient, ClientConfig, RetryBudget};
 /// use deadline_propagation::Downstream;
 ///
 /// let config = ClientConfig {
@@ -89,6 +95,8 @@ use crate::stage::Downstream;
 ///     reserve: Duration::from_millis(5),
 ///     admission: AdmissionMode::Predict,
 ///     idle_timeout: Duration::from_secs(2),
+///     hedge: None, // no backup attempts
+///     retry_budget: RetryBudget::default(),
 /// };
 /// let client = BudgetedClient::new(config).expect("the client builds");
 /// assert_eq!(client.downstream().pool().as_str(), "inventory_pool");
@@ -117,6 +125,12 @@ pub struct ClientConfig {
     /// closes it: the request is lost unanswered and the call fails although the
     /// downstream is fine. Below it, the client always closes first.
     pub idle_timeout: Duration,
+    /// Hedging: a backup attempt for a slow call that is safe to send twice. `None`
+    /// (the default) sends none.
+    pub hedge: Option<HedgePolicy>,
+    /// How many extra attempts (hedges and retries) the client may add to its first
+    /// ones.
+    pub retry_budget: RetryBudget,
 }
 
 /// The budgeted client. Cheap to clone.
@@ -127,6 +141,10 @@ pub struct BudgetedClient {
     admission: Option<Arc<Admission>>,
     /// The round trip on the wire, kept back from every budget sent.
     wire: Arc<Wire>,
+    /// The call times a hedge is timed from; `None` when the client does not hedge.
+    history: Option<Arc<History>>,
+    /// The tokens extra attempts spend.
+    tokens: Arc<Tokens>,
     config: Arc<ClientConfig>,
     metrics: Option<ClientMetrics>,
 }
@@ -185,6 +203,11 @@ impl BudgetedClient {
                 .map(|m| m.wire_gauge(name))
                 .unwrap_or_default(),
         );
+        let history = config.hedge.map(|policy| {
+            let gauge = metrics.as_ref().map(|m| m.hedge_delay_gauge(name));
+            Arc::new(History::new(policy, gauge.unwrap_or_default()))
+        });
+        let tokens = Arc::new(Tokens::new(config.retry_budget));
         // No redirects: a 3xx is the downstream's answer. Following one would send the
         // call elsewhere, and a refused connection there would be retried as if nothing
         // had been sent.
@@ -199,6 +222,8 @@ impl BudgetedClient {
             bulkhead: Arc::new(bulkhead),
             admission,
             wire: Arc::new(wire),
+            history,
+            tokens,
             config: Arc::new(config),
             metrics,
         })

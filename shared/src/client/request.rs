@@ -7,13 +7,17 @@
 //! `POST` gets exactly the guarantees of a `GET`: one timeout over slot wait, send and
 //! body, the budget header, the trace context, the same metrics and stage names.
 //!
-//! # Retries and non-idempotent methods
+//! # Retries, hedges and non-idempotent methods
 //!
 //! A refused connection is retried once, whatever the method: a connection that was
 //! refused carried no byte of the request, so the downstream cannot have acted on it,
-//! and a retried `POST` cannot do the work twice. Nothing else is retried (a reset after
-//! sending, a timeout, any status, least of all a 504): by then the downstream may have
-//! acted, or the shared deadline has run out there.
+//! and a retried `POST` cannot do the work twice. A 503 (refused before any work) is
+//! retried once, and a slow call may be hedged, only for a request safe to send twice:
+//! `GET`, `HEAD`, or one marked [`idempotent`](CallRequest::idempotent). Nothing else is
+//! retried (a reset after sending, a timeout, any other status, least of all a 504): by
+//! then the downstream may have acted, or the shared deadline has run out there. Every
+//! extra attempt needs what is left to cover an attempt's usual time and a token of the
+//! client's retry budget (`send.rs`).
 
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
@@ -54,6 +58,8 @@ pub struct CallRequest<'c> {
     pub(super) body: Option<bytes::Bytes>,
     /// False for a health check: not refused by admission, not part of its estimate.
     pub(super) admission: bool,
+    /// Marked safe to send twice (see [`idempotent`](Self::idempotent)).
+    pub(super) idempotent: bool,
     /// The first thing that made the request unsendable.
     invalid: Option<String>,
 }
@@ -67,6 +73,7 @@ impl<'c> CallRequest<'c> {
             headers: HeaderMap::new(),
             body: None,
             admission: true,
+            idempotent: false,
             invalid: None,
         }
     }
@@ -120,6 +127,15 @@ impl<'c> CallRequest<'c> {
         self
     }
 
+    /// Marks the request as safe to send twice: the downstream does its work once
+    /// however many copies arrive (it keys them, as an `Idempotency-Key` does). Such a
+    /// request may be hedged and its 503 retried, as a `GET` may; a request that
+    /// carries an `Idempotency-Key` header counts as marked.
+    pub fn idempotent(mut self) -> Self {
+        self.idempotent = true;
+        self
+    }
+
     /// Sends the request under `deadline`: admission, then a slot (stage
     /// `{name}_pool`), then the request and its whole body (stage `{name}`), all ending
     /// at the deadline. A 2xx is a [`Reply`]; any other answer or failure is a
@@ -147,10 +163,9 @@ impl<'c> CallRequest<'c> {
             client.admit(deadline)?;
         }
         let slot = client.acquire_slot(deadline).await?;
-        let reply = client.send_request(deadline, &self).await;
-        // The slot is held until the whole body has been read.
-        drop(slot);
-        reply
+        // The slot is held until the whole body has been read (and a hedge takes one
+        // of its own).
+        client.send_request(deadline, &self, slot).await
     }
 
     fn fail(&mut self, why: &str) {

@@ -1,23 +1,38 @@
-//! Stage `{name}`: one request and its body under what is left of the deadline, with the
-//! budget propagated, the trace context injected, at most one retry of a refused
-//! connection, and the call's time recorded (metrics and the admission estimate).
+//! Stage `{name}`: one call, as one or more attempts, each a request and its body under
+//! what is left of the deadline, with the budget propagated and the trace context
+//! injected; then the call's answer.
+//!
+//! A call is its first attempt, perhaps a hedge beside it (when the first is slow by
+//! the history's measure, `hedge.rs`), perhaps a retry after it (a refused connection;
+//! a 503 of a request safe to send twice). Every extra attempt must pass three checks,
+//! in order, and is counted when it does not:
+//!
+//! 1. the deadline: what is left covers the usual time of an attempt (the median of
+//!    recent ones; at least 20 ms), and no COMMIT is on the wire;
+//! 2. a slot, for a hedge (a retry keeps the slot of the attempt it repeats);
+//! 3. a token of the retry budget (`retry_budget.rs`).
+//!
+//! Each attempt is timed on its own: its metrics, admission's estimate, the wire and the
+//! history learn from it, and an attempt dropped unfinished (its caller went away, or
+//! its hedge won) is timed as `cancelled` and counts as cut.
 
+use std::pin::pin;
 use std::time::Duration;
 
-use http::HeaderMap;
 use http::header::HeaderName;
+use http::{HeaderMap, Method, StatusCode};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::request::{CallRequest, Reply};
 use super::wire::server_total;
-use super::{BudgetedClient, CallError};
+use super::{BudgetedClient, CallError, Slot};
 use crate::deadline::{Deadline, DeadlineExceeded};
 use crate::header::{DEADLINE_MODE_HEADER, OBSERVE, REQUEST_TIMEOUT_HEADER};
 use crate::ingress::DeadlineMode;
-use crate::metrics::ClientMetrics;
+use crate::metrics::{AttemptKind, AttemptOutcome};
 
-/// The least budget worth a retry of a refused connection.
+/// The least budget worth any extra attempt, whatever the history says.
 const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);
 
 /// The headers the client sets itself; a caller's values for them are dropped, so no
@@ -30,13 +45,40 @@ const OWNED_HEADERS: [HeaderName; 4] = [
     HeaderName::from_static("tracestate"),
 ];
 
+/// What one attempt gave: reqwest's answer (any status) or its failure, or the
+/// deadline.
+type Outcome = Result<Result<Reply, reqwest::Error>, DeadlineExceeded>;
+
+/// Which attempts a call sent, for the counts: the first alone, the first and a hedge
+/// (and which won), or either followed by a retry (which the call then ended with).
+enum Sent {
+    First,
+    Hedged { hedge_won: bool },
+    Retry(Box<Sent>),
+}
+
+/// One attempt that came back, with the slot it held (a retry goes on it).
+struct Tried {
+    outcome: Outcome,
+    slot: Slot,
+}
+
+impl Tried {
+    /// An answer the call can end with: any status but a 5xx (a 404 is an answer too),
+    /// not a failure to reach the downstream, not the deadline.
+    fn is_good(&self) -> bool {
+        matches!(&self.outcome, Ok(Ok(reply)) if !reply.status.is_server_error())
+    }
+}
+
 impl BudgetedClient {
-    /// The request in a client span named after the method and the downstream
+    /// The call in a client span named after the method and the downstream
     /// (`POST inventory`), carrying the budget and what is left of it.
     pub(super) async fn send_request(
         &self,
         deadline: &Deadline,
         request: &CallRequest<'_>,
+        slot: Slot,
     ) -> Result<Reply, CallError> {
         let method = request.method.as_str();
         let span = tracing::info_span!(
@@ -49,7 +91,7 @@ impl BudgetedClient {
             deadline.remaining_ms = deadline.remaining().as_millis() as u64,
             http.response.status_code = tracing::field::Empty,
         );
-        self.send_in(deadline, request, &span)
+        self.send_in(deadline, request, slot, &span)
             .instrument(span.clone())
             .await
     }
@@ -58,9 +100,10 @@ impl BudgetedClient {
         &self,
         deadline: &Deadline,
         request: &CallRequest<'_>,
+        slot: Slot,
         span: &tracing::Span,
     ) -> Result<Reply, CallError> {
-        let (name, stage) = (self.config.name.name(), self.config.name.call());
+        let stage = self.config.name.call();
         let mode = deadline.mode();
         let spent = deadline.outbound_millis(self.keep_back()).is_none();
         if spent && mode == DeadlineMode::Propagate {
@@ -72,65 +115,233 @@ impl BudgetedClient {
             headers.remove(owned);
         }
         crate::propagation::inject(span, &mut headers);
-        let started = Instant::now();
-        let unfinished = Unfinished {
-            metrics: self.metrics.as_ref(),
-            name,
-            started,
+        self.tokens.deposit();
+        let first = self.try_once(deadline, request, headers.clone(), slot);
+        let (mut tried, mut sent) = match self.hedge_delay(deadline, request) {
+            Some(delay) => self.hedged(deadline, request, &headers, first, delay).await,
+            None => (first.await, Sent::First),
         };
-        let mut outcome = self.attempt(deadline, request, headers.clone()).await;
-        // A refused connection sent nothing, so one retry is safe, for any method (a
-        // POST included: the downstream never saw it), and worth it only if the budget
-        // still allows a real call. A 504 from the downstream is never retried: the
-        // shared deadline has run out there, and a retry would only spend what is left
-        // for nothing.
-        let refused = matches!(&outcome, Ok(Err(err)) if err.is_connect());
-        if refused && mode == DeadlineMode::Propagate && deadline.remaining() > MIN_RETRY_BUDGET {
-            if let Some(metrics) = &self.metrics {
-                metrics.count_retry(name);
+        // A refused connection sent nothing, so a retry is safe for any method (a POST
+        // included: the downstream never saw it); a 503 says the downstream refused the
+        // request before doing any work, which is safe to repeat for a request that may
+        // be sent twice. Nothing else is retried, a 504 least of all: the shared
+        // deadline has run out there.
+        let retryable = match &tried.outcome {
+            Ok(Err(err)) => err.is_connect(),
+            Ok(Ok(reply)) => {
+                reply.status == StatusCode::SERVICE_UNAVAILABLE && request.repeatable()
             }
-            outcome = self.attempt(deadline, request, headers).await;
+            Err(_) => false,
+        };
+        if retryable && mode == DeadlineMode::Propagate {
+            match self
+                .deadline_allows_extra(deadline)
+                .and_then(|()| self.take_token())
+            {
+                Ok(()) => {
+                    if let Some(metrics) = &self.metrics {
+                        metrics.count_retry(self.config.name.name());
+                    }
+                    tried = self.try_once(deadline, request, headers, tried.slot).await;
+                    sent = Sent::Retry(Box::new(sent));
+                }
+                Err(refused) => self.count(AttemptKind::Retry, refused),
+            }
         }
-        let took = started.elapsed();
-        unfinished.finish();
-        if let Ok(Ok(answer)) = &outcome {
+        self.count_sent(&sent);
+        if let Ok(Ok(answer)) = &tried.outcome {
             span.record("http.response.status_code", answer.status.as_u16());
-            if let Some(server) = server_total(&answer.headers) {
-                self.wire.record(took, server);
-            }
-        }
-        // Cut at our deadline, or the downstream ran out of the budget we gave it: the
-        // call would have taken at least this long (a censored observation).
-        let censored = match &outcome {
-            Err(_) => true,
-            Ok(Ok(answer)) => answer.status == http::StatusCode::GATEWAY_TIMEOUT,
-            Ok(Err(err)) => err.is_timeout(),
-        };
-        if let Some(admission) = self.admission.as_ref().filter(|_| request.admission) {
-            admission.record(started, took, censored);
         }
         if mode == DeadlineMode::Observe && (spent || deadline.is_expired()) {
             deadline.would_refuse(stage, "deadline");
         }
-        let (label, result) = match outcome {
-            Err(exceeded) => ("timeout".to_owned(), Err(CallError::Deadline(exceeded))),
-            Ok(Ok(answer)) => (
-                answer.status.as_str().to_owned(),
-                CallError::check(answer, deadline, stage),
-            ),
-            Ok(Err(err)) if err.is_timeout() => (
-                "timeout".to_owned(),
-                Err(CallError::Unreachable(err.to_string())),
-            ),
-            Ok(Err(err)) => (
-                "error".to_owned(),
-                Err(CallError::Unreachable(err.to_string())),
-            ),
-        };
-        if let Some(metrics) = &self.metrics {
-            metrics.observe_request(name, &label, took);
+        match tried.outcome {
+            Err(exceeded) => Err(CallError::Deadline(exceeded)),
+            Ok(Ok(answer)) => CallError::check(answer, deadline, stage),
+            Ok(Err(err)) => Err(CallError::Unreachable(err.to_string())),
         }
-        result
+    }
+
+    /// The first attempt, and a hedge beside it if it has not answered after `delay`
+    /// and the checks allow one; the first good answer wins and the other attempt is
+    /// dropped.
+    async fn hedged(
+        &self,
+        deadline: &Deadline,
+        request: &CallRequest<'_>,
+        headers: &HeaderMap,
+        first: impl Future<Output = Tried>,
+        delay: Duration,
+    ) -> (Tried, Sent) {
+        let mut first = pin!(first);
+        tokio::select! {
+            biased;
+            tried = &mut first => return (tried, Sent::First),
+            () = tokio::time::sleep(delay) => {}
+        }
+        let slot = self.deadline_allows_extra(deadline).and_then(|()| {
+            let slot = self.bulkhead.try_acquire().ok_or(AttemptOutcome::NoSlot)?;
+            self.take_token().map(|()| slot)
+        });
+        let slot = match slot {
+            Ok(slot) => slot,
+            Err(refused) => {
+                self.count(AttemptKind::Hedge, refused);
+                return (first.await, Sent::First);
+            }
+        };
+        let mut hedge = pin!(self.try_once(deadline, request, headers.clone(), slot));
+        tokio::select! {
+            tried = &mut first => {
+                if tried.is_good() {
+                    (tried, Sent::Hedged { hedge_won: false })
+                } else {
+                    // The first failed: the hedge's answer is the call's, whatever it is.
+                    (hedge.await, Sent::Hedged { hedge_won: true })
+                }
+            }
+            tried = &mut hedge => {
+                if tried.is_good() {
+                    (tried, Sent::Hedged { hedge_won: true })
+                } else {
+                    (first.await, Sent::Hedged { hedge_won: false })
+                }
+            }
+        }
+    }
+
+    /// Counts the attempts a call sent: the one whose answer the call ended with won.
+    fn count_sent(&self, sent: &Sent) {
+        match sent {
+            Sent::First => self.count(AttemptKind::First, AttemptOutcome::Won),
+            Sent::Hedged { hedge_won } => {
+                let (won, lost) = if *hedge_won {
+                    (AttemptKind::Hedge, AttemptKind::First)
+                } else {
+                    (AttemptKind::First, AttemptKind::Hedge)
+                };
+                self.count(won, AttemptOutcome::Won);
+                self.count(lost, AttemptOutcome::Lost);
+            }
+            Sent::Retry(before) => {
+                self.count(AttemptKind::Retry, AttemptOutcome::Won);
+                match **before {
+                    Sent::Hedged { .. } => {
+                        self.count(AttemptKind::First, AttemptOutcome::Lost);
+                        self.count(AttemptKind::Hedge, AttemptOutcome::Lost);
+                    }
+                    _ => self.count(AttemptKind::First, AttemptOutcome::Lost),
+                }
+            }
+        }
+    }
+
+    /// When the first attempt of this call may be hedged: hedging on, the request safe
+    /// to send twice, propagate mode (observe and legacy send what code without the
+    /// technique sends), and a delay known.
+    fn hedge_delay(&self, deadline: &Deadline, request: &CallRequest<'_>) -> Option<Duration> {
+        let history = self.history.as_ref()?;
+        let hedgeable = request.repeatable() && request.admission;
+        (hedgeable && deadline.mode() == DeadlineMode::Propagate)
+            .then(|| history.delay())
+            .flatten()
+    }
+
+    /// The deadline's check of an extra attempt: no COMMIT on the wire, and, unless the
+    /// hedge policy switched the rule off, what is left (less what is kept back) covers
+    /// an attempt's usual time. An attempt with less would more likely be cut at the
+    /// deadline than answer: the work it asks of the downstream would be thrown away.
+    fn deadline_allows_extra(&self, deadline: &Deadline) -> Result<(), AttemptOutcome> {
+        let aware = self
+            .history
+            .as_ref()
+            .is_none_or(|history| history.policy().deadline_aware);
+        let usual = self.usual_attempt().max(MIN_RETRY_BUDGET);
+        let left = deadline.remaining().saturating_sub(self.keep_back());
+        if deadline.log().past_no_return() || (aware && left < usual) {
+            return Err(AttemptOutcome::RefusedDeadline);
+        }
+        Ok(())
+    }
+
+    /// A token of the retry budget, taken last so that an attempt refused for another
+    /// reason costs none.
+    fn take_token(&self) -> Result<(), AttemptOutcome> {
+        self.tokens
+            .withdraw()
+            .then_some(())
+            .ok_or(AttemptOutcome::RefusedBudget)
+    }
+
+    /// What an attempt usually takes: the history's median where the client hedges,
+    /// else the median of admission's recent calls, else nothing known.
+    fn usual_attempt(&self) -> Duration {
+        self.history
+            .as_ref()
+            .and_then(|history| history.median())
+            .or_else(|| self.admission.as_ref().map(|a| a.median()))
+            .unwrap_or_default()
+    }
+
+    fn count(&self, kind: AttemptKind, outcome: AttemptOutcome) {
+        if let Some(metrics) = &self.metrics {
+            metrics.count_attempt(self.config.name.name(), kind, outcome);
+        }
+    }
+
+    /// One attempt on `slot`, timed and learned from.
+    async fn try_once(
+        &self,
+        deadline: &Deadline,
+        request: &CallRequest<'_>,
+        headers: HeaderMap,
+        slot: Slot,
+    ) -> Tried {
+        let started = Instant::now();
+        let unfinished = Unfinished {
+            client: self,
+            learns: request.admission,
+            started,
+        };
+        let outcome = self.attempt(deadline, request, headers).await;
+        std::mem::forget(unfinished);
+        self.learn(started, &outcome, request.admission);
+        Tried { outcome, slot }
+    }
+
+    /// What an attempt that came back teaches: its time in the metrics, in admission's
+    /// estimate and in the history (censored when cut at our deadline, or when the
+    /// downstream ran out of the budget we gave it: it would have taken at least this
+    /// long), and the wire's share of it.
+    fn learn(&self, started: Instant, outcome: &Outcome, learns: bool) {
+        let took = started.elapsed();
+        let censored = match outcome {
+            Err(_) => true,
+            Ok(Ok(answer)) => answer.status == StatusCode::GATEWAY_TIMEOUT,
+            Ok(Err(err)) => err.is_timeout(),
+        };
+        if learns {
+            if let Some(admission) = &self.admission {
+                admission.record(started, took, censored);
+            }
+            if let Some(history) = &self.history {
+                history.record(took, censored);
+            }
+        }
+        if let Ok(Ok(answer)) = outcome
+            && let Some(server) = server_total(&answer.headers)
+        {
+            self.wire.record(took, server);
+        }
+        if let Some(metrics) = &self.metrics {
+            let label = match outcome {
+                Err(_) => "timeout".to_owned(),
+                Ok(Ok(answer)) => answer.status.as_str().to_owned(),
+                Ok(Err(err)) if err.is_timeout() => "timeout".to_owned(),
+                Ok(Err(_)) => "error".to_owned(),
+            };
+            metrics.observe_request(self.config.name.name(), &label, took);
+        }
     }
 
     /// One request, bounded as the mode says.
@@ -139,7 +350,7 @@ impl BudgetedClient {
         deadline: &Deadline,
         request: &CallRequest<'_>,
         mut headers: HeaderMap,
-    ) -> Result<Result<Reply, reqwest::Error>, DeadlineExceeded> {
+    ) -> Outcome {
         let stage = self.config.name.call();
         let url = format!("{}{}", self.config.base_url, request.path);
         let budget = |headers: &mut HeaderMap| {
@@ -180,6 +391,17 @@ impl BudgetedClient {
     }
 }
 
+impl CallRequest<'_> {
+    /// Whether the request may be sent twice: `GET` and `HEAD`, or a request that
+    /// carries an `Idempotency-Key` or was marked [`idempotent`](Self::idempotent).
+    pub(super) fn repeatable(&self) -> bool {
+        self.idempotent
+            || self.method == Method::GET
+            || self.method == Method::HEAD
+            || self.headers.contains_key("idempotency-key")
+    }
+}
+
 /// Sends and reads the whole body: both belong inside the same timeout. The answer is
 /// any status here; [`CallError::check`] sorts success from failure.
 async fn fetch(request: reqwest::RequestBuilder) -> Result<Reply, reqwest::Error> {
@@ -194,28 +416,31 @@ async fn fetch(request: reqwest::RequestBuilder) -> Result<Reply, reqwest::Error
     })
 }
 
-/// A call that has started and is not yet timed. If its future is dropped first (the
-/// caller went away: a client that hangs up drops the handler, and the call in it), the
-/// guard times it as `cancelled`. Without it the calls of callers who gave up would drop
-/// out of the histogram, and a downstream slower than their patience would read as a
-/// fast one.
+/// An attempt that has started and is not yet timed. If its future is dropped first
+/// (the caller went away, which drops the handler and the call in it; or its hedge won),
+/// the guard times it as `cancelled` and records it as cut. Without it, the calls of
+/// callers who gave up would drop out of the histogram, and a downstream slower than
+/// their patience would read as a fast one.
 struct Unfinished<'a> {
-    metrics: Option<&'a ClientMetrics>,
-    name: &'static str,
+    client: &'a BudgetedClient,
+    learns: bool,
     started: Instant,
-}
-
-impl Unfinished<'_> {
-    /// The call came back: the caller times it with its outcome.
-    fn finish(self) {
-        std::mem::forget(self);
-    }
 }
 
 impl Drop for Unfinished<'_> {
     fn drop(&mut self) {
-        if let Some(metrics) = self.metrics {
-            metrics.observe_request(self.name, "cancelled", self.started.elapsed());
+        let client = self.client;
+        let took = self.started.elapsed();
+        if self.learns {
+            if let Some(admission) = &client.admission {
+                admission.record(self.started, took, true);
+            }
+            if let Some(history) = &client.history {
+                history.record(took, true);
+            }
+        }
+        if let Some(metrics) = &client.metrics {
+            metrics.observe_request(client.config.name.name(), "cancelled", took);
         }
     }
 }

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::routing::get;
 use tokio::net::TcpListener;
 
-use super::{AdmissionMode, BudgetedClient, CallError, ClientConfig};
+use super::{AdmissionMode, BudgetedClient, CallError, ClientConfig, RetryBudget};
 use crate::metrics::Metrics;
 use crate::timing::StageLog;
 use crate::{Deadline, Downstream};
@@ -85,6 +85,8 @@ fn named_client(
         reserve: MS(5),
         admission: AdmissionMode::Off,
         idle_timeout: Duration::from_secs(1),
+        hedge: None,
+        retry_budget: RetryBudget::default(),
     };
     BudgetedClient::with_metrics(config, metrics).expect("the client builds")
 }

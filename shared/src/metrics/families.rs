@@ -21,7 +21,7 @@ mod exemplar;
 mod settings;
 mod tools;
 
-pub(crate) use client::{ClientMetrics, PoolGauges, RejectReason};
+pub(crate) use client::{AttemptKind, AttemptOutcome, ClientMetrics, PoolGauges, RejectReason};
 pub(crate) use db::DbMetrics;
 #[cfg(feature = "axum")]
 use exemplar::observe_traced;

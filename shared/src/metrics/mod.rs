@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::registry::Registry;
 
 pub(crate) use families::{
-    ClientMetrics, DbMetrics, DeadlineMetrics, HttpServerMetrics, PoolGauges, RejectReason,
-    ToolMetrics,
+    AttemptKind, AttemptOutcome, ClientMetrics, DbMetrics, DeadlineMetrics, HttpServerMetrics,
+    PoolGauges, RejectReason, ToolMetrics,
 };
 pub(crate) use families::{PoolLimits, SettingsMetrics};
 

@@ -43,6 +43,10 @@ pub const HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL: &str = "http_client_admission_
 pub const HTTP_CLIENT_LATENCY_ESTIMATE_SECONDS: &str = "http_client_latency_estimate_seconds";
 /// The round trip on the wire kept back from the budget sent, by `client` (gauge).
 pub const HTTP_CLIENT_WIRE_SECONDS: &str = "http_client_wire_seconds";
+/// Attempts of calls by `client`, `kind` and `outcome` (counter).
+pub const HTTP_CLIENT_ATTEMPTS_TOTAL: &str = "http_client_attempts_total";
+/// How long a first attempt runs before its hedge, by `client` (gauge).
+pub const HTTP_CLIENT_HEDGE_DELAY_SECONDS: &str = "http_client_hedge_delay_seconds";
 /// (catalog) The injected delay now; 0 when none (gauge).
 pub const CATALOG_FAULT_DELAY_SECONDS: &str = "catalog_fault_delay_seconds";
 /// Resident memory of the process (gauge).

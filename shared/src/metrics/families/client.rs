@@ -52,6 +52,74 @@ impl RejectReason {
     }
 }
 
+/// Which attempt of a call (`http_client_attempts_total{kind}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AttemptKind {
+    /// The call's first attempt.
+    First,
+    /// A backup beside a slow first attempt.
+    Hedge,
+    /// A second attempt after a refused connection or a 503.
+    Retry,
+}
+
+/// What became of an attempt (`http_client_attempts_total{outcome}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AttemptOutcome {
+    /// Sent; the call ended with its answer.
+    Won,
+    /// Sent; the call ended with another attempt's answer (this one was dropped or
+    /// failed).
+    Lost,
+    /// Not sent: the retry budget had no token.
+    RefusedBudget,
+    /// Not sent: what was left could not cover an attempt's usual time.
+    RefusedDeadline,
+    /// Not sent (a hedge): no slot was free at once.
+    NoSlot,
+}
+
+impl AttemptKind {
+    const ALL: [Self; 3] = [Self::First, Self::Hedge, Self::Retry];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::First => "first",
+            Self::Hedge => "hedge",
+            Self::Retry => "retry",
+        }
+    }
+
+    /// The outcomes an attempt of this kind can have (a first attempt is always sent).
+    fn outcomes(self) -> &'static [AttemptOutcome] {
+        use AttemptOutcome::*;
+        match self {
+            Self::First => &[Won, Lost],
+            Self::Hedge => &[Won, Lost, RefusedBudget, RefusedDeadline, NoSlot],
+            Self::Retry => &[Won, RefusedBudget, RefusedDeadline],
+        }
+    }
+}
+
+impl AttemptOutcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Won => "won",
+            Self::Lost => "lost",
+            Self::RefusedBudget => "refused_budget",
+            Self::RefusedDeadline => "refused_deadline",
+            Self::NoSlot => "no_slot",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClientAttempt {
+    client: &'static str,
+    kind: &'static str,
+    outcome: &'static str,
+}
+
 /// The pending and active gauges of one client; clones share the values. A bulkhead
 /// moves them one step per transition, never `set`s them from counts read a moment
 /// earlier: two releases at once would write the same stale count, stuck above 0.
@@ -76,6 +144,8 @@ pub(crate) struct ClientMetrics {
     probes: Family<ClientLabel, Counter>,
     estimate: Family<ClientLabel, Gauge<f64, AtomicU64>>,
     wire: Family<ClientLabel, Gauge<f64, AtomicU64>>,
+    attempts: Family<ClientAttempt, Counter>,
+    hedge_delay: Family<ClientLabel, Gauge<f64, AtomicU64>>,
     /// The service's deadline families, for the stage series of each client.
     deadline: DeadlineMetrics,
 }
@@ -93,6 +163,8 @@ impl ClientMetrics {
             probes: Family::default(),
             estimate: Family::default(),
             wire: Family::default(),
+            attempts: Family::default(),
+            hedge_delay: Family::default(),
             deadline,
         };
         registry.register(
@@ -145,6 +217,16 @@ impl ClientMetrics {
             "The round trip on the wire (call time less the downstream's own Server-Timing total), kept back from the budget sent",
             this.wire.clone(),
         );
+        registry.register(
+            "http_client_attempts",
+            "Attempts of calls by kind (first, hedge, retry) and outcome (won, lost, or not sent: refused_budget, refused_deadline, no_slot)",
+            this.attempts.clone(),
+        );
+        registry.register(
+            "http_client_hedge_delay_seconds",
+            "How long a first attempt runs before its hedge is sent (0: no hedge now)",
+            this.hedge_delay.clone(),
+        );
         this
     }
 
@@ -162,6 +244,16 @@ impl ClientMetrics {
         let _ = self.probes.get_or_create(&label);
         let _ = self.estimate.get_or_create(&label);
         let _ = self.wire.get_or_create(&label);
+        let _ = self.hedge_delay.get_or_create(&label);
+        for kind in AttemptKind::ALL {
+            for outcome in kind.outcomes() {
+                let _ = self.attempts.get_or_create(&ClientAttempt {
+                    client,
+                    kind: kind.as_str(),
+                    outcome: outcome.as_str(),
+                });
+            }
+        }
         let reason = "predicted_late";
         let _ = self
             .admission
@@ -224,6 +316,29 @@ impl ClientMetrics {
     /// The wire gauge of `client`, for its wire estimate to set.
     pub(crate) fn wire_gauge(&self, client: &'static str) -> Gauge<f64, AtomicU64> {
         self.wire.get_or_create(&ClientLabel { client }).clone()
+    }
+
+    /// The hedge delay gauge of `client`, for its history to set.
+    pub(crate) fn hedge_delay_gauge(&self, client: &'static str) -> Gauge<f64, AtomicU64> {
+        self.hedge_delay
+            .get_or_create(&ClientLabel { client })
+            .clone()
+    }
+
+    /// Counts one attempt of a call, or one that was not sent.
+    pub(crate) fn count_attempt(
+        &self,
+        client: &'static str,
+        kind: AttemptKind,
+        outcome: AttemptOutcome,
+    ) {
+        self.attempts
+            .get_or_create(&ClientAttempt {
+                client,
+                kind: kind.as_str(),
+                outcome: outcome.as_str(),
+            })
+            .inc();
     }
 
     /// Counts a retry after a refused connection.

@@ -1,0 +1,332 @@
+//! [`HedgePolicy`]: a backup attempt for a call that is slow by bad luck, and the
+//! [`History`] of call times it is timed from.
+//!
+//! # Why hedge
+//!
+//! Most slow calls are not slow because the downstream is: one call in a hundred meets a
+//! pause, a cold cache or a lost packet, and a second try would answer at once. Sending
+//! that second try only when the first has taken longer than almost every call does
+//! (Dean and Barroso, "The Tail at Scale") cuts the tail for a small share of extra
+//! calls: the delay is the quantile `1 − max_extra_load` of recent call times, so with
+//! `max_extra_load` 1 % the hedge goes out at the p99 and about 1 % of calls get one.
+//!
+//! # When not to
+//!
+//! A hedge is an extra attempt: it is sent only when the call is safe to send twice
+//! (`GET`, `HEAD`, or a request marked idempotent), when what is left of the deadline
+//! covers what an attempt usually takes (the history's median: a hedge with less than
+//! that would more likely be cut at the deadline than answer, and the work it asks for
+//! would be thrown away), when the retry budget has a token (so an outage never doubles
+//! the load), and when a slot is free at once (a hedge that waits for a slot adds to the
+//! queue it is meant to get round). Each refusal is counted. The first good answer
+//! wins; the other attempt is dropped, and the downstream sees its caller go away.
+//!
+//! # The history
+//!
+//! The delay needs a high quantile, and a high quantile needs many calls: the p99 of
+//! admission's 64 recent calls is their maximum. So the client keeps, beside
+//! admission's short memory, a longer one: every attempt's time in a histogram with
+//! buckets an eighth of a doubling wide (9 % resolution), over the last ten seconds in
+//! one-second slices. A call cut at its deadline (or dropped because its hedge won) is
+//! censored, as admission counts it: the quantiles are Kaplan–Meier's, so a cut call
+//! never makes the downstream look quicker than it is.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::metrics::FloatGauge;
+
+/// How a client hedges its calls to one downstream. Off unless set in the client's
+/// configuration.
+///
+/// ```
+/// use deadline_propagation::client::HedgePolicy;
+///
+/// // A hedge at the p99 of recent calls, never sooner than 5 ms, once 100 calls are known.
+/// let hedge = HedgePolicy { max_extra_load: 0.01, ..HedgePolicy::default() };
+/// assert!(hedge.deadline_aware);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HedgePolicy {
+    /// The share of extra calls hedging may add: the hedge is sent after the quantile
+    /// `1 − max_extra_load` of recent call times (0.01: the p99).
+    pub max_extra_load: f64,
+    /// The shortest delay, however quick calls are: below it a hedge would only double
+    /// calls that were about to answer.
+    pub min_delay: Duration,
+    /// Calls the history must hold before any hedge (a quantile of a few calls is noise).
+    pub min_samples: u32,
+    /// Send an extra attempt only when what is left covers the usual time of an attempt
+    /// (the history's median). Off only to measure what the rule is worth.
+    pub deadline_aware: bool,
+}
+
+impl Default for HedgePolicy {
+    /// The p99, at least 5 ms, after 100 calls, deadline-aware.
+    fn default() -> Self {
+        Self {
+            max_extra_load: 0.01,
+            min_delay: Duration::from_millis(5),
+            min_samples: 100,
+            deadline_aware: true,
+        }
+    }
+}
+
+/// Buckets per doubling of the call time.
+const PER_OCTAVE: f64 = 8.0;
+/// Buckets in all: from 1 µs to about 2^25 µs (33 s), the last one open.
+const BUCKETS: usize = 25 * PER_OCTAVE as usize + 1;
+/// The history's slices, and how long each covers: ten seconds in all.
+const SLICES: usize = 10;
+const SLICE: Duration = Duration::from_secs(1);
+
+/// The bucket of a call time.
+fn bucket(took: Duration) -> usize {
+    let micros = took.as_micros().max(1) as f64;
+    ((micros.log2() * PER_OCTAVE) as usize).min(BUCKETS - 1)
+}
+
+/// The longest call time in bucket `b` (its upper bound).
+fn upper(b: usize) -> Duration {
+    Duration::from_secs_f64(((b + 1) as f64 / PER_OCTAVE).exp2() / 1e6)
+}
+
+/// Counts of finished and cut attempts per bucket.
+#[derive(Clone, Debug)]
+struct Counts {
+    finished: [u32; BUCKETS],
+    cut: [u32; BUCKETS],
+    calls: u32,
+}
+
+impl Default for Counts {
+    fn default() -> Self {
+        Self {
+            finished: [0; BUCKETS],
+            cut: [0; BUCKETS],
+            calls: 0,
+        }
+    }
+}
+
+impl Counts {
+    /// The Kaplan–Meier `quantile`: the first bucket's upper bound by which that share
+    /// has finished; `None` when the finished calls never reach it.
+    fn quantile(&self, quantile: f64) -> Option<Duration> {
+        let mut at_risk = f64::from(self.calls);
+        let mut still_running = 1.0;
+        for b in 0..BUCKETS {
+            let finished = f64::from(self.finished[b]);
+            if finished > 0.0 {
+                still_running *= 1.0 - finished / at_risk;
+                if 1.0 - still_running >= quantile - 1e-12 {
+                    return Some(upper(b));
+                }
+            }
+            at_risk -= finished + f64::from(self.cut[b]);
+        }
+        None
+    }
+}
+
+#[derive(Debug)]
+struct Slices {
+    /// The newest slice is `slices[current]`; each began at `began[i]`.
+    slices: Vec<Counts>,
+    began: Vec<Instant>,
+    current: usize,
+    /// The sum of every slice.
+    total: Counts,
+}
+
+impl Slices {
+    fn starting(now: Instant) -> Self {
+        Self {
+            slices: vec![Counts::default(); SLICES],
+            began: vec![now; SLICES],
+            current: 0,
+            total: Counts::default(),
+        }
+    }
+}
+
+/// The call times of the last ten seconds, and the two figures read from them on every
+/// call: the hedge's delay and the median attempt.
+#[derive(Debug)]
+pub(crate) struct History {
+    policy: HedgePolicy,
+    slices: Mutex<Slices>,
+    /// 0 while there is no delay (too few calls, or a quantile beyond what was seen).
+    delay_nanos: AtomicU64,
+    median_nanos: AtomicU64,
+    /// Shows the delay (`http_client_hedge_delay_seconds`; 0 while there is none).
+    gauge: FloatGauge,
+}
+
+impl History {
+    pub(crate) fn new(policy: HedgePolicy, gauge: FloatGauge) -> Self {
+        Self {
+            policy,
+            slices: Mutex::new(Slices::starting(Instant::now())),
+            delay_nanos: AtomicU64::new(0),
+            median_nanos: AtomicU64::new(0),
+            gauge,
+        }
+    }
+
+    pub(crate) fn policy(&self) -> &HedgePolicy {
+        &self.policy
+    }
+
+    /// Records an attempt that ran for `took`; `cut` when it was cut then (at the
+    /// deadline, or dropped for its hedge): it would have taken at least `took`.
+    pub(crate) fn record(&self, took: Duration, cut: bool) {
+        let mut s = self.slices.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        // After a quiet spell longer than the window, nothing in it is recent.
+        if now.saturating_duration_since(s.began[s.current]) >= SLICE * SLICES as u32 {
+            *s = Slices::starting(now);
+        }
+        // Moves on to a new slice once the current one has covered its second, dropping
+        // the oldest slice from the total.
+        while now.saturating_duration_since(s.began[s.current]) >= SLICE {
+            let next = (s.current + 1) % SLICES;
+            let old = std::mem::take(&mut s.slices[next]);
+            for b in 0..BUCKETS {
+                s.total.finished[b] -= old.finished[b];
+                s.total.cut[b] -= old.cut[b];
+            }
+            s.total.calls -= old.calls;
+            s.began[next] = s.began[s.current] + SLICE;
+            s.current = next;
+        }
+        let (b, current) = (bucket(took), s.current);
+        let slot = if cut {
+            &mut s.slices[current].cut[b]
+        } else {
+            &mut s.slices[current].finished[b]
+        };
+        *slot += 1;
+        s.slices[current].calls += 1;
+        if cut {
+            s.total.cut[b] += 1;
+        } else {
+            s.total.finished[b] += 1;
+        }
+        s.total.calls += 1;
+        let enough = s.total.calls >= self.policy.min_samples;
+        let delay = enough
+            .then(|| s.total.quantile(1.0 - self.policy.max_extra_load))
+            .flatten()
+            .map(|d| d.max(self.policy.min_delay));
+        let median = s.total.quantile(0.5);
+        drop(s);
+        self.delay_nanos.store(nanos(delay), Ordering::Relaxed);
+        self.gauge.set(delay.map_or(0.0, |d| d.as_secs_f64()));
+        self.median_nanos.store(nanos(median), Ordering::Relaxed);
+    }
+
+    /// How long the first attempt may run before a hedge goes out; `None` before
+    /// [`HedgePolicy::min_samples`] calls, or when the quantile is beyond every call
+    /// that finished (then nothing says a second try would be quicker).
+    pub(crate) fn delay(&self) -> Option<Duration> {
+        duration(self.delay_nanos.load(Ordering::Relaxed))
+    }
+
+    /// What an attempt usually takes: the median; `None` until one is known.
+    pub(crate) fn median(&self) -> Option<Duration> {
+        duration(self.median_nanos.load(Ordering::Relaxed))
+    }
+}
+
+fn nanos(d: Option<Duration>) -> u64 {
+    d.map_or(0, |d| {
+        u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1)
+    })
+}
+
+fn duration(nanos: u64) -> Option<Duration> {
+    (nanos > 0).then(|| Duration::from_nanos(nanos))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn buckets_are_an_eighth_of_a_doubling_wide_and_bound_their_calls() {
+        for ms in [1, 7, 10, 30, 999, 1000, 60_000] {
+            let took = MS(ms);
+            let b = bucket(took);
+            assert!(upper(b) >= took || b == BUCKETS - 1, "{ms} ms in {b}");
+            assert!(upper(b).as_secs_f64() <= took.as_secs_f64() * 1.1 || b == BUCKETS - 1);
+        }
+        assert_eq!(bucket(Duration::ZERO), 0);
+        assert_eq!(bucket(Duration::MAX), BUCKETS - 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_delay_is_the_quantile_once_enough_calls_are_known() {
+        let history = History::new(HedgePolicy::default(), FloatGauge::default());
+        // 10..=30 ms, and one call in a hundred stalls for a second.
+        for i in 0..99 {
+            assert_eq!(history.delay(), None, "after {i} calls");
+            history.record(MS(10 + i % 21), false);
+        }
+        history.record(MS(1000), false);
+        let delay = history.delay().expect("a delay after 100 calls");
+        assert!(delay >= MS(30) && delay <= MS(33), "{delay:?}");
+        let median = history.median().expect("a median");
+        assert!(median >= MS(19) && median <= MS(22), "{median:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_delay_is_never_below_its_floor() {
+        let policy = HedgePolicy {
+            min_delay: MS(5),
+            ..HedgePolicy::default()
+        };
+        let history = History::new(policy, FloatGauge::default());
+        for _ in 0..200 {
+            history.record(Duration::from_micros(200), false);
+        }
+        assert_eq!(history.delay(), Some(MS(5)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cut_calls_make_the_quantile_unknown_rather_than_quick() {
+        let history = History::new(HedgePolicy::default(), FloatGauge::default());
+        // Most calls cut at 20 ms (callers near their deadline), a few finish at 10 ms.
+        for i in 0..200 {
+            history.record(MS(if i % 10 == 0 { 10 } else { 20 }), i % 10 != 0);
+        }
+        assert_eq!(history.delay(), None, "the p99 is beyond what was seen");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_older_than_ten_seconds_are_forgotten() {
+        let history = History::new(HedgePolicy::default(), FloatGauge::default());
+        for _ in 0..200 {
+            history.record(MS(500), false);
+        }
+        tokio::time::advance(Duration::from_secs(11)).await;
+        for _ in 0..100 {
+            history.record(MS(10), false);
+        }
+        let delay = history.delay().expect("a delay");
+        assert!(
+            delay <= MS(11),
+            "the slow calls of 11 s ago still count: {delay:?}"
+        );
+        // A quiet spell longer than the window leaves nothing behind either.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        history.record(MS(10), false);
+        assert_eq!(history.delay(), None, "one call is not enough");
+    }
+}
