@@ -6,6 +6,12 @@
 //! handler's future, which ends the sleep. A real slow dependency behaves the same way
 //! when its I/O runs under the deadline.
 //!
+//! A straggler is a call slow by bad luck: a share of calls (`straggler_rate`) waits
+//! `straggler_ms` more while the rest answer as usual, as a pause or a cold cache does
+//! to a real service; the hedging experiments use it. `unavailable_rate` refuses that
+//! share at once with 503 and `Retry-After`, before any work, as an overloaded service
+//! sheds load: the `outage` experiment sets it to 1.
+//!
 //! The busy fault is the opposite on purpose: `busy_ms` of spinning on the worker
 //! thread, which never yields, as a CPU-bound handler or a blocking call does. Nothing
 //! can cut it, not the deadline and not a caller that hangs up, and while it runs the
@@ -15,7 +21,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use deadline_propagation::Problem;
+use deadline_propagation::{Problem, Stage};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +47,15 @@ pub struct FaultConfig {
     /// CPU spent spinning on the worker thread before the delay, never yielding.
     #[serde(default)]
     pub busy_ms: u64,
+    /// Share of calls, from 0.0 to 1.0, that wait `straggler_ms` more.
+    #[serde(default)]
+    pub straggler_rate: f64,
+    /// How much longer a straggler waits.
+    #[serde(default)]
+    pub straggler_ms: u64,
+    /// Share of calls, from 0.0 to 1.0, refused at once with 503 (before any work).
+    #[serde(default)]
+    pub unavailable_rate: f64,
 }
 
 impl FaultConfig {
@@ -57,6 +72,15 @@ impl FaultConfig {
         }
         if self.busy_ms > MAX_BUSY_MS {
             return Err(format!("busy_ms must be at most {MAX_BUSY_MS}"));
+        }
+        if !(0.0..=1.0).contains(&self.straggler_rate) {
+            return Err("straggler_rate must be between 0.0 and 1.0".to_owned());
+        }
+        if self.straggler_ms > MAX_DELAY_MS {
+            return Err(format!("straggler_ms must be at most {MAX_DELAY_MS}"));
+        }
+        if !(0.0..=1.0).contains(&self.unavailable_rate) {
+            return Err("unavailable_rate must be between 0.0 and 1.0".to_owned());
         }
         Ok(())
     }
@@ -92,9 +116,18 @@ impl Faults {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = config;
     }
 
-    /// Applies the faults to one request: spins, sleeps, then maybe fails.
+    /// Applies the faults to one request: maybe refuses it, spins, sleeps (longer for a
+    /// straggler), then maybe fails.
     pub async fn inject(&self) -> Result<(), Problem> {
         let config = self.get();
+        let chance = |rate: f64| rate > 0.0 && rand::rng().random_bool(rate);
+        if chance(config.unavailable_rate) {
+            return Err(Problem::overloaded(
+                Stage::Ingress,
+                Duration::from_secs(1),
+                "the catalog is refusing calls (an injected fault); retry later",
+            ));
+        }
         if config.busy_ms > 0 {
             spin(Duration::from_millis(config.busy_ms));
         }
@@ -105,8 +138,10 @@ impl Faults {
             } else {
                 0
             };
+            let straggles = config.straggler_rate > 0.0 && rng.random_bool(config.straggler_rate);
+            let extra = if straggles { config.straggler_ms } else { 0 };
             (
-                Duration::from_millis(config.delay_ms + jitter),
+                Duration::from_millis(config.delay_ms + jitter + extra),
                 config.error_rate > 0.0 && rng.random_bool(config.error_rate),
             )
         };

@@ -163,7 +163,8 @@ async fn the_admin_api_is_not_served_on_the_public_port() {
 async fn the_admin_api_sets_reads_and_resets_faults() {
     let app = spawn_app().await;
     let url = format!("{}/admin/faults", app.admin);
-    let set = json!({"delay_ms": 1000, "jitter_ms": 50, "error_rate": 0.25, "busy_ms": 5});
+    let set = json!({"delay_ms": 1000, "jitter_ms": 50, "error_rate": 0.25, "busy_ms": 5,
+                     "straggler_rate": 0.01, "straggler_ms": 1000, "unavailable_rate": 0.5});
     let response = app.client.put(&url).json(&set).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let read: Value = app
@@ -185,7 +186,7 @@ async fn the_admin_api_sets_reads_and_resets_faults() {
 async fn bad_admin_input_is_rejected_and_changes_nothing() {
     let app = spawn_app().await;
     let url = format!("{}/admin/faults", app.admin);
-    let cases: [(&str, &str, StatusCode); 9] = [
+    let cases: [(&str, &str, StatusCode); 12] = [
         ("application/json", "{not json", StatusCode::BAD_REQUEST),
         (
             "application/json",
@@ -219,6 +220,21 @@ async fn bad_admin_input_is_rejected_and_changes_nothing() {
         ),
         (
             "application/json",
+            r#"{"straggler_rate": 1.01}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "application/json",
+            r#"{"straggler_ms": 60001}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "application/json",
+            r#"{"unavailable_rate": -1}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "application/json",
             r#"{"delay": 5}"#,
             StatusCode::UNPROCESSABLE_ENTITY,
         ),
@@ -245,8 +261,15 @@ async fn bad_admin_input_is_rejected_and_changes_nothing() {
         let problem: Value = response.json().await.unwrap();
         let detail = problem["detail"].as_str().unwrap();
         assert!(!detail.is_empty());
-        if body.contains("busy_ms") {
-            assert!(detail.contains("busy_ms"), "{detail}");
+        for field in [
+            "busy_ms",
+            "straggler_rate",
+            "straggler_ms",
+            "unavailable_rate",
+        ] {
+            if body.contains(field) {
+                assert!(detail.contains(field), "{detail}");
+            }
         }
     }
     assert_eq!(app.faults.get(), FaultConfig::default());
@@ -328,6 +351,48 @@ async fn an_injected_error_rate_of_one_fails_every_call_with_a_500_problem() {
     assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
     let problem: Value = response.json().await.unwrap();
     assert_eq!(problem["detail"], "internal error");
+}
+
+#[tokio::test]
+async fn a_straggler_waits_its_extra_time_and_the_other_calls_do_not() {
+    let app = spawn_app().await;
+    let timed = async |app: &TestApp| {
+        let started = std::time::Instant::now();
+        let response = app.get_item("SKU-00001", None).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        started.elapsed()
+    };
+    let straggling = |rate| FaultConfig {
+        straggler_rate: rate,
+        straggler_ms: 300,
+        ..FaultConfig::default()
+    };
+    app.faults.set(straggling(1.0));
+    let slow = timed(&app).await;
+    assert!(slow >= Duration::from_millis(300), "{slow:?}");
+    app.faults.set(straggling(0.0));
+    let quick = timed(&app).await;
+    assert!(quick < Duration::from_millis(200), "{quick:?}");
+}
+
+#[tokio::test]
+async fn an_unavailable_rate_of_one_refuses_every_call_at_once_with_a_503() {
+    let app = spawn_app().await;
+    app.faults.set(FaultConfig {
+        unavailable_rate: 1.0,
+        delay_ms: 5000,
+        ..FaultConfig::default()
+    });
+    let started = std::time::Instant::now();
+    let response = app.get_item("SKU-00001", None).await;
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "refused before the delay"
+    );
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "urn:problem:overloaded");
 }
 
 #[tokio::test]

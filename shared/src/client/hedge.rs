@@ -29,7 +29,10 @@
 //! buckets an eighth of a doubling wide (9 % resolution), over the last ten seconds in
 //! one-second slices. A call cut at its deadline (or dropped because its hedge won) is
 //! censored, as admission counts it: the quantiles are Kaplan–Meier's, so a cut call
-//! never makes the downstream look quicker than it is.
+//! never makes the downstream look quicker than it is. When more calls are stragglers
+//! than `max_extra_load` (a straggler cut or dropped says only that it took longer),
+//! the quantile lies beyond every call that finished; the hedge then goes out after the
+//! slowest call that finished, and the retry budget bounds the extra load.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -131,6 +134,20 @@ impl Counts {
         }
         None
     }
+
+    /// The upper bound of the slowest bucket with a finished call.
+    fn longest_finished(&self) -> Option<Duration> {
+        (0..BUCKETS)
+            .rev()
+            .find(|&b| self.finished[b] > 0)
+            .map(upper)
+    }
+
+    /// The `quantile`, or, when more calls were cut than it leaves room for, the
+    /// slowest finished call: by then every call that would answer as usual has.
+    fn quantile_or_longest(&self, quantile: f64) -> Option<Duration> {
+        self.quantile(quantile).or_else(|| self.longest_finished())
+    }
 }
 
 #[derive(Debug)]
@@ -220,10 +237,13 @@ impl History {
         s.total.calls += 1;
         let enough = s.total.calls >= self.policy.min_samples;
         let delay = enough
-            .then(|| s.total.quantile(1.0 - self.policy.max_extra_load))
+            .then(|| {
+                s.total
+                    .quantile_or_longest(1.0 - self.policy.max_extra_load)
+            })
             .flatten()
             .map(|d| d.max(self.policy.min_delay));
-        let median = s.total.quantile(0.5);
+        let median = s.total.quantile_or_longest(0.5);
         drop(s);
         self.delay_nanos.store(nanos(delay), Ordering::Relaxed);
         self.gauge.set(delay.map_or(0.0, |d| d.as_secs_f64()));
@@ -231,8 +251,7 @@ impl History {
     }
 
     /// How long the first attempt may run before a hedge goes out; `None` before
-    /// [`HedgePolicy::min_samples`] calls, or when the quantile is beyond every call
-    /// that finished (then nothing says a second try would be quicker).
+    /// [`HedgePolicy::min_samples`] calls, or before any finished.
     pub(crate) fn delay(&self) -> Option<Duration> {
         duration(self.delay_nanos.load(Ordering::Relaxed))
     }
@@ -300,13 +319,29 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn cut_calls_make_the_quantile_unknown_rather_than_quick() {
+    async fn with_more_stragglers_than_the_quantile_allows_the_hedge_waits_for_the_slowest_call() {
         let history = History::new(HedgePolicy::default(), FloatGauge::default());
-        // Most calls cut at 20 ms (callers near their deadline), a few finish at 10 ms.
-        for i in 0..200 {
-            history.record(MS(if i % 10 == 0 { 10 } else { 20 }), i % 10 != 0);
+        // One call in twenty is a straggler, dropped at 40 ms for its hedge; the others
+        // finish in 10 to 30 ms. The p99 is beyond every call that finished.
+        for i in 0..400 {
+            let straggler = i % 20 == 0;
+            history.record(MS(if straggler { 40 } else { 10 + i % 21 }), straggler);
         }
-        assert_eq!(history.delay(), None, "the p99 is beyond what was seen");
+        let delay = history.delay().expect("a delay");
+        assert!(
+            delay >= MS(30) && delay <= MS(33),
+            "the slowest finished call: {delay:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_finished_call_means_no_delay() {
+        let history = History::new(HedgePolicy::default(), FloatGauge::default());
+        for _ in 0..200 {
+            history.record(MS(20), true);
+        }
+        assert_eq!(history.delay(), None);
+        assert_eq!(history.median(), None);
     }
 
     #[tokio::test(start_paused = true)]
