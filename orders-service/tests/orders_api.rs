@@ -246,7 +246,7 @@ async fn orders_stay_consistent_under_jitter_and_tight_budgets() {
         delay_ms: 0,
         jitter_ms: 150,
         error_rate: 0.1,
-        busy_ms: 0,
+        ..catalog_service::FaultConfig::default()
     });
     let skus = ["SKU-00100", "SKU-00101", "SKU-00102"];
     let mut initial = Vec::new();
