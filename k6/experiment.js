@@ -18,7 +18,8 @@
 // fail the run if the admin API is unreachable. xtask leaves DELAY_MS unset.
 //
 // Each answer is one console line `arrival_ms,status,elapsed_ms` (status 0: the client
-// gave up; 1: a transport error), written with `--log-format raw --console-output FILE`.
+// gave up; 1: a transport error), and `,budget_ms` where each order has its own
+// (BUDGET_MIN, BUDGET_MAX), written with `--log-format raw --console-output FILE`.
 // Thresholds carry the acceptance criteria, so k6 exits non-zero (99) when they fail:
 // no status other than 201, 503, 504 or a client timeout (with OUTCOME_UNKNOWN_OK=1,
 // as when the link to the database is cut, also a 500 whose problem type is
@@ -35,6 +36,10 @@ const RATE = envInt('RATE', 150);
 const VUS = envInt('VUS', 50);
 const DURATION = envString('DURATION', '30s');
 const BUDGET_MS = envInt('BUDGET_MS', 700);
+// BUDGET_MIN and BUDGET_MAX (both, ms): each order's budget drawn uniformly from them,
+// logged with its answer; BUDGET_MS is then the largest, for the p99 threshold.
+const BUDGET_MIN = envInt('BUDGET_MIN', 0);
+const BUDGET_MAX = envInt('BUDGET_MAX', 0);
 const TIMEOUT_MS = envInt('TIMEOUT_MS', BUDGET_MS + 1000);
 const MARGIN_MS = envInt('MARGIN_MS', 50);
 const THINK_MS = envInt('THINK_MS', 0);
@@ -113,7 +118,15 @@ function randomSku() {
   return `SKU-${String(n).padStart(5, '0')}`;
 }
 
+function orderBudget() {
+  if (BUDGET_MAX > 0) {
+    return BUDGET_MIN + Math.floor(Math.random() * (BUDGET_MAX - BUDGET_MIN + 1));
+  }
+  return BUDGET_MS;
+}
+
 export function createOrder() {
+  const budget = orderBudget();
   const arrival = Date.now();
   const res = http.post(
     `${ORDERS_URL}/api/orders`,
@@ -121,7 +134,7 @@ export function createOrder() {
     {
       headers: {
         'Content-Type': 'application/json',
-        'X-Request-Timeout-Ms': String(BUDGET_MS),
+        'X-Request-Timeout-Ms': String(budget),
       },
       timeout: `${TIMEOUT_MS}ms`,
       // The body is read only where a 500 may be a true answer, to tell which.
@@ -135,7 +148,7 @@ export function createOrder() {
   const unknown =
     OUTCOME_UNKNOWN_OK && status === 500 && String(res.body).includes('urn:problem:outcome-unknown');
   unexpectedStatus.add(![0, 201, 503, 504].includes(status) && !unknown);
-  console.log(`${arrival},${status},${elapsed}`);
+  console.log(BUDGET_MAX > 0 ? `${arrival},${status},${elapsed},${budget}` : `${arrival},${status},${elapsed}`);
   if (MODEL === 'closed' && THINK_MS > 0) {
     sleep((THINK_MS * (2 / 3 + (2 / 3) * Math.random())) / 1000);
   }

@@ -59,6 +59,10 @@ pub fn check(summary: &Summary, budget_ms: f64, margin_ms: f64) -> Vec<Verdict> 
             in_flight_drained(summary, side),
         ]);
     }
+    if let Some(rules) = hedging_rules(summary) {
+        verdicts.extend(rules);
+        return verdicts;
+    }
     if summary.sides != MODES {
         return verdicts;
     }
@@ -296,6 +300,121 @@ fn recovered(summary: &Summary) -> Verdict {
         worst <= MAX_RECOVERY_MS,
         format!("slowest recovery {worst:.0} ms, limit {MAX_RECOVERY_MS:.0} ms"),
     )
+}
+
+/// `stragglers`: how much lower hedging must bring the p99.9 (0.1: 90 % lower).
+pub const MAX_P999_RATIO: f64 = 0.1;
+/// `stragglers`: the most catalog calls per order hedging may add, as a ratio.
+pub const MAX_CALLS_RATIO: f64 = 1.02;
+/// `stragglers`: the least goodput with hedging, as a share of without (a percent of
+/// run-to-run noise).
+pub const MIN_GOODPUT_WITH_HEDGING: f64 = 0.99;
+/// `tight`: the most attempts cut by the deadline the rule may leave, as a share of the
+/// deadline-blind variant's.
+pub const MAX_CUT_RATIO: f64 = 0.1;
+/// `tight`: how many fewer orders in time the rule may answer, as a share of orders.
+pub const MAX_IN_TIME_LOSS: f64 = 0.005;
+/// `outage`: the most catalog calls per order while the catalog refuses everything.
+pub const MAX_OUTAGE_CALLS_PER_ORDER: f64 = 1.05;
+
+/// The median of `figure` over `side`'s runs, or a verdict saying it is missing.
+fn median_of(summary: &Summary, rule: &str, side: &str, figure: &str) -> Result<f64, Verdict> {
+    every_run(summary, side, figure)
+        .and_then(|values| crate::stats::spread(&values))
+        .map(|s| s.median)
+        .ok_or_else(|| missing(rule, side, figure))
+}
+
+/// The rules of the hedging scenarios, each comparing its own two sides: `stragglers`
+/// and `outage` hedging off against on, `tight` the deadline rule off against on.
+/// `None` for any other scenario or pair of sides.
+fn hedging_rules(summary: &Summary) -> Option<Vec<Verdict>> {
+    let sides: Vec<&str> = summary.sides.iter().map(String::as_str).collect();
+    let ratio_rule = |rule: &str,
+                      figure: &str,
+                      [a, b]: [&str; 2],
+                      holds: &dyn Fn(f64, f64) -> bool,
+                      show: &dyn Fn(f64, f64) -> String| {
+        match (
+            median_of(summary, rule, a, figure),
+            median_of(summary, rule, b, figure),
+        ) {
+            (Ok(x), Ok(y)) => verdict(rule, holds(x, y), show(x, y)),
+            (Err(v), _) | (_, Err(v)) => v,
+        }
+    };
+    match (summary.scenario.as_str(), sides.as_slice()) {
+        ("stragglers", ["hedging-off", "hedging-on"]) => {
+            let pair = ["hedging-off", "hedging-on"];
+            Some(vec![
+                ratio_rule(
+                    "hedging cuts the p99.9 by 90 %",
+                    "p999_ms",
+                    pair,
+                    &|off, on| on <= MAX_P999_RATIO * off,
+                    &|off, on| format!("p99.9 {off:.0} ms off, {on:.0} ms on ({:.2})", on / off),
+                ),
+                ratio_rule(
+                    "hedging adds at most 2 % catalog calls",
+                    "catalog_calls_per_order",
+                    pair,
+                    &|off, on| on <= MAX_CALLS_RATIO * off,
+                    &|off, on| {
+                        format!("{off:.4} off, {on:.4} on calls per order ({:.3})", on / off)
+                    },
+                ),
+                ratio_rule(
+                    "hedging lowers no goodput",
+                    "goodput_per_s",
+                    pair,
+                    &|off, on| on >= MIN_GOODPUT_WITH_HEDGING * off,
+                    &|off, on| format!("{off:.1} off, {on:.1} on orders/s"),
+                ),
+            ])
+        }
+        ("tight", ["deadline-blind", "deadline-aware"]) => {
+            let pair = ["deadline-blind", "deadline-aware"];
+            Some(vec![
+                ratio_rule(
+                    "the deadline rule leaves 90 % fewer attempts cut",
+                    "attempts_cut_per_s",
+                    pair,
+                    &|blind, aware| aware <= MAX_CUT_RATIO * blind,
+                    &|blind, aware| format!("{blind:.2}/s blind, {aware:.2}/s aware"),
+                ),
+                ratio_rule(
+                    "the deadline rule costs at most 0.5 points of orders in time",
+                    "in_time_share",
+                    pair,
+                    &|blind, aware| aware >= blind - MAX_IN_TIME_LOSS,
+                    &|blind, aware| {
+                        format!("{:.2} % blind, {:.2} % aware", blind * 100.0, aware * 100.0)
+                    },
+                ),
+            ])
+        }
+        ("outage", ["hedging-off", "hedging-on"]) => Some(
+            ["hedging-off", "hedging-on"]
+                .iter()
+                .map(|side| {
+                    let rule =
+                        &format!("{side}: at most 1.05 catalog calls per order in the outage");
+                    match every_run(summary, side, "outage_calls_per_order") {
+                        Some(values) => {
+                            let worst = values.into_iter().fold(f64::MIN, f64::max);
+                            verdict(
+                                rule,
+                                worst <= MAX_OUTAGE_CALLS_PER_ORDER,
+                                format!("at most {worst:.3}"),
+                            )
+                        }
+                        None => missing(rule, side, "outage_calls_per_order"),
+                    }
+                })
+                .collect(),
+        ),
+        _ => None,
+    }
 }
 
 /// How much of its goodput before the cut propagate must have back after the heal.
@@ -772,5 +891,84 @@ mod tests {
             4,
             "every partition rule fails on missing figures: {verdicts:?}"
         );
+    }
+
+    /// A summary of `scenario` with `sides`, one run each, `GOOD` plus `a`'s and `b`'s
+    /// own figures.
+    fn versus(
+        scenario: &str,
+        sides: [&str; 2],
+        a: &[(&'static str, f64)],
+        b: &[(&'static str, f64)],
+    ) -> Summary {
+        fn with(own: &[(&'static str, f64)]) -> Vec<(&'static str, f64)> {
+            GOOD.iter().chain(own).copied().collect()
+        }
+        let (a, b) = (with(a), with(b));
+        let mut s = summary(scenario, &[("legacy", &a), ("propagate", &b)]);
+        for run in &mut s.runs {
+            run.mode = if run.mode == "legacy" {
+                sides[0]
+            } else {
+                sides[1]
+            }
+            .into();
+        }
+        s.sides = sides.map(str::to_owned).to_vec();
+        s.modes = BTreeMap::from([
+            (sides[0].into(), s.modes["legacy"].clone()),
+            (sides[1].into(), s.modes["propagate"].clone()),
+        ]);
+        s
+    }
+
+    #[test]
+    fn the_hedging_scenarios_hold_their_targets_and_fail_past_them() {
+        let sides = ["hedging-off", "hedging-on"];
+        let off = [
+            ("p999_ms", 1000.0),
+            ("catalog_calls_per_order", 1.0),
+            ("goodput_per_s", 190.0),
+        ];
+        let on = [
+            ("p999_ms", 60.0),
+            ("catalog_calls_per_order", 1.015),
+            ("goodput_per_s", 191.0),
+        ];
+        let verdicts = check(&versus("stragglers", sides, &off, &on), 700.0, 50.0);
+        assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
+        let costly = [
+            ("p999_ms", 60.0),
+            ("catalog_calls_per_order", 1.05),
+            ("goodput_per_s", 191.0),
+        ];
+        let verdicts = check(&versus("stragglers", sides, &off, &costly), 700.0, 50.0);
+        assert!(!find(&verdicts, "hedging adds at most 2 %").ok);
+
+        let sides = ["deadline-blind", "deadline-aware"];
+        let blind = [("attempts_cut_per_s", 5.0), ("in_time_share", 0.95)];
+        let aware = [("attempts_cut_per_s", 0.3), ("in_time_share", 0.948)];
+        let verdicts = check(&versus("tight", sides, &blind, &aware), 700.0, 50.0);
+        assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
+        let worse = [("attempts_cut_per_s", 0.3), ("in_time_share", 0.94)];
+        let verdicts = check(&versus("tight", sides, &blind, &worse), 700.0, 50.0);
+        assert!(!find(&verdicts, "the deadline rule costs").ok);
+
+        let sides = ["hedging-off", "hedging-on"];
+        let verdicts = check(
+            &versus(
+                "outage",
+                sides,
+                &[("outage_calls_per_order", 1.04)],
+                &[("outage_calls_per_order", 1.06)],
+            ),
+            700.0,
+            50.0,
+        );
+        assert!(find(&verdicts, "hedging-off: at most 1.05").ok);
+        assert!(!find(&verdicts, "hedging-on: at most 1.05").ok);
+        // Missing figures fail.
+        let verdicts = check(&versus("outage", sides, &[], &[]), 700.0, 50.0);
+        assert!(!find(&verdicts, "hedging-off: at most 1.05").ok);
     }
 }

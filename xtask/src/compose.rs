@@ -128,8 +128,7 @@ async fn checks(compose: &Compose) -> anyhow::Result<()> {
         CATALOG_ADMIN_URL,
         Some(Fault {
             delay_ms: 1000,
-            jitter_ms: 0,
-            busy_ms: 0,
+            ..Fault::default()
         }),
     )
     .await?;

@@ -143,7 +143,7 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
         sides.clone().map(|s| s.name),
         &runs,
     );
-    let mut verdicts = check::check(&summary, args.budget as f64, args.margin as f64);
+    let mut verdicts = check::check(&summary, ctx.load.budget_ms as f64, args.margin as f64);
     verdicts.extend(prometheus_problems.iter().map(|p| Verdict {
         rule: "dashboard query".into(),
         ok: false,

@@ -93,6 +93,14 @@ pub async fn run(
         ("THINK_MS", think.to_string()),
         ("DURATION", format!("{}ms", load.duration.as_millis())),
         ("BUDGET_MS", load.budget_ms.to_string()),
+        (
+            "BUDGET_MIN",
+            load.budget_range_ms.map_or(0, |r| r.0).to_string(),
+        ),
+        (
+            "BUDGET_MAX",
+            load.budget_range_ms.map_or(0, |r| r.1).to_string(),
+        ),
         ("TIMEOUT_MS", load.timeout_ms.to_string()),
         ("MARGIN_MS", margin_ms.to_string()),
         ("ORDERS_URL", orders_url.to_owned()),

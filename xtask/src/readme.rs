@@ -192,6 +192,14 @@ pub fn full(results: &Path, prefix: &str) -> anyhow::Result<String> {
                 format!("{name}-session-bounds"),
                 format!("`{name}`, the database sessions' bounds off against on"),
             ),
+            (
+                format!("{name}-hedging"),
+                format!("`{name}`, hedging off against on"),
+            ),
+            (
+                format!("{name}-hedge-deadline"),
+                format!("`{name}`, hedging deadline-blind against deadline-aware"),
+            ),
         ] {
             let Some(summary) = read(&results.join(&dir))? else {
                 continue;
@@ -402,6 +410,12 @@ fn command(summary: &Summary, dir: &str, profiled: bool) -> String {
     if dir.ends_with("-session-bounds") {
         options.push_str(" --versus session-bounds");
     }
+    if dir.ends_with("-hedging") {
+        options.push_str(" --versus hedging");
+    }
+    if dir.ends_with("-hedge-deadline") {
+        options.push_str(" --versus hedge-deadline");
+    }
     if profiled {
         options.push_str(" --profile-cpu");
     }
@@ -467,8 +481,46 @@ fn main_headline(summary: &Summary) -> String {
             median("metrics-off", "created_per_s"),
         );
     }
+    let [a, b] = [summary.sides[0].as_str(), summary.sides[1].as_str()];
+    match summary.scenario.as_str() {
+        "stragglers" => {
+            return format!(
+                "With 1 % of catalog calls stalling a second: p99.9 {:.0} ms ({a}) and {:.0} ms \
+                 ({b}); catalog calls per order {:.3} and {:.3}; goodput {:.1} and {:.1} orders/s.",
+                median(a, "p999_ms"),
+                median(b, "p999_ms"),
+                median(a, "catalog_calls_per_order"),
+                median(b, "catalog_calls_per_order"),
+                median(a, "goodput_per_s"),
+                median(b, "goodput_per_s"),
+            );
+        }
+        "tight" => {
+            return format!(
+                "Budgets of 20 to 120 ms: catalog attempts cut at the deadline {:.2}/s ({a}) and \
+                 {:.2}/s ({b}); orders in time {:.2} % and {:.2} %; extra attempts refused by \
+                 the deadline rule {:.2}/s and {:.2}/s.",
+                median(a, "attempts_cut_per_s"),
+                median(b, "attempts_cut_per_s"),
+                median(a, "in_time_share") * 100.0,
+                median(b, "in_time_share") * 100.0,
+                median(a, "extra_refused_deadline_per_s"),
+                median(b, "extra_refused_deadline_per_s"),
+            );
+        }
+        "outage" => {
+            return format!(
+                "While the catalog refuses everything: {:.3} ({a}) and {:.3} ({b}) catalog calls \
+                 per order; extra attempts refused by the deadline rule {:.2}/s and {:.2}/s.",
+                median(a, "outage_calls_per_order"),
+                median(b, "outage_calls_per_order"),
+                median(a, "extra_refused_deadline_per_s"),
+                median(b, "extra_refused_deadline_per_s"),
+            );
+        }
+        _ => {}
+    }
     if summary.scenario == "partition" {
-        let [a, b] = [summary.sides[0].as_str(), summary.sides[1].as_str()];
         return format!(
             "The link to PostgreSQL cut mid-load: write transactions held their row locks \
              for at most {:.0} ms ({a}) and {:.0} ms ({b}); {:.0} and {:.0} were left on the \

@@ -68,11 +68,35 @@ pub struct Figures {
     pub p50_ms: f64,
     /// p99, ms.
     pub p99_ms: f64,
+    /// p99.9, ms.
+    #[serde(default)]
+    pub p999_ms: f64,
+    /// Orders created and answered within their budget, as a share of orders sent.
+    #[serde(default)]
+    pub in_time_share: f64,
     /// Slowest answer, ms.
     pub max_ms: f64,
     /// Calls catalog-service received, per second of load.
     #[serde(default)]
     pub catalog_calls_per_s: f64,
+    /// Calls catalog-service received per order sent.
+    #[serde(default)]
+    pub catalog_calls_per_order: f64,
+    /// Catalog attempts of orders-service cut at their deadline, or answered 504 by the
+    /// catalog (it ran out of the budget it was given), per second.
+    #[serde(default)]
+    pub attempts_cut_per_s: Option<f64>,
+    /// Hedges orders-service sent, per second.
+    #[serde(default)]
+    pub hedges_per_s: Option<f64>,
+    /// Extra attempts (hedges and retries) not sent because what was left could not
+    /// cover an attempt's usual time, per second.
+    #[serde(default)]
+    pub extra_refused_deadline_per_s: Option<f64>,
+    /// For `outage`: calls catalog-service received per order sent while it refused
+    /// everything (from a second after the fault's start to its removal).
+    #[serde(default)]
+    pub outage_calls_per_order: Option<f64>,
     /// Of the 503s, calls admission refused because they were predicted to finish late.
     #[serde(default)]
     pub predicted_late_per_s: f64,
@@ -201,7 +225,9 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     let client = reqwest::Client::new();
     let catalog_before = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
     let orders_before = sampler::scrape(&client, &metrics_url(&ctx.ports.orders_url())).await;
-    set_fault(&ctx.ports.admin_url(), ctx.load.fault).await?;
+    // A fault that begins later (`outage`) is injected by the load's own timer.
+    let from_start = ctx.load.fault.filter(|_| ctx.load.fault_from.is_none());
+    set_fault(&ctx.ports.admin_url(), from_start).await?;
     let measured = measure_load(ctx, side, &services, &dir, &db_name).await;
     set_fault(&ctx.ports.admin_url(), None).await?;
     let Measured {
@@ -240,6 +266,9 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
         catalog_answer_seconds,
         catalog_calls,
         predicted_late: predicted_late(&orders_after) - predicted_late(&orders_before),
+        attempts_cut: attempts_cut(&orders_after) - attempts_cut(&orders_before),
+        hedges: hedges(&orders_after) - hedges(&orders_before),
+        extra_refused_deadline: refused_deadline(&orders_after) - refused_deadline(&orders_before),
         pending_limit: pending_limit(&orders_before),
         margin_ms: ctx.margin_ms,
         drain,
@@ -248,6 +277,12 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
         removed_ms,
     };
     let mut figures = figures(&inputs);
+    if let (Some(from), Some(until)) = (ctx.load.fault_from, ctx.load.fault_removed_after) {
+        // From a second in (the calls sent just before it answer as usual) to the end.
+        let window = (from.as_secs_f64() + 1.0, until.as_secs_f64());
+        figures.outage_calls_per_order =
+            outage_calls_per_order(&samples, &k6_run.requests, load_start_ms, window);
+    }
     let seconds = stats::per_second(&k6_run.requests, load_start_ms, ctx.load.budget_ms);
     let since_start = |ms: u64| ms.saturating_sub(load_start_ms) as f64 / 1000.0;
     let partition_at = cut.map(|(cut, healed)| [since_start(cut), since_start(healed)]);
@@ -373,7 +408,8 @@ pub async fn set_fault(admin_url: &str, fault: Option<Fault>) -> anyhow::Result<
     let request = match fault {
         Some(f) => client.put(&url).json(&serde_json::json!({
             "delay_ms": f.delay_ms, "jitter_ms": f.jitter_ms, "error_rate": 0.0,
-            "busy_ms": f.busy_ms
+            "busy_ms": f.busy_ms, "straggler_rate": f.straggler_rate,
+            "straggler_ms": f.straggler_ms, "unavailable_rate": f.unavailable_rate
         })),
         None => client.delete(&url),
     };
@@ -422,6 +458,13 @@ async fn measure_load(
         services.orders.pid(),
     );
     let load_start_ms = unix_ms();
+    let injector = ctx.load.fault_from.map(|from| {
+        let (admin, fault) = (ctx.ports.admin_url(), ctx.load.fault);
+        tokio::spawn(async move {
+            tokio::time::sleep(from).await;
+            set_fault(&admin, fault).await
+        })
+    });
     let remover = ctx.load.fault_removed_after.map(|after| {
         let admin = ctx.ports.admin_url();
         tokio::spawn(async move {
@@ -439,6 +482,9 @@ async fn measure_load(
     )
     .await;
     let samples = sampler.stop().await;
+    if let Some(task) = injector {
+        task.await??;
+    }
     let removed_ms = match remover {
         Some(task) => Some(task.await??),
         None => None,
@@ -528,6 +574,63 @@ fn catalog_calls(series: &[Series]) -> f64 {
     exposition::sum(series, &count, &[("uri", "/catalog/{sku}")]).unwrap_or(0.0)
 }
 
+/// orders-service's catalog attempts so far that were cut at the deadline (`timeout`)
+/// or answered 504 by the catalog.
+fn attempts_cut(series: &[Series]) -> f64 {
+    let count = format!("{}_count", names::HTTP_CLIENT_REQUESTS_SECONDS);
+    ["timeout", "504"]
+        .iter()
+        .map(|status| {
+            exposition::sum(series, &count, &[("client", "catalog"), ("status", status)])
+                .unwrap_or(0.0)
+        })
+        .sum()
+}
+
+/// orders-service's hedges of catalog calls so far (sent: won or lost).
+fn hedges(series: &[Series]) -> f64 {
+    ["won", "lost"]
+        .iter()
+        .map(|outcome| {
+            let labels = [
+                ("client", "catalog"),
+                ("kind", "hedge"),
+                ("outcome", outcome),
+            ];
+            exposition::sum(series, names::HTTP_CLIENT_ATTEMPTS_TOTAL, &labels).unwrap_or(0.0)
+        })
+        .sum()
+}
+
+/// orders-service's extra attempts refused by the deadline rule so far.
+fn refused_deadline(series: &[Series]) -> f64 {
+    let labels = [("client", "catalog"), ("outcome", "refused_deadline")];
+    exposition::sum(series, names::HTTP_CLIENT_ATTEMPTS_TOTAL, &labels).unwrap_or(0.0)
+}
+
+/// Calls the catalog received per order sent in `window` (seconds after the load's
+/// start): the growth of its own request count between the samples nearest the
+/// window's ends, over the orders that arrived between those samples.
+pub fn outage_calls_per_order(
+    samples: &[Sample],
+    requests: &[stats::Request],
+    load_start_ms: u64,
+    window: (f64, f64),
+) -> Option<f64> {
+    let first = samples.iter().find(|s| s.t >= window.0)?;
+    let last = samples.iter().rev().find(|s| s.t <= window.1)?;
+    let (from_ms, until_ms) = (
+        load_start_ms + (first.t * 1000.0) as u64,
+        load_start_ms + (last.t * 1000.0) as u64,
+    );
+    let orders = requests
+        .iter()
+        .filter(|r| r.arrival_ms >= from_ms && r.arrival_ms < until_ms)
+        .count();
+    (orders > 0 && last.t > first.t)
+        .then(|| (last.catalog_received - first.catalog_received) / orders as f64)
+}
+
 /// orders-service's `predicted_late` refusals of catalog calls so far.
 fn predicted_late(series: &[Series]) -> f64 {
     let labels = [("client", "catalog"), ("reason", "predicted_late")];
@@ -598,6 +701,12 @@ pub struct FigureInputs<'a> {
     pub catalog_calls: f64,
     /// Calls admission refused as predicted late (orders' own counter).
     pub predicted_late: f64,
+    /// Catalog attempts cut at the deadline or answered 504 (orders' own counter).
+    pub attempts_cut: f64,
+    /// Hedges sent (orders' own counter).
+    pub hedges: f64,
+    /// Extra attempts refused by the deadline rule (orders' own counter).
+    pub extra_refused_deadline: f64,
     /// The catalog bulkhead's queue limit, if it could be read.
     pub pending_limit: Option<f64>,
     /// How late past the budget an answer may be and still count as in time.
@@ -640,6 +749,25 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
             .count() as f64,
         p50_ms: stats::quantile(&latencies, 0.5).unwrap_or(0.0),
         p99_ms: stats::quantile(&latencies, 0.99).unwrap_or(0.0),
+        p999_ms: stats::quantile(&latencies, 0.999).unwrap_or(0.0),
+        in_time_share: if requests.is_empty() {
+            0.0
+        } else {
+            requests
+                .iter()
+                .filter(|r| r.good(input.load.budget_ms))
+                .count() as f64
+                / requests.len() as f64
+        },
+        catalog_calls_per_order: if requests.is_empty() {
+            0.0
+        } else {
+            input.catalog_calls / requests.len() as f64
+        },
+        attempts_cut_per_s: Some(input.attempts_cut / secs),
+        hedges_per_s: Some(input.hedges / secs),
+        extra_refused_deadline_per_s: Some(input.extra_refused_deadline / secs),
+        outage_calls_per_order: None,
         max_ms: latencies.iter().copied().fold(0.0, f64::max),
         catalog_busy_slots: catalog_busy,
         catalog_calls_per_s: input.catalog_calls / secs,

@@ -29,6 +29,9 @@ pub struct Sample {
     /// catalog-service's requests in flight: its busy slots, useful or not.
     #[serde(default)]
     pub catalog_in_flight: f64,
+    /// Requests catalog-service has answered so far, by its own count.
+    #[serde(default)]
+    pub catalog_received: f64,
     /// orders-service's catalog calls so far (`http_client_requests_seconds_count`).
     #[serde(default)]
     pub catalog_calls: f64,
@@ -133,6 +136,12 @@ impl Sampler {
                     &[("uri", "/catalog/{sku}")],
                 )
                 .unwrap_or(0.0);
+                sample.catalog_received = exposition::sum(
+                    &catalog,
+                    &format!("{}_count", names::HTTP_SERVER_REQUESTS_SECONDS),
+                    &[("uri", "/catalog/{sku}")],
+                )
+                .unwrap_or(0.0);
                 sample.catalog_runtime = Runtime::read(&catalog);
                 samples.push(sample);
                 tokio::select! {
@@ -183,6 +192,7 @@ tokio_global_queue_depth 3
                 db_pending: 2.0,
                 rss_mib: 20.0,
                 catalog_in_flight: 0.0,
+                catalog_received: 0.0,
                 catalog_calls: 12.0,
                 catalog_call_s: 2.9,
                 orders_runtime: Some(Runtime {

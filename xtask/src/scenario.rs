@@ -34,6 +34,15 @@ pub enum Scenario {
     /// ways, no reset) for a while and healed: answers by the budget, the transactions
     /// left on the server without a client, and goodput after the heal.
     Partition,
+    /// A catalog of 10 to 30 ms where 1 % of calls stall a second: the tail hedging
+    /// cuts, and what it costs in calls.
+    Stragglers,
+    /// The stragglers with budgets drawn from 20 to 120 ms per order, so many calls are
+    /// near their deadline: what the deadline rule of extra attempts saves.
+    Tight,
+    /// The catalog refuses every call (503) for 10 s, then recovers: catalog calls per
+    /// order while it is down.
+    Outage,
 }
 
 /// How k6 sends orders.
@@ -55,7 +64,7 @@ pub enum Model {
 }
 
 /// The catalog fault injected through its admin API.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Fault {
     /// Fixed delay of every catalog answer.
     pub delay_ms: u64,
@@ -63,6 +72,12 @@ pub struct Fault {
     pub jitter_ms: u64,
     /// CPU spent spinning on a catalog worker thread per call, before the delay.
     pub busy_ms: u64,
+    /// Share of calls that wait `straggler_ms` more.
+    pub straggler_rate: f64,
+    /// How much longer a straggler waits.
+    pub straggler_ms: u64,
+    /// Share of calls refused at once with 503.
+    pub unavailable_rate: f64,
 }
 
 /// Everything that defines the load of one run.
@@ -82,9 +97,17 @@ pub struct Load {
     pub timeout_ms: u64,
     /// The catalog fault during the load, if any.
     pub fault: Option<Fault>,
-    /// For `recovery`: the fault is removed this long after the load starts.
+    /// For `outage`: the fault is injected this long after the load starts (else from
+    /// the start).
+    #[serde(with = "opt_secs")]
+    pub fault_from: Option<Duration>,
+    /// For `recovery` and `outage`: the fault is removed this long after the load
+    /// starts.
     #[serde(with = "opt_secs")]
     pub fault_removed_after: Option<Duration>,
+    /// For `tight`: each order's budget drawn uniformly from this range (ms), instead of
+    /// `budget_ms` for all.
+    pub budget_range_ms: Option<(u64, u64)>,
     /// orders-service's catalog bulkhead: slots in flight.
     pub pool_max_connections: u32,
     /// For `partition`: the link to PostgreSQL cut during the load.
@@ -140,7 +163,9 @@ impl Scenario {
             budget_ms,
             timeout_ms: budget_ms + CLIENT_PATIENCE_MS,
             fault: None,
+            fault_from: None,
             fault_removed_after: None,
+            budget_range_ms: None,
             pool_max_connections: 50,
             partition: None,
             db_statement_ms: 0,
@@ -151,11 +176,21 @@ impl Scenario {
             delay_ms: 200,
             jitter_ms: 600,
             busy_ms: 0,
+            ..Fault::default()
         };
         let seed_fault = Fault {
             delay_ms: 1000,
             jitter_ms: 0,
             busy_ms: 0,
+            ..Fault::default()
+        };
+        // 10 to 30 ms per call, and one call in a hundred stalls a second more.
+        let stragglers = Fault {
+            delay_ms: 10,
+            jitter_ms: 20,
+            straggler_rate: 0.01,
+            straggler_ms: 1000,
+            ..Fault::default()
         };
         match self {
             Self::Goodput => Load {
@@ -192,6 +227,7 @@ impl Scenario {
                     delay_ms: 400,
                     jitter_ms: 0,
                     busy_ms: 0,
+                    ..Fault::default()
                 }),
                 ..base
             },
@@ -215,6 +251,7 @@ impl Scenario {
                     delay_ms: 0,
                     jitter_ms: 0,
                     busy_ms: 20,
+                    ..Fault::default()
                 }),
                 ..base
             },
@@ -234,6 +271,7 @@ impl Scenario {
                     delay_ms: 20,
                     jitter_ms: 0,
                     busy_ms: 0,
+                    ..Fault::default()
                 }),
                 pool_max_connections: 2,
                 ..base
@@ -244,6 +282,40 @@ impl Scenario {
             // there, holding row locks, when the cut comes (with 2 ms statements it would
             // mostly find none). A COMMIT on the wire when the cut starts is answered
             // 500 outcome-unknown, true then.
+            // 200 orders a second for 40 s: 8,000 orders, enough for a p99.9.
+            Self::Stragglers => Load {
+                model: Model::Open { rate: 200 },
+                duration: secs(40),
+                fault: Some(stragglers),
+                ..base
+            },
+            // Budgets from 20 to 120 ms: a hedge at the p99 (about 30 ms) often finds
+            // less left than a call takes.
+            Self::Tight => Load {
+                model: Model::Open { rate: 200 },
+                duration: secs(40),
+                fault: Some(stragglers),
+                budget_ms: 120,
+                timeout_ms: 120 + CLIENT_PATIENCE_MS,
+                budget_range_ms: Some((20, 120)),
+                ..base
+            },
+            // The usual catalog, then every call refused for the middle third.
+            Self::Outage => {
+                let duration = secs(30);
+                Load {
+                    duration,
+                    fault: Some(Fault {
+                        delay_ms: 10,
+                        jitter_ms: 20,
+                        unavailable_rate: 1.0,
+                        ..Fault::default()
+                    }),
+                    fault_from: Some(duration / 3),
+                    fault_removed_after: Some(duration * 2 / 3),
+                    ..base
+                }
+            }
             Self::Partition => {
                 let duration = secs(90);
                 Load {
@@ -271,6 +343,9 @@ impl Scenario {
             Self::Saturation => "saturation",
             Self::PoolQueue => "pool-queue",
             Self::Partition => "partition",
+            Self::Stragglers => "stragglers",
+            Self::Tight => "tight",
+            Self::Outage => "outage",
         }
     }
 }
@@ -308,6 +383,12 @@ pub enum Versus {
     /// off (`bounds-off`: `DB_IDLE_IN_TRANSACTION_TIMEOUT_MS` and `DB_LIVENESS_TIMEOUT_MS`
     /// 0) against on (`bounds-on`): what they do for a partition, and what they cost.
     SessionBounds,
+    /// Both in propagate mode, hedging of catalog calls off (`hedging-off`) against on
+    /// (`hedging-on`).
+    Hedging,
+    /// Both hedging, the deadline rule of extra attempts off (`deadline-blind`) against
+    /// on (`deadline-aware`).
+    HedgeDeadline,
 }
 
 /// One side of a comparison: its name in the tables, the `DEADLINE_MODE` it runs in
@@ -348,6 +429,21 @@ impl Versus {
                 ),
                 side("bounds-on", "propagate", &[]),
             ],
+            Self::Hedging => [
+                side("hedging-off", "propagate", &[("CATALOG_HEDGE", "off")]),
+                side("hedging-on", "propagate", &[("CATALOG_HEDGE", "on")]),
+            ],
+            Self::HedgeDeadline => [
+                side(
+                    "deadline-blind",
+                    "propagate",
+                    &[
+                        ("CATALOG_HEDGE", "on"),
+                        ("CATALOG_HEDGE_DEADLINE_AWARE", "false"),
+                    ],
+                ),
+                side("deadline-aware", "propagate", &[("CATALOG_HEDGE", "on")]),
+            ],
         }
     }
 
@@ -357,6 +453,8 @@ impl Versus {
             Self::Modes => "",
             Self::RuntimeMetrics => "-runtime-metrics",
             Self::SessionBounds => "-session-bounds",
+            Self::Hedging => "-hedging",
+            Self::HedgeDeadline => "-hedge-deadline",
         }
     }
 }

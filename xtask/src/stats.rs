@@ -15,26 +15,34 @@ pub struct Request {
     pub status: u16,
     /// How long the client waited, in ms.
     pub elapsed_ms: u64,
+    /// The budget this request carried, where the load gives each its own (`tight`).
+    pub budget_ms: Option<u64>,
 }
 
 impl Request {
-    /// An order created and answered within the client's budget: goodput.
+    /// An order created and answered within the client's budget (its own, else
+    /// `budget_ms`): goodput.
     pub fn good(&self, budget_ms: u64) -> bool {
-        self.status == 201 && self.elapsed_ms <= budget_ms
+        self.status == 201 && self.elapsed_ms <= self.budget_ms.unwrap_or(budget_ms)
     }
 }
 
-/// Parses k6's request log (`arrival_ms,status,elapsed_ms` per line); other lines
-/// (k6's own warnings, if any reach the file) are skipped.
+/// Parses k6's request log (`arrival_ms,status,elapsed_ms[,budget_ms]` per line);
+/// other lines (k6's own warnings, if any reach the file) are skipped.
 pub fn parse_request_log(text: &str) -> Vec<Request> {
     text.lines()
         .filter_map(|line| {
             let mut fields = line.trim().split(',').map(str::parse::<u64>);
             let (arrival, status, elapsed) = (fields.next()?, fields.next()?, fields.next()?);
+            let budget_ms = match fields.next() {
+                Some(budget) => Some(budget.ok()?),
+                None => None,
+            };
             Some(Request {
                 arrival_ms: arrival.ok()?,
                 status: u16::try_from(status.ok()?).ok()?,
                 elapsed_ms: elapsed.ok()?,
+                budget_ms,
             })
         })
         .collect()
@@ -167,7 +175,17 @@ mod tests {
             arrival_ms,
             status,
             elapsed_ms,
+            budget_ms: None,
         }
+    }
+
+    #[test]
+    fn a_request_with_its_own_budget_is_good_within_that_budget() {
+        let log = "1000,201,50,40\n1001,201,50,80\n";
+        let requests = parse_request_log(log);
+        assert_eq!(requests[0].budget_ms, Some(40));
+        assert!(!requests[0].good(700), "late for its own 40 ms");
+        assert!(requests[1].good(10), "in time for its own 80 ms");
     }
 
     #[test]

@@ -200,11 +200,38 @@ const ROWS: &[(&str, &str, usize)] = &[
     ("other", "other outcomes (total)", 0),
     ("p50_ms", "p50 latency, ms", 0),
     ("p99_ms", "p99 latency, ms", 0),
+    ("p999_ms", "p99.9 latency, ms", 0),
+    (
+        "in_time_share",
+        "orders created within their budget, share of orders sent",
+        4,
+    ),
     ("max_ms", "max latency, ms", 0),
     (
         "catalog_calls_per_s",
         "calls the catalog received, per s",
         1,
+    ),
+    (
+        "catalog_calls_per_order",
+        "calls the catalog received per order sent",
+        3,
+    ),
+    ("hedges_per_s", "hedges sent, per s", 2),
+    (
+        "attempts_cut_per_s",
+        "catalog attempts cut at the deadline or answered 504, per s",
+        2,
+    ),
+    (
+        "extra_refused_deadline_per_s",
+        "extra attempts not sent: too little left for an attempt's usual time, per s",
+        2,
+    ),
+    (
+        "outage_calls_per_order",
+        "outage: calls the catalog received per order while it refused everything",
+        3,
     ),
     (
         "catalog_busy_slots",
