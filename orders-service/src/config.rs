@@ -93,8 +93,8 @@ pub struct Config {
     pub catalog_pool_idle_timeout_ms: u64,
 
     /// `on`: hedge catalog calls: a first call slower than the catalog's recent p(100 −
-    /// 100 × CATALOG_HEDGE_MAX_EXTRA_LOAD) gets a backup, if what is left covers a
-    /// call's usual time, a slot is free and the retry budget has a token. Off by
+    /// 100 × CATALOG_HEDGE_MAX_EXTRA_LOAD) gets a backup, if what is left covers what
+    /// nine calls in ten take, a slot is free and the retry budget has a token. Off by
     /// default (docs/operating.md, hedging).
     #[arg(long, env = "CATALOG_HEDGE", value_enum, default_value_t = Switch::Off)]
     pub catalog_hedge: Switch,
@@ -105,8 +105,8 @@ pub struct Config {
           value_parser = share_of_calls)]
     pub catalog_hedge_max_extra_load: f64,
 
-    /// `false` sends a hedge or a retry even when what is left cannot cover a call's
-    /// usual time (only to measure what the rule is worth).
+    /// `false` sends a hedge or a retry even when what is left cannot cover what nine
+    /// calls in ten take (only to measure what the rule is worth).
     #[arg(long, env = "CATALOG_HEDGE_DEADLINE_AWARE", default_value_t = true,
           action = clap::ArgAction::Set)]
     pub catalog_hedge_deadline_aware: bool,

@@ -52,6 +52,7 @@ pub(crate) enum AttemptKind {
 pub(crate) enum AttemptOutcome {
     Won,
     Lost,
+    Cut,
     RefusedBudget,
     RefusedDeadline,
     NoSlot,

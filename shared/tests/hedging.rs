@@ -214,7 +214,7 @@ async fn a_hedge_is_not_sent_when_what_is_left_cannot_cover_an_attempt() {
 }
 
 #[tokio::test]
-async fn without_the_deadline_rule_the_same_hedge_is_sent_and_thrown_away() {
+async fn without_the_deadline_rule_the_same_hedge_is_sent() {
     let blind = HedgePolicy {
         deadline_aware: false,
         ..policy()

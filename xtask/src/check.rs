@@ -355,8 +355,8 @@ fn hedging_rules(summary: &Summary) -> Option<Vec<Verdict>> {
                     &|off, on| format!("p99.9 {off:.0} ms off, {on:.0} ms on ({:.2})", on / off),
                 ),
                 ratio_rule(
-                    "hedging adds at most 2 % catalog calls",
-                    "catalog_calls_per_order",
+                    "hedging adds at most 2 % catalog attempts",
+                    "attempts_per_order",
                     pair,
                     &|off, on| on <= MAX_CALLS_RATIO * off,
                     &|off, on| {
@@ -376,8 +376,8 @@ fn hedging_rules(summary: &Summary) -> Option<Vec<Verdict>> {
             let pair = ["deadline-blind", "deadline-aware"];
             Some(vec![
                 ratio_rule(
-                    "the deadline rule leaves 90 % fewer attempts cut",
-                    "attempts_cut_per_s",
+                    "the deadline rule leaves 90 % fewer extra attempts cut",
+                    "extra_attempts_cut_per_s",
                     pair,
                     &|blind, aware| aware <= MAX_CUT_RATIO * blind,
                     &|blind, aware| format!("{blind:.2}/s blind, {aware:.2}/s aware"),
@@ -927,30 +927,30 @@ mod tests {
         let sides = ["hedging-off", "hedging-on"];
         let off = [
             ("p999_ms", 1000.0),
-            ("catalog_calls_per_order", 1.0),
+            ("attempts_per_order", 1.0),
             ("goodput_per_s", 190.0),
         ];
         let on = [
             ("p999_ms", 60.0),
-            ("catalog_calls_per_order", 1.015),
+            ("attempts_per_order", 1.015),
             ("goodput_per_s", 191.0),
         ];
         let verdicts = check(&versus("stragglers", sides, &off, &on), 700.0, 50.0);
         assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
         let costly = [
             ("p999_ms", 60.0),
-            ("catalog_calls_per_order", 1.05),
+            ("attempts_per_order", 1.05),
             ("goodput_per_s", 191.0),
         ];
         let verdicts = check(&versus("stragglers", sides, &off, &costly), 700.0, 50.0);
         assert!(!find(&verdicts, "hedging adds at most 2 %").ok);
 
         let sides = ["deadline-blind", "deadline-aware"];
-        let blind = [("attempts_cut_per_s", 5.0), ("in_time_share", 0.95)];
-        let aware = [("attempts_cut_per_s", 0.3), ("in_time_share", 0.948)];
+        let blind = [("extra_attempts_cut_per_s", 5.0), ("in_time_share", 0.95)];
+        let aware = [("extra_attempts_cut_per_s", 0.3), ("in_time_share", 0.948)];
         let verdicts = check(&versus("tight", sides, &blind, &aware), 700.0, 50.0);
         assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
-        let worse = [("attempts_cut_per_s", 0.3), ("in_time_share", 0.94)];
+        let worse = [("extra_attempts_cut_per_s", 0.3), ("in_time_share", 0.94)];
         let verdicts = check(&versus("tight", sides, &blind, &worse), 700.0, 50.0);
         assert!(!find(&verdicts, "the deadline rule costs").ok);
 

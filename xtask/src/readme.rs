@@ -38,6 +38,9 @@ pub enum Content {
     Findings,
     /// The figures behind each published run's answer, one row per side ([`ANSWER_ROWS`]).
     AnswersTable,
+    /// What a cut network and the extra attempts do: the `partition` runs and the
+    /// `stragglers`, `tight` and `outage` runs, each with its figures.
+    Faults,
 }
 
 /// The blocks the command keeps up to date: the file (relative to the workspace), the
@@ -45,6 +48,7 @@ pub enum Content {
 pub const TARGETS: &[(&str, &str, Content)] = &[
     ("README.md", "tables", Content::Brief),
     ("README.md", "findings", Content::Findings),
+    ("README.md", "faults", Content::Faults),
     ("docs/experiment.md", "tables", Content::Full),
     ("docs/experiment.md", "answers", Content::AnswersTable),
 ];
@@ -94,6 +98,7 @@ pub fn update(workspace: &Path, check: bool) -> anyhow::Result<Vec<Outcome>> {
                 ),
             )?,
             Content::AnswersTable => answers_table(&results, &prefix)?,
+            Content::Faults => faults(&results, &prefix)?,
         };
         let new = replace_block(&text, name, &block).with_context(|| format!("in {file}"))?;
         let changed = new != text;
@@ -267,6 +272,42 @@ pub fn answers_table(results: &Path, prefix: &str) -> anyhow::Result<String> {
             figure("pending_mean", 1, ""),
             summary.answers.get(side).map_or("-", String::as_str),
             summary.commit,
+        )?;
+    }
+    Ok(out)
+}
+
+/// The README's faults block: one line each for the published `partition` (the modes,
+/// and the session bounds off against on), `stragglers`, `tight` and `outage` runs,
+/// their headline and a link to their summary.
+pub fn faults(results: &Path, prefix: &str) -> anyhow::Result<String> {
+    let mut out = String::new();
+    for (dir, what) in [
+        (
+            "partition",
+            "The link to PostgreSQL cut for 20 s under the goodput load",
+        ),
+        (
+            "partition-session-bounds",
+            "The same cut, both sides in propagate, the sessions' bounds off against on",
+        ),
+        ("stragglers-hedging", "Hedging off against on"),
+        (
+            "tight-hedge-deadline",
+            "Hedging without the deadline rule against with it",
+        ),
+        (
+            "outage-hedging",
+            "An outage of the catalog, hedging off against on",
+        ),
+    ] {
+        let summary = read(&results.join(dir))?
+            .with_context(|| format!("no docs/results/{dir}/summary.json: publish a {dir} run"))?;
+        writeln!(
+            out,
+            "- {what} ([summary]({prefix}/{dir}/summary.md), commit `{}`): {}",
+            summary.commit,
+            headline(&summary)
         )?;
     }
     Ok(out)
@@ -486,22 +527,22 @@ fn main_headline(summary: &Summary) -> String {
         "stragglers" => {
             return format!(
                 "With 1 % of catalog calls stalling a second: p99.9 {:.0} ms ({a}) and {:.0} ms \
-                 ({b}); catalog calls per order {:.3} and {:.3}; goodput {:.1} and {:.1} orders/s.",
+                 ({b}); catalog attempts per order {:.3} and {:.3}; goodput {:.1} and {:.1} orders/s.",
                 median(a, "p999_ms"),
                 median(b, "p999_ms"),
-                median(a, "catalog_calls_per_order"),
-                median(b, "catalog_calls_per_order"),
+                median(a, "attempts_per_order"),
+                median(b, "attempts_per_order"),
                 median(a, "goodput_per_s"),
                 median(b, "goodput_per_s"),
             );
         }
         "tight" => {
             return format!(
-                "Budgets of 20 to 120 ms: catalog attempts cut at the deadline {:.2}/s ({a}) and \
-                 {:.2}/s ({b}); orders in time {:.2} % and {:.2} %; extra attempts refused by \
-                 the deadline rule {:.2}/s and {:.2}/s.",
-                median(a, "attempts_cut_per_s"),
-                median(b, "attempts_cut_per_s"),
+                "Budgets of 20 to 120 ms: hedges and retries cut at the deadline {:.2}/s ({a}) \
+                 and {:.2}/s ({b}); orders in time {:.2} % and {:.2} %; extra attempts refused \
+                 by the deadline rule {:.2}/s and {:.2}/s.",
+                median(a, "extra_attempts_cut_per_s"),
+                median(b, "extra_attempts_cut_per_s"),
                 median(a, "in_time_share") * 100.0,
                 median(b, "in_time_share") * 100.0,
                 median(a, "extra_refused_deadline_per_s"),

@@ -79,9 +79,10 @@ pub struct Figures {
     /// Calls catalog-service received, per second of load.
     #[serde(default)]
     pub catalog_calls_per_s: f64,
-    /// Calls catalog-service received per order sent.
+    /// Catalog attempts orders-service sent (first attempts, hedges and retries, the
+    /// ones dropped unfinished too) per order sent.
     #[serde(default)]
-    pub catalog_calls_per_order: f64,
+    pub attempts_per_order: f64,
     /// Catalog attempts of orders-service cut at their deadline, or answered 504 by the
     /// catalog (it ran out of the budget it was given), per second.
     #[serde(default)]
@@ -89,6 +90,10 @@ pub struct Figures {
     /// Hedges orders-service sent, per second.
     #[serde(default)]
     pub hedges_per_s: Option<f64>,
+    /// Of the extra attempts (hedges and retries), those cut at the deadline or
+    /// answered 504: sent, and their work thrown away, per second.
+    #[serde(default)]
+    pub extra_attempts_cut_per_s: Option<f64>,
     /// Extra attempts (hedges and retries) not sent because what was left could not
     /// cover an attempt's usual time, per second.
     #[serde(default)]
@@ -213,6 +218,7 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
         // After orders-service's migrations made the table.
         slow_statements(&database_url, ctx.load.db_statement_ms).await?;
     }
+    set_fault(&ctx.ports.admin_url(), ctx.load.warm_up_fault).await?;
     warm_up(&ctx.ports.orders_url(), ctx.load.budget_ms, ctx.warm_up).await;
     // The profiler's table is allocated when it starts and again when it stops: both
     // happen outside the measured window (the stop after the last memory reading), so
@@ -225,8 +231,12 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     let client = reqwest::Client::new();
     let catalog_before = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
     let orders_before = sampler::scrape(&client, &metrics_url(&ctx.ports.orders_url())).await;
-    // A fault that begins later (`outage`) is injected by the load's own timer.
-    let from_start = ctx.load.fault.filter(|_| ctx.load.fault_from.is_none());
+    // A fault that begins later (`outage`) is injected by the load's own timer; until
+    // then the catalog keeps its usual speed.
+    let from_start = match ctx.load.fault_from {
+        Some(_) => ctx.load.warm_up_fault,
+        None => ctx.load.fault,
+    };
     set_fault(&ctx.ports.admin_url(), from_start).await?;
     let measured = measure_load(ctx, side, &services, &dir, &db_name).await;
     set_fault(&ctx.ports.admin_url(), None).await?;
@@ -266,8 +276,10 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
         catalog_answer_seconds,
         catalog_calls,
         predicted_late: predicted_late(&orders_after) - predicted_late(&orders_before),
+        attempts: attempts(&orders_after) - attempts(&orders_before),
         attempts_cut: attempts_cut(&orders_after) - attempts_cut(&orders_before),
         hedges: hedges(&orders_after) - hedges(&orders_before),
+        extra_cut: extra_cut(&orders_after) - extra_cut(&orders_before),
         extra_refused_deadline: refused_deadline(&orders_after) - refused_deadline(&orders_before),
         pending_limit: pending_limit(&orders_before),
         margin_ms: ctx.margin_ms,
@@ -587,9 +599,26 @@ fn attempts_cut(series: &[Series]) -> f64 {
         .sum()
 }
 
-/// orders-service's hedges of catalog calls so far (sent: won or lost).
+/// orders-service's catalog attempts so far, every status (`cancelled` included).
+fn attempts(series: &[Series]) -> f64 {
+    let count = format!("{}_count", names::HTTP_CLIENT_REQUESTS_SECONDS);
+    exposition::sum(series, &count, &[("client", "catalog")]).unwrap_or(0.0)
+}
+
+/// orders-service's hedges and retries of catalog calls so far that were cut.
+fn extra_cut(series: &[Series]) -> f64 {
+    ["hedge", "retry"]
+        .iter()
+        .map(|kind| {
+            let labels = [("client", "catalog"), ("kind", kind), ("outcome", "cut")];
+            exposition::sum(series, names::HTTP_CLIENT_ATTEMPTS_TOTAL, &labels).unwrap_or(0.0)
+        })
+        .sum()
+}
+
+/// orders-service's hedges of catalog calls so far (sent: won, lost or cut).
 fn hedges(series: &[Series]) -> f64 {
-    ["won", "lost"]
+    ["won", "lost", "cut"]
         .iter()
         .map(|outcome| {
             let labels = [
@@ -701,10 +730,14 @@ pub struct FigureInputs<'a> {
     pub catalog_calls: f64,
     /// Calls admission refused as predicted late (orders' own counter).
     pub predicted_late: f64,
+    /// Catalog attempts sent (orders' own counter), dropped ones too.
+    pub attempts: f64,
     /// Catalog attempts cut at the deadline or answered 504 (orders' own counter).
     pub attempts_cut: f64,
     /// Hedges sent (orders' own counter).
     pub hedges: f64,
+    /// Hedges and retries cut (orders' own counter).
+    pub extra_cut: f64,
     /// Extra attempts refused by the deadline rule (orders' own counter).
     pub extra_refused_deadline: f64,
     /// The catalog bulkhead's queue limit, if it could be read.
@@ -759,13 +792,14 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
                 .count() as f64
                 / requests.len() as f64
         },
-        catalog_calls_per_order: if requests.is_empty() {
+        attempts_per_order: if requests.is_empty() {
             0.0
         } else {
-            input.catalog_calls / requests.len() as f64
+            input.attempts / requests.len() as f64
         },
         attempts_cut_per_s: Some(input.attempts_cut / secs),
         hedges_per_s: Some(input.hedges / secs),
+        extra_attempts_cut_per_s: Some(input.extra_cut / secs),
         extra_refused_deadline_per_s: Some(input.extra_refused_deadline / secs),
         outage_calls_per_order: None,
         max_ms: latencies.iter().copied().fold(0.0, f64::max),

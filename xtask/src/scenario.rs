@@ -97,6 +97,9 @@ pub struct Load {
     pub timeout_ms: u64,
     /// The catalog fault during the load, if any.
     pub fault: Option<Fault>,
+    /// The catalog's usual speed, in force during the warm-up (and so in the history
+    /// hedging is timed from) where it is not 0 (`stragglers`, `tight`, `outage`).
+    pub warm_up_fault: Option<Fault>,
     /// For `outage`: the fault is injected this long after the load starts (else from
     /// the start).
     #[serde(with = "opt_secs")]
@@ -163,6 +166,7 @@ impl Scenario {
             budget_ms,
             timeout_ms: budget_ms + CLIENT_PATIENCE_MS,
             fault: None,
+            warm_up_fault: None,
             fault_from: None,
             fault_removed_after: None,
             budget_range_ms: None,
@@ -185,12 +189,15 @@ impl Scenario {
             ..Fault::default()
         };
         // 10 to 30 ms per call, and one call in a hundred stalls a second more.
-        let stragglers = Fault {
+        let usual = Fault {
             delay_ms: 10,
             jitter_ms: 20,
+            ..Fault::default()
+        };
+        let stragglers = Fault {
             straggler_rate: 0.01,
             straggler_ms: 1000,
-            ..Fault::default()
+            ..usual
         };
         match self {
             Self::Goodput => Load {
@@ -287,6 +294,7 @@ impl Scenario {
                 model: Model::Open { rate: 200 },
                 duration: secs(40),
                 fault: Some(stragglers),
+                warm_up_fault: Some(usual),
                 ..base
             },
             // Budgets from 20 to 120 ms: a hedge at the p99 (about 30 ms) often finds
@@ -295,6 +303,7 @@ impl Scenario {
                 model: Model::Open { rate: 200 },
                 duration: secs(40),
                 fault: Some(stragglers),
+                warm_up_fault: Some(usual),
                 budget_ms: 120,
                 timeout_ms: 120 + CLIENT_PATIENCE_MS,
                 budget_range_ms: Some((20, 120)),
@@ -306,11 +315,10 @@ impl Scenario {
                 Load {
                     duration,
                     fault: Some(Fault {
-                        delay_ms: 10,
-                        jitter_ms: 20,
                         unavailable_rate: 1.0,
-                        ..Fault::default()
+                        ..usual
                     }),
+                    warm_up_fault: Some(usual),
                     fault_from: Some(duration / 3),
                     fault_removed_after: Some(duration * 2 / 3),
                     ..base

@@ -213,8 +213,8 @@ const ROWS: &[(&str, &str, usize)] = &[
         1,
     ),
     (
-        "catalog_calls_per_order",
-        "calls the catalog received per order sent",
+        "attempts_per_order",
+        "catalog attempts sent per order (hedges, retries, dropped ones too)",
         3,
     ),
     ("hedges_per_s", "hedges sent, per s", 2),
@@ -224,8 +224,13 @@ const ROWS: &[(&str, &str, usize)] = &[
         2,
     ),
     (
+        "extra_attempts_cut_per_s",
+        "of the hedges and retries, cut at the deadline or answered 504, per s",
+        2,
+    ),
+    (
         "extra_refused_deadline_per_s",
-        "extra attempts not sent: too little left for an attempt's usual time, per s",
+        "extra attempts not sent: less left than nine attempts in ten take, per s",
         2,
     ),
     (

@@ -164,14 +164,14 @@ impl Admission {
         Duration::from_nanos(self.estimate_nanos.load(Ordering::Relaxed))
     }
 
-    /// The median of the recent calls (Kaplan–Meier, like the estimate): what an attempt
-    /// usually takes, for the deadline's check of an extra attempt.
-    pub(crate) fn median(&self) -> Duration {
+    /// The `quantile` of the recent calls (Kaplan–Meier, like the estimate), for the
+    /// deadline's check of an extra attempt.
+    pub(crate) fn quantile(&self, quantile: f64) -> Duration {
         let samples = self
             .samples
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        weighted_quantile(&samples, 0.5)
+        weighted_quantile(&samples, quantile)
     }
 
     /// The verdict for a call with `available` to spend after waiting `wait` for a slot.

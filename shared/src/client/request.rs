@@ -16,7 +16,7 @@
 //! `GET`, `HEAD`, or one marked [`idempotent`](CallRequest::idempotent). Nothing else is
 //! retried (a reset after sending, a timeout, any other status, least of all a 504): by
 //! then the downstream may have acted, or the shared deadline has run out there. Every
-//! extra attempt needs what is left to cover an attempt's usual time and a token of the
+//! extra attempt needs what is left to cover what nine attempts in ten take and a token of the
 //! client's retry budget (`send.rs`).
 
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};

@@ -7,8 +7,8 @@
 //! a 503 of a request safe to send twice). Every extra attempt must pass three checks,
 //! in order, and is counted when it does not:
 //!
-//! 1. the deadline: what is left covers the usual time of an attempt (the median of
-//!    recent ones; at least 20 ms), and no COMMIT is on the wire;
+//! 1. the deadline: what is left covers what nine recent attempts in ten took (at least
+//!    20 ms), and no COMMIT is on the wire;
 //! 2. a slot, for a hedge (a retry keeps the slot of the attempt it repeats);
 //! 3. a token of the retry budget (`retry_budget.rs`).
 //!
@@ -24,6 +24,7 @@ use http::{HeaderMap, Method, StatusCode};
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::hedge::LIKELY;
 use super::request::{CallRequest, Reply};
 use super::wire::server_total;
 use super::{BudgetedClient, CallError, Slot};
@@ -49,18 +50,21 @@ const OWNED_HEADERS: [HeaderName; 4] = [
 /// deadline.
 type Outcome = Result<Result<Reply, reqwest::Error>, DeadlineExceeded>;
 
-/// Which attempts a call sent, for the counts: the first alone, the first and a hedge
-/// (and which won), or either followed by a retry (which the call then ended with).
-enum Sent {
-    First,
-    Hedged { hedge_won: bool },
-    Retry(Box<Sent>),
+/// An attempt that ran, for the counts: its kind, and whether it was cut (by our
+/// deadline, or the downstream ran out of the budget we gave it: its work was thrown
+/// away).
+#[derive(Clone, Copy)]
+struct Ran {
+    kind: AttemptKind,
+    cut: bool,
 }
 
 /// One attempt that came back, with the slot it held (a retry goes on it).
 struct Tried {
     outcome: Outcome,
     slot: Slot,
+    /// Cut by our deadline, or answered 504.
+    cut: bool,
 }
 
 impl Tried {
@@ -117,9 +121,14 @@ impl BudgetedClient {
         crate::propagation::inject(span, &mut headers);
         self.tokens.deposit();
         let first = self.try_once(deadline, request, headers.clone(), slot);
-        let (mut tried, mut sent) = match self.hedge_delay(deadline, request) {
-            Some(delay) => self.hedged(deadline, request, &headers, first, delay).await,
-            None => (first.await, Sent::First),
+        // The attempts that ran and that the call did not end with.
+        let mut ran = Vec::with_capacity(2);
+        let (mut tried, mut kind) = match self.hedge_delay(deadline, request) {
+            Some(delay) => {
+                self.hedged(deadline, request, &headers, first, delay, &mut ran)
+                    .await
+            }
+            None => (first.await, AttemptKind::First),
         };
         // A refused connection sent nothing, so a retry is safe for any method (a POST
         // included: the downstream never saw it); a 503 says the downstream refused the
@@ -142,13 +151,30 @@ impl BudgetedClient {
                     if let Some(metrics) = &self.metrics {
                         metrics.count_retry(self.config.name.name());
                     }
+                    ran.push(Ran {
+                        kind,
+                        cut: tried.cut,
+                    });
                     tried = self.try_once(deadline, request, headers, tried.slot).await;
-                    sent = Sent::Retry(Box::new(sent));
+                    kind = AttemptKind::Retry;
                 }
                 Err(refused) => self.count(AttemptKind::Retry, refused),
             }
         }
-        self.count_sent(&sent);
+        // The attempts the call did not end with lost (or were cut); the last won,
+        // unless it was cut.
+        for loser in &ran {
+            let outcome = match loser.cut {
+                true => AttemptOutcome::Cut,
+                false => AttemptOutcome::Lost,
+            };
+            self.count(loser.kind, outcome);
+        }
+        let outcome = match tried.cut {
+            true => AttemptOutcome::Cut,
+            false => AttemptOutcome::Won,
+        };
+        self.count(kind, outcome);
         if let Ok(Ok(answer)) = &tried.outcome {
             span.record("http.response.status_code", answer.status.as_u16());
         }
@@ -164,7 +190,7 @@ impl BudgetedClient {
 
     /// The first attempt, and a hedge beside it if it has not answered after `delay`
     /// and the checks allow one; the first good answer wins and the other attempt is
-    /// dropped.
+    /// dropped (pushed onto `ran`). Returns the answer and the kind of its attempt.
     async fn hedged(
         &self,
         deadline: &Deadline,
@@ -172,11 +198,12 @@ impl BudgetedClient {
         headers: &HeaderMap,
         first: impl Future<Output = Tried>,
         delay: Duration,
-    ) -> (Tried, Sent) {
+        ran: &mut Vec<Ran>,
+    ) -> (Tried, AttemptKind) {
         let mut first = pin!(first);
         tokio::select! {
             biased;
-            tried = &mut first => return (tried, Sent::First),
+            tried = &mut first => return (tried, AttemptKind::First),
             () = tokio::time::sleep(delay) => {}
         }
         let slot = self.deadline_allows_extra(deadline).and_then(|()| {
@@ -187,53 +214,33 @@ impl BudgetedClient {
             Ok(slot) => slot,
             Err(refused) => {
                 self.count(AttemptKind::Hedge, refused);
-                return (first.await, Sent::First);
+                return (first.await, AttemptKind::First);
             }
         };
         let mut hedge = pin!(self.try_once(deadline, request, headers.clone(), slot));
-        tokio::select! {
+        let (first_kind, hedge_kind) = (AttemptKind::First, AttemptKind::Hedge);
+        let (winner, loser) = tokio::select! {
             tried = &mut first => {
                 if tried.is_good() {
-                    (tried, Sent::Hedged { hedge_won: false })
+                    // The hedge is dropped unfinished: it lost, it was not cut.
+                    ((tried, first_kind), Ran { kind: hedge_kind, cut: false })
                 } else {
                     // The first failed: the hedge's answer is the call's, whatever it is.
-                    (hedge.await, Sent::Hedged { hedge_won: true })
+                    let loser = Ran { kind: first_kind, cut: tried.cut };
+                    ((hedge.await, hedge_kind), loser)
                 }
             }
             tried = &mut hedge => {
                 if tried.is_good() {
-                    (tried, Sent::Hedged { hedge_won: true })
+                    ((tried, hedge_kind), Ran { kind: first_kind, cut: false })
                 } else {
-                    (first.await, Sent::Hedged { hedge_won: false })
+                    let loser = Ran { kind: hedge_kind, cut: tried.cut };
+                    ((first.await, first_kind), loser)
                 }
             }
-        }
-    }
-
-    /// Counts the attempts a call sent: the one whose answer the call ended with won.
-    fn count_sent(&self, sent: &Sent) {
-        match sent {
-            Sent::First => self.count(AttemptKind::First, AttemptOutcome::Won),
-            Sent::Hedged { hedge_won } => {
-                let (won, lost) = if *hedge_won {
-                    (AttemptKind::Hedge, AttemptKind::First)
-                } else {
-                    (AttemptKind::First, AttemptKind::Hedge)
-                };
-                self.count(won, AttemptOutcome::Won);
-                self.count(lost, AttemptOutcome::Lost);
-            }
-            Sent::Retry(before) => {
-                self.count(AttemptKind::Retry, AttemptOutcome::Won);
-                match **before {
-                    Sent::Hedged { .. } => {
-                        self.count(AttemptKind::First, AttemptOutcome::Lost);
-                        self.count(AttemptKind::Hedge, AttemptOutcome::Lost);
-                    }
-                    _ => self.count(AttemptKind::First, AttemptOutcome::Lost),
-                }
-            }
-        }
+        };
+        ran.push(loser);
+        winner
     }
 
     /// When the first attempt of this call may be hedged: hedging on, the request safe
@@ -249,16 +256,16 @@ impl BudgetedClient {
 
     /// The deadline's check of an extra attempt: no COMMIT on the wire, and, unless the
     /// hedge policy switched the rule off, what is left (less what is kept back) covers
-    /// an attempt's usual time. An attempt with less would more likely be cut at the
-    /// deadline than answer: the work it asks of the downstream would be thrown away.
+    /// what nine recent attempts in ten took. An attempt with less would too often be
+    /// cut at the deadline: the work it asks of the downstream would be thrown away.
     fn deadline_allows_extra(&self, deadline: &Deadline) -> Result<(), AttemptOutcome> {
         let aware = self
             .history
             .as_ref()
             .is_none_or(|history| history.policy().deadline_aware);
-        let usual = self.usual_attempt().max(MIN_RETRY_BUDGET);
+        let likely = self.likely_attempt().max(MIN_RETRY_BUDGET);
         let left = deadline.remaining().saturating_sub(self.keep_back());
-        if deadline.log().past_no_return() || (aware && left < usual) {
+        if deadline.log().past_no_return() || (aware && left < likely) {
             return Err(AttemptOutcome::RefusedDeadline);
         }
         Ok(())
@@ -273,13 +280,13 @@ impl BudgetedClient {
             .ok_or(AttemptOutcome::RefusedBudget)
     }
 
-    /// What an attempt usually takes: the history's median where the client hedges,
-    /// else the median of admission's recent calls, else nothing known.
-    fn usual_attempt(&self) -> Duration {
+    /// What nine attempts in ten finish in: the history's where the client hedges, else
+    /// admission's recent calls', else nothing known.
+    fn likely_attempt(&self) -> Duration {
         self.history
             .as_ref()
-            .and_then(|history| history.median())
-            .or_else(|| self.admission.as_ref().map(|a| a.median()))
+            .and_then(|history| history.likely())
+            .or_else(|| self.admission.as_ref().map(|a| a.quantile(LIKELY)))
             .unwrap_or_default()
     }
 
@@ -305,15 +312,15 @@ impl BudgetedClient {
         };
         let outcome = self.attempt(deadline, request, headers).await;
         std::mem::forget(unfinished);
-        self.learn(started, &outcome, request.admission);
-        Tried { outcome, slot }
+        let cut = self.learn(started, &outcome, request.admission);
+        Tried { outcome, slot, cut }
     }
 
     /// What an attempt that came back teaches: its time in the metrics, in admission's
     /// estimate and in the history (censored when cut at our deadline, or when the
     /// downstream ran out of the budget we gave it: it would have taken at least this
-    /// long), and the wire's share of it.
-    fn learn(&self, started: Instant, outcome: &Outcome, learns: bool) {
+    /// long), and the wire's share of it. Returns whether it was cut so.
+    fn learn(&self, started: Instant, outcome: &Outcome, learns: bool) -> bool {
         let took = started.elapsed();
         let censored = match outcome {
             Err(_) => true,
@@ -342,6 +349,7 @@ impl BudgetedClient {
             };
             metrics.observe_request(self.config.name.name(), &label, took);
         }
+        censored
     }
 
     /// One request, bounded as the mode says.

@@ -106,6 +106,9 @@ pub const SCALARS: &[&str] = &[
     HTTP_CLIENT_ADMISSION_PROBES_TOTAL,
     DEADLINE_WOULD_REFUSE_TOTAL,
     DEADLINE_MODE,
+    HTTP_CLIENT_WIRE_SECONDS,
+    HTTP_CLIENT_ATTEMPTS_TOTAL,
+    HTTP_CLIENT_HEDGE_DELAY_SECONDS,
 ];
 
 /// Whether `series` (as written in a query or an exposition) belongs to a contract

@@ -71,6 +71,9 @@ pub(crate) enum AttemptOutcome {
     /// Sent; the call ended with another attempt's answer (this one was dropped or
     /// failed).
     Lost,
+    /// Sent, and cut by the deadline (or answered 504: the downstream ran out of the
+    /// budget it was given): its work was thrown away.
+    Cut,
     /// Not sent: the retry budget had no token.
     RefusedBudget,
     /// Not sent: what was left could not cover an attempt's usual time.
@@ -94,9 +97,9 @@ impl AttemptKind {
     fn outcomes(self) -> &'static [AttemptOutcome] {
         use AttemptOutcome::*;
         match self {
-            Self::First => &[Won, Lost],
-            Self::Hedge => &[Won, Lost, RefusedBudget, RefusedDeadline, NoSlot],
-            Self::Retry => &[Won, RefusedBudget, RefusedDeadline],
+            Self::First => &[Won, Lost, Cut],
+            Self::Hedge => &[Won, Lost, Cut, RefusedBudget, RefusedDeadline, NoSlot],
+            Self::Retry => &[Won, Cut, RefusedBudget, RefusedDeadline],
         }
     }
 }
@@ -106,6 +109,7 @@ impl AttemptOutcome {
         match self {
             Self::Won => "won",
             Self::Lost => "lost",
+            Self::Cut => "cut",
             Self::RefusedBudget => "refused_budget",
             Self::RefusedDeadline => "refused_deadline",
             Self::NoSlot => "no_slot",
@@ -219,7 +223,7 @@ impl ClientMetrics {
         );
         registry.register(
             "http_client_attempts",
-            "Attempts of calls by kind (first, hedge, retry) and outcome (won, lost, or not sent: refused_budget, refused_deadline, no_slot)",
+            "Attempts of calls by kind (first, hedge, retry) and outcome (won, lost, cut by the deadline, or not sent: refused_budget, refused_deadline, no_slot)",
             this.attempts.clone(),
         );
         registry.register(
