@@ -63,33 +63,17 @@
 //! ```
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// The core's crate-private helpers serve the ingress, the client and the database
-// envelope; with some of those features off, some helpers have no caller.
-#![cfg_attr(
-    not(all(
-        feature = "axum",
-        feature = "http-client",
-        feature = "sqlx",
-        feature = "metrics"
-    )),
-    allow(dead_code, unused_imports)
-)]
 
+// The core: always built, and it imports nothing from the modules below it
+// (tests/layers.rs checks that it stays so).
 mod deadline;
 mod header;
-mod ingress;
 mod problem;
 mod propagation;
 mod stage;
 mod timing;
-mod tools;
 
-#[cfg(feature = "http-client")]
-#[cfg_attr(docsrs, doc(cfg(feature = "http-client")))]
-pub mod client;
-#[cfg(feature = "sqlx")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
-pub mod db;
+// On the core: the metrics, or their stand-in where the feature is off.
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
@@ -97,21 +81,27 @@ pub mod metrics;
 #[path = "unobserved.rs"]
 mod metrics;
 
+// On both: the parts that spend a budget.
+#[cfg(feature = "http-client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http-client")))]
+pub mod client;
+#[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+pub mod db;
 #[cfg(feature = "axum")]
-mod extract;
+mod ingress;
+mod tools;
 
 #[doc(hidden)]
 pub mod testing;
 
-pub use deadline::{Deadline, DeadlineExceeded, DeadlinePolicy, NoReturn};
+pub use deadline::{Deadline, DeadlineExceeded, DeadlineMode, DeadlinePolicy, LiveMode};
 pub use header::{DEADLINE_MODE_HEADER, InvalidBudget, REQUEST_TIMEOUT_HEADER, read_budget};
 #[cfg(all(feature = "axum", feature = "metrics"))]
-#[cfg_attr(docsrs, doc(cfg(all(feature = "axum", feature = "metrics"))))]
 pub use ingress::instrument;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use ingress::{DeadlineLayer, DeadlineService, ResponseFuture};
-pub use ingress::{DeadlineMode, LiveMode};
 pub use problem::Problem;
 pub use stage::{Downstream, InvalidName, Stage};
 pub use tools::{ToolBudget, ToolCall, ToolOutcome, ToolPolicy};

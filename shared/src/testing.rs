@@ -26,8 +26,9 @@ pub fn session_options(config: &crate::db::DbConfig) -> String {
         .join(" ")
 }
 
+/// How often admission lets a probe through while it refuses.
 #[cfg(feature = "http-client")]
-pub use crate::client::PROBE_INTERVAL;
+pub const PROBE_INTERVAL: std::time::Duration = crate::client::PROBE_INTERVAL;
 
 pub use crate::deadline::NO_RETURN_GRACE;
 

@@ -14,15 +14,16 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::ingress::DeadlineMode;
 use crate::stage::Stage;
 use crate::timing::StageLog;
 
+mod mode;
 mod no_return;
 mod policy;
 
+pub use mode::{DeadlineMode, LiveMode};
+
 pub use no_return::NO_RETURN_GRACE;
-pub use no_return::NoReturn;
 use policy::DEFAULT_LEGACY_TIMEOUT;
 pub use policy::DeadlinePolicy;
 
@@ -98,9 +99,10 @@ impl Deadline {
         }
     }
 
-    /// The same deadline, run in `mode` (the ingress stamps the mode in force when the
-    /// request arrived; see [`LiveMode`](crate::ingress::LiveMode)).
-    pub fn with_mode(mut self, mode: DeadlineMode) -> Self {
+    /// The same deadline, run in `mode`: only the ingress stamps it (the mode in force
+    /// when the request arrived, see [`LiveMode`]), so that no request runs half in one
+    /// mode and half in another.
+    pub(crate) fn with_mode(mut self, mode: DeadlineMode) -> Self {
         self.mode = mode;
         self
     }

@@ -17,8 +17,7 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-#[cfg(feature = "metrics")]
-use crate::metrics::DeadlineMetrics;
+use crate::timing::Reporter;
 
 /// How an ingress treats budgets.
 ///
@@ -100,11 +99,10 @@ impl DeadlineMode {
 #[derive(Clone, Debug)]
 pub struct LiveMode {
     current: Arc<AtomicU8>,
-    /// Held while switching: the swap and the gauge change as one step, so two
-    /// switches at once cannot leave the gauge showing the mode that lost.
+    /// Held while switching: the swap and its report happen as one step, so two
+    /// switches at once cannot leave the metrics showing the mode that lost.
     switching: Arc<Mutex<()>>,
-    #[cfg(feature = "metrics")]
-    metrics: Option<DeadlineMetrics>,
+    report: Reporter,
 }
 
 impl LiveMode {
@@ -113,16 +111,14 @@ impl LiveMode {
         Self {
             current: Arc::new(AtomicU8::new(mode.to_u8())),
             switching: Arc::default(),
-            #[cfg(feature = "metrics")]
-            metrics: None,
+            report: None,
         }
     }
 
-    /// Shows the mode as `deadline_mode{mode}` in `metrics`, from now on.
-    #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn with_metrics(mut self, metrics: &crate::metrics::Metrics) -> Self {
-        self.metrics = Some(metrics.deadline().clone());
+    /// The same switch, reporting the mode in force to `report` from now on (the
+    /// metrics attach themselves this way).
+    pub(crate) fn reporting(mut self, report: Reporter) -> Self {
+        self.report = report;
         self.show(self.get());
         self
     }
@@ -146,12 +142,9 @@ impl LiveMode {
     }
 
     fn show(&self, mode: DeadlineMode) {
-        #[cfg(feature = "metrics")]
-        if let Some(metrics) = &self.metrics {
-            metrics.set_mode(mode.as_str(), &DeadlineMode::ALL.map(DeadlineMode::as_str));
+        if let Some(report) = &self.report {
+            report.mode(mode);
         }
-        #[cfg(not(feature = "metrics"))]
-        let _ = mode;
     }
 }
 
@@ -172,45 +165,6 @@ mod tests {
         for next in DeadlineMode::ALL {
             mode.set(next);
             assert_eq!(seen_by_ingress.get(), next);
-        }
-    }
-
-    /// Two admins switching at once must leave one mode in force and the gauge showing
-    /// that one, and only it, at 1.
-    #[cfg(feature = "metrics")]
-    #[test]
-    fn concurrent_switches_leave_the_gauge_showing_the_mode_in_force() {
-        use crate::metrics::Metrics;
-
-        let metrics = Metrics::new("orders-service");
-        let mode = LiveMode::new(DeadlineMode::Propagate).with_metrics(&metrics);
-        let shown = || {
-            let text = metrics.render();
-            DeadlineMode::ALL.map(|m| {
-                text.contains(&format!(
-                    "deadline_mode{{service=\"orders-service\",mode=\"{}\"}} 1",
-                    m.as_str()
-                ))
-            })
-        };
-        for round in 0..2000 {
-            let start = std::sync::Barrier::new(DeadlineMode::ALL.len());
-            std::thread::scope(|scope| {
-                for next in DeadlineMode::ALL {
-                    let (mode, start) = (&mode, &start);
-                    scope.spawn(move || {
-                        start.wait();
-                        mode.set(next);
-                    });
-                }
-            });
-            let expected = DeadlineMode::ALL.map(|m| m == mode.get());
-            assert_eq!(
-                shown(),
-                expected,
-                "round {round}: {:?} in force",
-                mode.get()
-            );
         }
     }
 
