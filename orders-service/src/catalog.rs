@@ -82,8 +82,5 @@ pub(crate) fn pooled_client(
         .then(|| config.catalog_hedge())
         .flatten();
     client.retry_budget = config.retry_budget();
-    BudgetedClient::with_metrics(
-        client,
-        metrics,
-    )
+    BudgetedClient::with_metrics(client, metrics)
 }

@@ -124,8 +124,8 @@ impl Application {
         db_config.idle_in_transaction = Config::ms(config.db_idle_in_transaction_timeout_ms);
         db_config.liveness = Config::ms(config.db_liveness_timeout_ms);
         let db = Db::connect_lazy(&config.database_url, db_config)
-        .context("DATABASE_URL is not a valid PostgreSQL URL")?
-        .with_metrics(&metrics);
+            .context("DATABASE_URL is not a valid PostgreSQL URL")?
+            .with_metrics(&metrics);
         migrate(&db).await?;
         let catalog =
             CatalogClient::new(&config, &metrics).context("cannot build the catalog client")?;

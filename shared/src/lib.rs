@@ -33,11 +33,11 @@
 //!   the calls that can finish, and sends the rest of the budget on.
 //! - [`db`] (feature `sqlx`): PostgreSQL under the budget: pool wait, `statement_timeout`
 //!   from the remaining time, a cancel at the deadline, COMMIT as a point of no return.
-//! - [`metrics`] (feature `metrics`): the Prometheus families of the contract
-//!   (docs/design.md §7), and [`instrument`] to wire them with the layer.
+//! - [`metrics`] (feature `metrics`): the Prometheus families ([`metrics::names`] lists
+//!   them), and [`instrument`] to wire them with the layer.
 //!
 //! `otel` carries W3C `traceparent` across each hop (a no-op without it), `clap` lets
-//! settings take [`DeadlineMode`] and the admission mode, `tls` gives the client HTTPS.
+//! settings take [`DeadlineMode`], `tls` gives the client HTTPS.
 //!
 //! The examples, a ladder: `ingress` (the layer alone), `client` (a budgeted call), and
 //! `database` (a whole service), under `shared/examples/`.
@@ -64,14 +64,26 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-// The core: always built, and it imports nothing from the modules below it
-// (tests/layers.rs checks that it stays so).
-mod deadline;
+// The core, always built, in layers: each group imports only from the groups above
+// it, and nothing in the core imports from the modules after it (tests/layers.rs
+// checks both, with this order).
+//
+// Leaves: the budget headers, the modes, the trace context (built with the parts
+// that cross a hop), the stage names.
 mod header;
-mod problem;
+mod mode;
+#[cfg(any(feature = "http-client", all(feature = "axum", feature = "metrics")))]
 mod propagation;
 mod stage;
+
+// Where a budget went, and what is reported of it.
 mod timing;
+
+// The deadline, its policy, its live mode.
+mod deadline;
+
+// The answers.
+mod problem;
 
 // On the core: the metrics, or their stand-in where the feature is off.
 #[cfg(feature = "metrics")]
@@ -95,13 +107,14 @@ mod tools;
 #[doc(hidden)]
 pub mod testing;
 
-pub use deadline::{Deadline, DeadlineExceeded, DeadlineMode, DeadlinePolicy, LiveMode};
+pub use deadline::{Deadline, DeadlineExceeded, DeadlinePolicy, LiveMode};
 pub use header::{DEADLINE_MODE_HEADER, InvalidBudget, REQUEST_TIMEOUT_HEADER, read_budget};
 #[cfg(all(feature = "axum", feature = "metrics"))]
 pub use ingress::instrument;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use ingress::{DeadlineLayer, DeadlineService, ResponseFuture};
+pub use mode::DeadlineMode;
 pub use problem::Problem;
 pub use stage::{Downstream, InvalidName, Stage};
 pub use tools::{ToolBudget, ToolCall, ToolOutcome, ToolPolicy};

@@ -6,17 +6,19 @@
 //! `otel` feature no OpenTelemetry layer can be installed, so there is no context to
 //! carry: the same three functions, doing nothing, stand in. With it, they use the
 //! global propagator: set `TraceContextPropagator` as it where you set up tracing.
-
-//! Each function is built where something calls it: `continue_trace` for the ingress
-//! (feature `axum`), `inject` for the client (`http-client`), `sampled_trace_id` for
-//! the latency histograms' exemplars (`metrics`).
+//!
+//! The module is built with the parts that cross a hop, and each function where
+//! something calls it: `continue_trace` for the ingress's HTTP middleware, which opens
+//! the request's span (features `axum` and `metrics`), `inject` for the client
+//! (`http-client`), `sampled_trace_id` for the latency histograms' exemplars
+//! (`metrics`).
 
 #[cfg(feature = "otel")]
 use traced as chosen;
 #[cfg(not(feature = "otel"))]
 use untraced as chosen;
 
-#[cfg(feature = "axum")]
+#[cfg(all(feature = "axum", feature = "metrics"))]
 pub(crate) use chosen::continue_trace;
 #[cfg(feature = "http-client")]
 pub(crate) use chosen::inject;
@@ -25,13 +27,14 @@ pub(crate) use chosen::sampled_trace_id;
 
 #[cfg(feature = "otel")]
 mod traced {
-    use opentelemetry::trace::TraceContextExt as _;
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
     /// Makes `span` a child of the trace the caller sent in `headers`, if any, and
     /// records the trace id on the span (the JSON logs print it).
-    #[cfg(feature = "axum")]
+    #[cfg(all(feature = "axum", feature = "metrics"))]
     pub(crate) fn continue_trace(span: &tracing::Span, headers: &http::HeaderMap) {
+        use opentelemetry::trace::TraceContextExt as _;
+
         let parent = opentelemetry::global::get_text_map_propagator(|p| {
             p.extract(&opentelemetry_http::HeaderExtractor(headers))
         });
@@ -55,6 +58,8 @@ mod traced {
     /// installed and the span is sampled: only then will a backend have stored it.
     #[cfg(all(feature = "metrics", any(feature = "axum", feature = "http-client")))]
     pub(crate) fn sampled_trace_id() -> Option<String> {
+        use opentelemetry::trace::TraceContextExt as _;
+
         let context = tracing::Span::current().context();
         let span = context.span();
         let span_context = span.span_context();
@@ -65,7 +70,7 @@ mod traced {
 
 #[cfg(not(feature = "otel"))]
 mod untraced {
-    #[cfg(feature = "axum")]
+    #[cfg(all(feature = "axum", feature = "metrics"))]
     pub(crate) fn continue_trace(_span: &tracing::Span, _headers: &http::HeaderMap) {}
 
     #[cfg(feature = "http-client")]

@@ -10,23 +10,24 @@
 //! (feature `metrics`) do, from above, so the core builds and reads the same with or
 //! without them.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::deadline::DeadlineMode;
+use crate::mode::DeadlineMode;
 use crate::stage::Stage;
 
 /// What the core reports about budgets, in plain labels: the metrics implement it.
 pub(crate) trait Report: Send + Sync + std::fmt::Debug {
     /// The ingress accepted `budget`, clamped or not.
+    #[cfg(feature = "axum")]
     fn inbound(&self, budget: Duration, clamped: bool);
     /// `stage` starts with `remaining` of the budget.
     fn stage_started(&self, stage: Stage, remaining: Duration);
     /// The budget ran out in `stage`.
     fn exceeded(&self, stage: Stage);
     /// In observe mode, propagate would have refused in `stage` for `reason`.
+    #[cfg(any(feature = "axum", feature = "http-client", feature = "sqlx"))]
     fn would_refuse(&self, stage: Stage, reason: &'static str);
     /// `mode` is now in force.
     fn mode(&self, mode: DeadlineMode);
@@ -47,7 +48,8 @@ pub(crate) struct StageLog {
 }
 
 impl StageLog {
-    /// A log that also reports to `report`.
+    /// A log that also reports to `report` (the ingress builds each request's so).
+    #[cfg(feature = "axum")]
     pub(crate) fn reporting(report: Reporter) -> Self {
         Self {
             entries: Mutex::default(),
@@ -68,6 +70,7 @@ impl StageLog {
     }
 
     /// The ingress layer's report of the budget it accepted.
+    #[cfg(feature = "axum")]
     pub(crate) fn observe_inbound(&self, budget: Duration, clamped: bool) {
         if let Some(report) = &self.report {
             report.inbound(budget, clamped);
@@ -80,6 +83,7 @@ impl StageLog {
         }
     }
 
+    #[cfg(any(feature = "axum", feature = "http-client", feature = "sqlx"))]
     pub(crate) fn count_would_refuse(&self, stage: Stage, reason: &'static str) {
         if let Some(report) = &self.report {
             report.would_refuse(stage, reason);
@@ -95,8 +99,11 @@ impl StageLog {
     /// Renders the entries as a `Server-Timing` value, followed by `total`.
     ///
     /// A stage that ran more than once (three tool calls) is summed into one entry with
-    /// a count, since `Server-Timing` names should be unique.
+    /// a count, since `Server-Timing` names should be unique. The ingress writes it.
+    #[cfg(feature = "axum")]
     pub(crate) fn server_timing(&self, total: Duration) -> String {
+        use std::fmt::Write as _;
+
         let mut sums: Vec<(Stage, Duration, u32)> = Vec::new();
         for (stage, took) in self.lock().iter() {
             match sums.iter_mut().find(|(s, _, _)| s == stage) {
@@ -119,7 +126,9 @@ impl StageLog {
         out
     }
 
-    /// True while a step of the request is past its point of no return.
+    /// True while a step of the request is past its point of no return (the ingress
+    /// waits a grace for its answer, and the client sends no extra attempt).
+    #[cfg(any(feature = "axum", feature = "http-client"))]
     pub(crate) fn past_no_return(&self) -> bool {
         self.no_return.load(Ordering::Acquire) > 0
     }
@@ -140,11 +149,12 @@ impl StageLog {
     }
 }
 
+#[cfg(feature = "axum")]
 fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "axum"))]
 mod tests {
     use super::*;
 

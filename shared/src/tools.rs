@@ -203,7 +203,7 @@ impl ToolBudget {
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let mut policy = ToolPolicy::default();
-/// policy.max_calls = 1;
+    /// policy.max_calls = 1;
     /// let budget = ToolBudget::for_turn(&deadline_propagation::Deadline::after(Duration::from_secs(5)), policy);
     /// let never = CancellationToken::new();
     /// let first = budget.call("inventory_check", &never, |_| async { Ok(7) }).await;

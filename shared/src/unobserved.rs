@@ -6,9 +6,11 @@
 //! public `with_metrics` methods exist with it alone).
 
 /// A gauge that keeps nothing.
+#[cfg(any(feature = "http-client", feature = "sqlx"))]
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Gauge;
 
+#[cfg(any(feature = "http-client", feature = "sqlx"))]
 impl Gauge {
     #[cfg(any(feature = "http-client", feature = "sqlx"))]
     pub(crate) fn inc(&self) {}
@@ -90,9 +92,6 @@ pub(crate) enum DbMetrics {}
 
 #[cfg(feature = "sqlx")]
 impl DbMetrics {
-    pub(crate) fn set_connections(&self, _: usize, _: usize) {
-        match *self {}
-    }
     pub(crate) fn pending(&self) -> &IntGauge {
         match *self {}
     }

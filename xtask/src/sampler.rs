@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use deadline_propagation::metrics::names;
-use service_kit::metrics::names as kit;
 use serde::{Deserialize, Serialize};
+use service_kit::metrics::names as kit;
 use test_support::exposition::{self, Sample as Series};
 use test_support::process::rss_kib;
 use tokio::sync::watch;

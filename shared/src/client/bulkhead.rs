@@ -292,4 +292,59 @@ mod tests {
         let _ = waiter.await;
         assert_eq!(bulkhead.pending(), 0);
     }
+
+    /// Thousands of slot holders finishing, waiters timing out and tasks aborted at any
+    /// point, on several worker threads at once: when all of them are gone, both gauges
+    /// must read exactly 0 as the exposition shows them. A gauge that is *set* from
+    /// counts read a moment earlier can be overwritten by a stale value and stay above 0
+    /// forever.
+    #[cfg(feature = "metrics")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_gauges_return_to_exactly_zero_after_a_storm_of_completions_and_cancellations() {
+        use crate::testing::metric_value;
+
+        let metrics = crate::metrics::Metrics::new("test");
+        let gauges = metrics.client().pool_gauges("catalog");
+        let bulkhead = Arc::new(Bulkhead::new(3, Some(100_000)).with_gauges(gauges));
+        let scraped = || {
+            let text = metrics.render();
+            let gauge = |name| metric_value(&text, name, r#"client="catalog""#);
+            (
+                gauge("http_client_pool_pending_acquires"),
+                gauge("http_client_pool_active_connections"),
+            )
+        };
+        for round in 0..40 {
+            let tasks: Vec<_> = (0..600)
+                .map(|i| {
+                    let bulkhead = Arc::clone(&bulkhead);
+                    tokio::spawn(async move {
+                        // Every third waiter gives up after a few microseconds.
+                        let wait = if i % 3 == 1 {
+                            Duration::from_micros(50)
+                        } else {
+                            Duration::from_secs(10)
+                        };
+                        if let Ok(slot) = bulkhead.acquire(Some(wait)).await {
+                            tokio::task::yield_now().await;
+                            drop(slot);
+                        }
+                    })
+                })
+                .collect();
+            // Cancel every fifth task wherever it happens to be: waiting, or holding a slot.
+            for task in tasks.iter().step_by(5) {
+                task.abort();
+            }
+            for task in tasks {
+                let _ = task.await;
+            }
+            assert_eq!((bulkhead.pending(), bulkhead.active()), (0, 0));
+            assert_eq!(
+                scraped(),
+                (Some(0.0), Some(0.0)),
+                "round {round}: (pending, active) as rendered for /metrics"
+            );
+        }
+    }
 }

@@ -174,7 +174,10 @@ impl From<CallError> for Problem {
             CallErrorKind::QueueFull | CallErrorKind::AcquireTimeout => Problem::overloaded(
                 pool,
                 DEFAULT_RETRY_AFTER,
-                format!("no connection to the {stage} service: {}; retry later", describe(&err.kind)),
+                format!(
+                    "no connection to the {stage} service: {}; retry later",
+                    describe(&err.kind)
+                ),
             ),
             CallErrorKind::PredictedLate { needed, available } => Problem::overloaded(
                 stage,

@@ -65,8 +65,9 @@ pub use retry_budget::RetryBudget;
 use retry_budget::Tokens;
 use wire::Wire;
 
-use crate::deadline::{Deadline, DeadlineMode};
+use crate::deadline::Deadline;
 use crate::metrics::ClientMetrics;
+use crate::mode::DeadlineMode;
 use crate::stage::Downstream;
 
 /// How a [`BudgetedClient`] is set up: a downstream's name and base URL, with defaults

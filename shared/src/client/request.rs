@@ -193,9 +193,8 @@ impl Reply {
     /// [`CallErrorKind::Invalid`] (502: the downstream broke its side of the
     /// interface), with serde's error as its source.
     pub fn json<T: DeserializeOwned>(&self) -> Result<T, CallError> {
-        serde_json::from_slice(&self.body).map_err(|err| {
-            CallError::new(self.downstream, CallErrorKind::Invalid).caused_by(err)
-        })
+        serde_json::from_slice(&self.body)
+            .map_err(|err| CallError::new(self.downstream, CallErrorKind::Invalid).caused_by(err))
     }
 }
 

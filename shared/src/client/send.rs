@@ -30,8 +30,7 @@ use super::wire::server_total;
 use super::{BudgetedClient, CallError, CallErrorKind, Slot};
 use crate::deadline::{Deadline, DeadlineExceeded};
 use crate::header::{DEADLINE_MODE_HEADER, OBSERVE, REQUEST_TIMEOUT_HEADER};
-use crate::deadline::DeadlineMode;
-
+use crate::mode::DeadlineMode;
 
 /// The least budget worth any extra attempt, whatever the history says.
 const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);

@@ -1,4 +1,4 @@
-//! PostgreSQL under the deadline (docs/design.md §5).
+//! PostgreSQL under the deadline.
 //!
 //! # What an answer promises
 //!
@@ -73,10 +73,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::deadline::Deadline;
-use crate::deadline::DeadlineMode;
 use crate::metrics::DbMetrics;
 #[cfg(feature = "metrics")]
 use crate::metrics::Metrics;
+use crate::mode::DeadlineMode;
 
 pub use error::DbError;
 pub(crate) use error::classify;
@@ -341,7 +341,7 @@ impl Db {
     /// use deadline_propagation::{db::{Db, DbConfig}, metrics::Metrics};
     ///
     /// # #[tokio::main] async fn main() -> Result<(), sqlx::Error> {
-    /// let metrics = Metrics::new("orders-service");
+    /// let metrics = Metrics::new("inventory");
     /// let config = DbConfig::default();
     /// // Nothing is connected yet: a database that is down is a 503 per request, not a crash.
     /// let db = Db::connect_lazy("postgres://app@127.0.0.1/app", config)?.with_metrics(&metrics);
@@ -405,7 +405,8 @@ impl Db {
         (self.pool.size() as usize).saturating_sub(self.pool.num_idle())
     }
 
-    /// Copies the pool's idle and in-use counts into the gauges.
+    /// Copies the pool's idle and in-use counts into the gauges (at each scrape).
+    #[cfg(feature = "metrics")]
     pub(crate) fn report_pool(&self) {
         if let Some(metrics) = &self.metrics {
             metrics.set_connections(self.pool.num_idle(), self.in_use());

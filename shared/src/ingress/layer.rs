@@ -5,7 +5,8 @@ use std::sync::Arc;
 use tower::Layer;
 
 use super::service::DeadlineService;
-use crate::deadline::{DeadlineMode, DeadlinePolicy, LiveMode};
+use crate::deadline::{DeadlinePolicy, LiveMode};
+use crate::mode::DeadlineMode;
 use crate::timing::{Reporter, StageLog};
 
 /// Wraps a service so that every request runs under a [`Deadline`](crate::Deadline).
@@ -113,11 +114,13 @@ impl DeadlineLayer {
     }
 
     /// The same layer, reporting to `report` (the metrics attach themselves this way).
+    #[cfg(feature = "metrics")]
     pub(crate) fn reporting(self, report: Reporter) -> Self {
         self.map(|c| c.report = report)
     }
 
-    /// The policy the layer applies.
+    /// The policy the layer applies (the metrics export it).
+    #[cfg(feature = "metrics")]
     pub(crate) fn policy(&self) -> DeadlinePolicy {
         self.config.policy
     }

@@ -100,11 +100,7 @@ fn method_label(method: &Method) -> &'static str {
 }
 
 /// Measures one request; used with `axum::middleware::from_fn_with_state`.
-async fn track_http(
-    State(metrics): State<Metrics>,
-    request: Request,
-    next: Next,
-) -> Response {
+async fn track_http(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
     let uri = request
         .extensions()
         .get::<MatchedPath>()

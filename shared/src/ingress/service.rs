@@ -10,8 +10,9 @@ use tower::Service;
 
 use super::future::ResponseFuture;
 use super::layer::IngressConfig;
-use crate::deadline::{Deadline, DeadlineMode};
+use crate::deadline::Deadline;
 use crate::header::{DEADLINE_MODE_HEADER_DISPLAY, observe_requested, read_budget};
+use crate::mode::DeadlineMode;
 use crate::problem::Problem;
 use crate::stage::Stage;
 

@@ -24,21 +24,25 @@ use std::sync::{Arc, Mutex};
 
 use prometheus_client::registry::Registry;
 
-#[cfg(feature = "http-client")]
-pub(crate) use families::{ClientMetrics, PoolGauges, PoolLimits};
 #[cfg(feature = "sqlx")]
 pub(crate) use families::DbMetrics;
 #[cfg(feature = "axum")]
 pub(crate) use families::HttpServerMetrics;
-pub(crate) use families::{DeadlineMetrics, SettingsMetrics, ToolMetrics};
+#[cfg(any(feature = "axum", feature = "http-client"))]
+pub(crate) use families::SettingsMetrics;
+#[cfg(feature = "http-client")]
+pub(crate) use families::{ClientMetrics, PoolGauges, PoolLimits};
+pub(crate) use families::{DeadlineMetrics, ToolMetrics};
 
 use crate::deadline::LiveMode;
 use crate::timing::Report;
 
 /// A gauge that holds seconds (or any float).
+#[cfg(any(feature = "axum", feature = "http-client"))]
 pub(crate) type FloatGauge =
     prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>;
-/// A gauge that counts (a pool's pending calls).
+/// A gauge that counts (a pool's pending calls, requests in flight).
+#[cfg(any(feature = "axum", feature = "sqlx"))]
 pub(crate) type IntGauge = prometheus_client::metrics::gauge::Gauge;
 
 type ScrapeHook = Box<dyn Fn() + Send + Sync>;
@@ -62,6 +66,7 @@ struct Inner {
     deadline: DeadlineMetrics,
     /// The deadline families, as the core's [`Report`].
     report: Arc<dyn Report>,
+    #[cfg(any(feature = "axum", feature = "http-client"))]
     settings: SettingsMetrics,
     tools: ToolMetrics,
     #[cfg(feature = "axum")]
@@ -93,6 +98,7 @@ impl Metrics {
         let deadline = DeadlineMetrics::register(&mut registry, service);
         let inner = Inner {
             report: Arc::new(deadline.clone()),
+            #[cfg(any(feature = "axum", feature = "http-client"))]
             settings: SettingsMetrics::register(&mut registry, service),
             tools: ToolMetrics::register(&mut registry),
             #[cfg(feature = "axum")]
@@ -142,6 +148,7 @@ impl Metrics {
     }
 
     /// The configuration exported as metrics (budget policy, pool limits).
+    #[cfg(any(feature = "axum", feature = "http-client"))]
     pub(crate) fn settings(&self) -> &SettingsMetrics {
         &self.inner.settings
     }
@@ -190,19 +197,19 @@ impl LiveMode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deadline::DeadlineMode;
+    use crate::mode::DeadlineMode;
 
     /// Two admins switching at once must leave one mode in force and the gauge showing
     /// that one, and only it, at 1.
     #[test]
     fn concurrent_switches_leave_the_gauge_showing_the_mode_in_force() {
-        let metrics = Metrics::new("orders-service");
+        let metrics = Metrics::new("inventory");
         let mode = LiveMode::new(DeadlineMode::Propagate).with_metrics(&metrics);
         let shown = || {
             let text = metrics.render();
             DeadlineMode::ALL.map(|m| {
                 text.contains(&format!(
-                    "deadline_mode{{service=\"orders-service\",mode=\"{}\"}} 1",
+                    "deadline_mode{{service=\"inventory\",mode=\"{}\"}} 1",
                     m.as_str()
                 ))
             })
@@ -227,5 +234,4 @@ mod tests {
             );
         }
     }
-
 }

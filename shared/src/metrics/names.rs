@@ -147,7 +147,10 @@ mod tests {
             let known = HISTOGRAMS.contains(&family)
                 || SCALARS.contains(&family)
                 || SCALARS.contains(&format!("{family}_total").as_str());
-            assert!(known, "{family} is not in deadline_propagation::metrics::names");
+            assert!(
+                known,
+                "{family} is not in deadline_propagation::metrics::names"
+            );
         }
     }
 }

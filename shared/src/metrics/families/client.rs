@@ -191,7 +191,9 @@ impl ClientMetrics {
             .admission
             .get_or_create(&ClientReason { client, reason });
         for &reason in reasons {
-            let _ = self.rejections.get_or_create(&ClientReason { client, reason });
+            let _ = self
+                .rejections
+                .get_or_create(&ClientReason { client, reason });
         }
     }
 

@@ -12,11 +12,11 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use super::latency_histogram;
-use crate::deadline::DeadlineMode;
 use crate::metrics::names::{
     DEADLINE_CLAMPED_TOTAL, DEADLINE_EXCEEDED_TOTAL, DEADLINE_INBOUND_BUDGET_SECONDS,
     DEADLINE_MODE, DEADLINE_REMAINING_SECONDS, DEADLINE_WOULD_REFUSE_TOTAL, registered,
 };
+use crate::mode::DeadlineMode;
 use crate::stage::{Downstream, Stage};
 use crate::timing::Report;
 
@@ -159,6 +159,7 @@ impl DeadlineMetrics {
 
 /// What the core reports goes to the deadline families.
 impl Report for DeadlineMetrics {
+    #[cfg(feature = "axum")]
     fn inbound(&self, budget: Duration, clamped: bool) {
         let label = ServiceLabel {
             service: self.service,
@@ -182,6 +183,7 @@ impl Report for DeadlineMetrics {
     }
 
     /// `reason` is one of a fixed set (`deadline`, `predicted_late`, `queue_full`, ...).
+    #[cfg(any(feature = "axum", feature = "http-client", feature = "sqlx"))]
     fn would_refuse(&self, stage: Stage, reason: &'static str) {
         let (service, stage) = (self.service, stage.as_str());
         let labels = StageReason {

@@ -2,7 +2,8 @@
 //! client, the database pool, tool calls and the configuration report, and the trace
 //! exemplars of the latency histograms. Each registers under its name in
 //! [`names`](super::names). The families of a part of the crate exist only where that
-//! part is built (a service without the database has no `db_*` families).
+//! part is built (a service without the database has no `db_*` families, one that
+//! neither serves nor calls has no configuration to export).
 
 use prometheus_client::metrics::histogram::Histogram;
 
@@ -15,6 +16,7 @@ mod deadline;
 mod exemplar;
 #[cfg(feature = "axum")]
 mod http;
+#[cfg(any(feature = "axum", feature = "http-client"))]
 mod settings;
 mod tools;
 
@@ -27,6 +29,7 @@ pub(crate) use deadline::DeadlineMetrics;
 pub(crate) use http::HttpServerMetrics;
 #[cfg(feature = "http-client")]
 pub(crate) use settings::PoolLimits;
+#[cfg(any(feature = "axum", feature = "http-client"))]
 pub(crate) use settings::SettingsMetrics;
 pub(crate) use tools::ToolMetrics;
 
