@@ -10,7 +10,12 @@
 //! # Module map
 //!
 //! The core is always built; the rest comes with a Cargo feature, all of them on by
-//! default but `tls`.
+//! default but `tls`. The modules are in layers and import downward only (the order of
+//! the `mod` lines below; `tests/layers.rs` checks it): the core, bottom first the
+//! budget headers, the modes, the trace context and the stage names, then the stage
+//! log, the deadline and the answers; the metrics on the core, with a stand-in that
+//! keeps nothing where the feature is off; and the parts that spend a budget (the
+//! ingress, the client, the database, tool budgets) on both.
 //!
 //! - [`Deadline`] and [`DeadlinePolicy`]: the budget as an absolute instant, clamped at
 //!   the ingress; [`Deadline::run`] is the one function that runs an I/O step under the

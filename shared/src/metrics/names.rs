@@ -4,7 +4,7 @@
 //! dashboard.
 //!
 //! Counters carry the `_total` suffix prometheus-client appends (they are registered
-//! without it, [`registered`]); histograms are named by family (their series add
+//! without it); histograms are named by family (their series add
 //! `_bucket`, `_sum` and `_count`).
 
 /// Server response time by `method`, `uri` (route template) and `status` (histogram).
