@@ -132,7 +132,7 @@ impl Collector for FaultDelay {
         let delay = Duration::from_millis(self.0.get().delay_ms).as_secs_f64();
         service_kit::metrics::encode_sample(
             &mut encoder,
-            "catalog_fault_delay_seconds",
+            service_kit::metrics::names::CATALOG_FAULT_DELAY_SECONDS,
             "The delay injected into every catalog answer now; 0 when none",
             ConstGauge::new(delay),
         )

@@ -21,7 +21,9 @@ pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
     let routes = service_kit::json::limit_bodies(routes, 1024);
     // When orders-service observes, the catalog observes that call too instead of
     // refusing it (docs/design.md §4.3), unless CATALOG_HONOUR_OBSERVE is off.
-    let layer = DeadlineLayer::new(policy).honour_mode_header(config.honour_observe);
+    let layer = DeadlineLayer::new(policy)
+        .honour_mode_header(config.honour_observe)
+        .probes(["/healthz"]);
     deadline_propagation::instrument(routes, layer, &metrics)
 }
 

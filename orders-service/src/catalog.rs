@@ -1,12 +1,12 @@
 //! The catalog as orders-service sees it: prices, fetched under the request's deadline.
 
 use deadline_propagation::Downstream;
-use deadline_propagation::client::{BudgetedClient, ClientConfig};
+use deadline_propagation::client::{BudgetedClient, CallErrorKind, ClientConfig};
 use deadline_propagation::metrics::Metrics;
 use deadline_propagation::{Deadline, Problem};
 use serde::Deserialize;
 
-use crate::config::Config;
+use crate::config::{Admission, Config};
 
 /// One catalog item; only what an order needs.
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
@@ -38,11 +38,9 @@ impl CatalogClient {
         self.http
             .get_json(deadline, &format!("/catalog/{sku}"))
             .await
-            .map_err(|err| match err {
-                deadline_propagation::client::CallError::NotFound => {
-                    Problem::not_found(format!("unknown sku {sku:?}"))
-                }
-                other => other.into_problem(self.http.downstream()),
+            .map_err(|err| match err.kind() {
+                CallErrorKind::NotFound => Problem::not_found(format!("unknown sku {sku:?}")),
+                _ => err.into(),
             })
     }
 
@@ -52,7 +50,7 @@ impl CatalogClient {
             .get_health(deadline, "/healthz")
             .await
             .map(drop)
-            .map_err(|err| err.into_problem(self.http.downstream()))
+            .map_err(Problem::from)
     }
 
     /// The underlying budgeted client (the readiness probe calls its downstream).
@@ -72,24 +70,17 @@ pub(crate) fn pooled_client(
     base_url: String,
     metrics: &Metrics,
 ) -> Result<BudgetedClient, reqwest::Error> {
-    BudgetedClient::with_metrics(
-        ClientConfig {
-            name: downstream,
-            base_url,
-            max_connections: usize::try_from(config.catalog_pool_max_connections)
-                .unwrap_or(usize::MAX),
-            pending_max: usize::try_from(config.catalog_pool_pending_max).unwrap_or(usize::MAX),
-            acquire_timeout: Config::ms(config.catalog_pool_acquire_timeout_ms),
-            reserve: Config::ms(config.deadline_reserve_ms),
-            admission: config.catalog_admission,
-            idle_timeout: Config::ms(config.catalog_pool_idle_timeout_ms),
-            // Hedged are the catalog's GETs only; a precheck's POST is not safe to
-            // send twice.
-            hedge: (downstream.name() == "catalog")
-                .then(|| config.catalog_hedge())
-                .flatten(),
-            retry_budget: config.retry_budget(),
-        },
-        metrics,
-    )
+    let mut client = ClientConfig::new(downstream, base_url);
+    client.max_connections = u32::try_from(config.catalog_pool_max_connections).unwrap_or(u32::MAX);
+    client.pending_max = u32::try_from(config.catalog_pool_pending_max).unwrap_or(u32::MAX);
+    client.acquire_timeout = Config::ms(config.catalog_pool_acquire_timeout_ms);
+    client.reserve = Config::ms(config.deadline_reserve_ms);
+    client.admission = config.catalog_admission == Admission::Predict;
+    client.idle_timeout = Config::ms(config.catalog_pool_idle_timeout_ms);
+    // Hedged are the catalog's GETs only; a precheck's POST is not safe to send twice.
+    client.hedge = (downstream.name() == "catalog")
+        .then(|| config.catalog_hedge())
+        .flatten();
+    client.retry_budget = config.retry_budget();
+    BudgetedClient::with_metrics(client, metrics)
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use deadline_propagation::DeadlineMode;
-use deadline_propagation::client::{AdmissionMode, HedgePolicy, RetryBudget};
+use deadline_propagation::client::{HedgePolicy, RetryBudget};
 use service_kit::telemetry::LogFormat;
 
 use crate::prechecks::{self, PrecheckSpec};
@@ -58,8 +58,8 @@ pub struct Config {
 
     /// `predict`: refuse (503) a catalog call that the recent catalog latency says
     /// cannot finish in its remaining budget, before it takes a slot. `off`: send all.
-    #[arg(long, env = "CATALOG_ADMISSION", value_enum, default_value_t = AdmissionMode::Predict)]
-    pub catalog_admission: AdmissionMode,
+    #[arg(long, env = "CATALOG_ADMISSION", value_enum, default_value_t = Admission::Predict)]
+    pub catalog_admission: Admission,
 
     /// Listen address of the admin API (`GET|PUT /admin/mode`). Keep it on loopback.
     #[arg(long, env = "ORDERS_ADMIN_ADDR", default_value = "127.0.0.1:9080")]
@@ -219,6 +219,16 @@ pub struct Config {
     pub log_format: LogFormat,
 }
 
+/// `CATALOG_ADMISSION`: whether the catalog's client refuses calls predicted to finish
+/// late.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Admission {
+    /// Refuse calls predicted to finish late (503 before they take a slot).
+    Predict,
+    /// Admit every call (the pool limits still apply).
+    Off,
+}
+
 /// `on` or `off`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Switch {
@@ -285,20 +295,20 @@ impl Config {
 
     /// The catalog's hedge policy, if hedging is on.
     pub(crate) fn catalog_hedge(&self) -> Option<HedgePolicy> {
-        (self.catalog_hedge == Switch::On).then(|| HedgePolicy {
-            max_extra_load: self.catalog_hedge_max_extra_load,
-            deadline_aware: self.catalog_hedge_deadline_aware,
-            ..HedgePolicy::default()
+        (self.catalog_hedge == Switch::On).then(|| {
+            let mut hedge = HedgePolicy::default();
+            hedge.max_extra_load = self.catalog_hedge_max_extra_load;
+            hedge.deadline_aware = self.catalog_hedge_deadline_aware;
+            hedge
         })
     }
 
     /// The retry budget of every downstream's client.
     pub(crate) fn retry_budget(&self) -> RetryBudget {
-        RetryBudget {
-            ratio: self.catalog_retry_budget_ratio,
-            floor_per_s: self.catalog_retry_budget_per_s,
-            ..RetryBudget::default()
-        }
+        let mut budget = RetryBudget::default();
+        budget.ratio = self.catalog_retry_budget_ratio;
+        budget.floor_per_s = self.catalog_retry_budget_per_s;
+        budget
     }
 
     pub(crate) fn ms(value: u64) -> Duration {

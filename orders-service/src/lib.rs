@@ -91,14 +91,11 @@ impl Assistant {
                     .context("cannot build the planner's HTTP client")?,
             }),
         };
-        Ok(Self {
-            policy: ToolPolicy {
-                turn: Config::ms(config.assistant_turn_budget_ms),
-                per_tool: Config::ms(config.assistant_tool_budget_ms),
-                max_calls: config.assistant_max_tool_calls,
-            },
-            planner,
-        })
+        let mut policy = ToolPolicy::default();
+        policy.turn = Config::ms(config.assistant_turn_budget_ms);
+        policy.per_tool = Config::ms(config.assistant_tool_budget_ms);
+        policy.max_calls = config.assistant_max_tool_calls;
+        Ok(Self { policy, planner })
     }
 }
 
@@ -121,17 +118,14 @@ impl Application {
         metrics.declare_tools(assistant::Tool::ALL.map(assistant::Tool::name));
         // Before the database: a bad precheck setting fails start-up at once.
         let prechecks = prechecks::Prechecks::new(&config, &metrics)?;
-        let db = Db::connect_lazy(
-            &config.database_url,
-            DbConfig {
-                max_connections: config.db_pool_max_connections,
-                acquire_timeout: Config::ms(config.db_pool_acquire_timeout_ms),
-                idle_in_transaction: Config::ms(config.db_idle_in_transaction_timeout_ms),
-                liveness: Config::ms(config.db_liveness_timeout_ms),
-            },
-        )
-        .context("DATABASE_URL is not a valid PostgreSQL URL")?
-        .with_metrics(&metrics);
+        let mut db_config = DbConfig::default();
+        db_config.max_connections = config.db_pool_max_connections;
+        db_config.acquire_timeout = Config::ms(config.db_pool_acquire_timeout_ms);
+        db_config.idle_in_transaction = Config::ms(config.db_idle_in_transaction_timeout_ms);
+        db_config.liveness = Config::ms(config.db_liveness_timeout_ms);
+        let db = Db::connect_lazy(&config.database_url, db_config)
+            .context("DATABASE_URL is not a valid PostgreSQL URL")?
+            .with_metrics(&metrics);
         migrate(&db).await?;
         let catalog =
             CatalogClient::new(&config, &metrics).context("cannot build the catalog client")?;

@@ -25,7 +25,7 @@
 
 use anyhow::Context as _;
 use deadline_propagation::Downstream;
-use deadline_propagation::client::{BudgetedClient, CallError};
+use deadline_propagation::client::{BudgetedClient, CallError, CallErrorKind};
 use deadline_propagation::metrics::Metrics;
 use deadline_propagation::{Deadline, Problem};
 use futures_util::future::try_join_all;
@@ -134,16 +134,16 @@ impl Prechecks {
 
 /// The answer for a check that did not pass.
 fn refusal(err: CallError, check: Downstream) -> Problem {
-    match err {
-        CallError::Status(status) if status == http::StatusCode::CONFLICT => {
+    match err.kind() {
+        CallErrorKind::Status(http::StatusCode::CONFLICT) => {
             Problem::conflict(format!("the {check} check refused this order"))
         }
-        CallError::Status(status) if status == http::StatusCode::UNPROCESSABLE_ENTITY => {
+        CallErrorKind::Status(http::StatusCode::UNPROCESSABLE_ENTITY) => {
             Problem::unprocessable(format!("the {check} check found this order invalid"))
         }
         // The check's URL is wrong; the client cannot fix that.
-        CallError::NotFound => Problem::bad_gateway(check.call(), "the check answered 404"),
-        other => other.into_problem(check),
+        CallErrorKind::NotFound => Problem::bad_gateway(check.call(), "the check answered 404"),
+        _ => err.into(),
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::{MS, TestApp, json_of, spawn_app, spawn_app_with};
 use deadline_propagation::DeadlineMode;
-use deadline_propagation::client::PROBE_INTERVAL;
+use deadline_propagation::testing::PROBE_INTERVAL;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use test_support::{metric_value, wait_until};

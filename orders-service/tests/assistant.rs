@@ -5,7 +5,7 @@ mod common;
 use axum::Json;
 use axum::routing::post;
 use common::{MS, json_of, spawn_app, spawn_app_with};
-use deadline_propagation::client::AdmissionMode;
+use orders_service::config::Admission;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use test_support::metric_value;
@@ -46,7 +46,7 @@ async fn slow_tools_are_cut_at_800ms_the_turn_ends_at_2s_and_a_fourth_call_is_re
     // what is left of the turn.
     let mut settings = None;
     let app = spawn_app_with(|c| {
-        c.catalog_admission = AdmissionMode::Off;
+        c.catalog_admission = Admission::Off;
         settings = Some((
             c.assistant_turn_budget_ms,
             c.assistant_tool_budget_ms,

@@ -3,6 +3,7 @@
 mod common;
 
 use common::{MS, json_of, own_cluster, sleep_on_server, spawn_app, spawn_app_on, spawn_app_with};
+use deadline_propagation::testing::deadline_in;
 use deadline_propagation::{Deadline, DeadlineMode, Stage};
 use futures_util::future::join_all;
 use reqwest::StatusCode;
@@ -140,7 +141,7 @@ async fn the_database_limits_follow_the_mode_in_force_not_the_one_at_start_up() 
         .await
         .unwrap();
     assert_eq!(switched.status(), StatusCode::OK);
-    let deadline = Deadline::after(MS(300)).with_mode(DeadlineMode::Legacy);
+    let deadline = deadline_in(DeadlineMode::Legacy, MS(300));
     let slept = app
         .state
         .db

@@ -18,6 +18,7 @@
 //! busy nearly all the time) from a pool queue or a slow downstream, which look the same
 //! from outside. `RUNTIME_METRICS=false` leaves them out, to measure what they cost.
 
+pub mod names;
 mod runtime;
 
 use deadline_propagation::Downstream;
@@ -84,7 +85,7 @@ impl Collector for ProcessCollector {
         if let Some(bytes) = status.as_deref().and_then(resident_bytes) {
             encode_sample(
                 &mut encoder,
-                "process_resident_memory_bytes",
+                names::PROCESS_RESIDENT_MEMORY_BYTES,
                 "Resident memory size in bytes",
                 ConstGauge::new(bytes),
             )?;
@@ -93,7 +94,7 @@ impl Collector for ProcessCollector {
         if let Some(seconds) = stat.as_deref().and_then(cpu_seconds) {
             encode_sample(
                 &mut encoder,
-                "process_cpu_seconds",
+                names::registered(names::PROCESS_CPU_SECONDS_TOTAL),
                 "Total user and system CPU time spent in seconds",
                 ConstCounter::new(seconds),
             )?;

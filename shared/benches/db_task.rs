@@ -4,7 +4,7 @@
 //! that is already done, so the numbers are the machinery alone; compare them with a
 //! transaction's round trips (hundreds of microseconds on loopback).
 //!
-//! `cargo bench -p shared --bench db_task`.
+//! `cargo bench -p deadline-propagation --bench db_task`.
 
 use std::hint::black_box;
 

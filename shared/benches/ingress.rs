@@ -1,7 +1,7 @@
 //! What the ingress layer costs per request, against no layer and against
 //! `tower_http::timeout::TimeoutLayer` (a fixed timeout: the usual alternative).
 //!
-//! `cargo bench -p shared --bench ingress`. Each iteration sends one request through an
+//! `cargo bench -p deadline-propagation --bench ingress`. Each iteration sends one request through an
 //! axum router with a trivial handler, in-process (no network), so the numbers are the
 //! layer's own overhead: header parsing, the clamp, the extensions, the timer, and the
 //! `Server-Timing` header.
@@ -63,7 +63,7 @@ fn bench(c: &mut Criterion) {
             "DeadlineLayer + metrics",
             Router::new()
                 .route("/", get(with_deadline))
-                .route_layer(DeadlineLayer::new(policy).metrics(&metrics)),
+                .route_layer(DeadlineLayer::new(policy).with_metrics(&metrics)),
         ),
     ];
 

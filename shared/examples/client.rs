@@ -16,7 +16,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::{Router, routing::get};
-use deadline_propagation::client::{AdmissionMode, BudgetedClient, ClientConfig, RetryBudget};
+use deadline_propagation::client::{BudgetedClient, ClientConfig};
 use deadline_propagation::{Deadline, DeadlineLayer, DeadlinePolicy, Downstream, Problem};
 use tokio::net::TcpListener;
 
@@ -27,8 +27,7 @@ async fn reserve(
     let reply = inventory
         .request(http::Method::GET, "/stock")
         .send(&deadline)
-        .await
-        .map_err(|err| err.into_problem(inventory.downstream()))?;
+        .await?; // a `CallError` becomes the 503/504/502 that names `inventory`
     Ok(format!(
         "inventory: {}",
         String::from_utf8_lossy(&reply.body)
@@ -50,19 +49,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         axum::serve(downstream, Router::new().route("/stock", get(stock))).await
     });
 
-    let inventory = BudgetedClient::new(ClientConfig {
-        // The name of its stages (`inventory_pool`, `inventory`) and of its metrics.
-        name: Downstream::new("inventory")?,
-        base_url,
-        max_connections: 16,                        // in flight at once
-        pending_max: 32,                            // waiting for a slot, then 503
-        acquire_timeout: Duration::from_millis(40), // the longest wait for a slot
-        reserve: Duration::from_millis(5),          // kept to answer our own caller
-        admission: AdmissionMode::Predict,          // refuse calls that cannot finish
-        idle_timeout: Duration::from_secs(2),
-        hedge: None,
-        retry_budget: RetryBudget::default(),
-    })?;
+    // The name gives its stages (`inventory_pool`, `inventory`) and labels its metrics;
+    // the defaults are fields to change.
+    let mut inventory = ClientConfig::new(Downstream::new("inventory")?, base_url);
+    inventory.max_connections = 16; // in flight at once
+    inventory.pending_max = 32; // waiting for a slot, then 503
+    inventory.acquire_timeout = Duration::from_millis(40); // the longest wait for a slot
+    inventory.reserve = Duration::from_millis(5); // kept to answer our own caller
+    let inventory = BudgetedClient::new(inventory)?;
     let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000));
     let app = Router::new()
         .route("/reserve", get(reserve))

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::{Json, Router, routing::get};
-use deadline_propagation::client::{AdmissionMode, BudgetedClient, ClientConfig, RetryBudget};
+use deadline_propagation::client::{BudgetedClient, ClientConfig};
 use deadline_propagation::db::{Db, DbConfig};
 use deadline_propagation::metrics::Metrics;
 use deadline_propagation::{Deadline, DeadlineLayer, DeadlinePolicy, Downstream, Problem};
@@ -34,8 +34,7 @@ async fn price(
     // Pool wait + request + body under one deadline; the catalog gets what is left
     // minus the reserve in `X-Request-Timeout-Ms`. Its errors become 503/504/502/404.
     let path = format!("/catalog/{sku}");
-    let item: Value = (catalog.get_json(&deadline, &path).await)
-        .map_err(|err| err.into_problem(catalog.downstream()))?;
+    let item: Value = catalog.get_json(&deadline, &path).await?;
     // The pool wait and the statement share the rest: statement_timeout is what is left
     // after the wait, so PostgreSQL stops at the deadline too.
     let checked_at: String = db
@@ -51,24 +50,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Never more than 2 s whatever a client asks for; 1 s when it sends no budget.
     let policy = DeadlinePolicy::from_millis(2000, 1000);
     let metrics = Metrics::new("example");
-    let catalog = ClientConfig {
-        name: Downstream::new("catalog")?, // its stages: catalog_pool, catalog
-        base_url: std::env::var("CATALOG_URL").unwrap_or("http://127.0.0.1:8081".into()),
-        max_connections: 32,
-        pending_max: 64,
-        acquire_timeout: Duration::from_millis(40), // a full pool answers 503 fast
-        reserve: Duration::from_millis(5),          // time to build our own answer
-        admission: AdmissionMode::Predict,
-        idle_timeout: Duration::from_secs(2), // under the catalog's 5 s idle close
-        hedge: None,
-        retry_budget: RetryBudget::default(),
-    };
+    let url = std::env::var("CATALOG_URL").unwrap_or("http://127.0.0.1:8081".into());
+    let mut catalog = ClientConfig::new(Downstream::new("catalog")?, url); // catalog_pool, catalog
+    catalog.max_connections = 32;
+    catalog.pending_max = 64;
+    catalog.acquire_timeout = Duration::from_millis(40); // a full pool answers 503 fast
+    catalog.idle_timeout = Duration::from_secs(2); // under the catalog's 5 s idle close
     let catalog = BudgetedClient::with_metrics(catalog, &metrics)?;
-    let db = DbConfig {
-        max_connections: 10,
-        acquire_timeout: Duration::from_millis(250),
-        ..DbConfig::default() // and the server's own bounds for a silent network
-    };
+    // The defaults keep the server's own bounds for a silent network.
+    let mut db = DbConfig::default();
+    db.max_connections = 10;
+    db.acquire_timeout = Duration::from_millis(250);
     let url = std::env::var("DATABASE_URL")?;
     let db = Db::connect_lazy(&url, db)?.with_metrics(&metrics);
     let app = Router::new()

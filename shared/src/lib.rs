@@ -10,7 +10,12 @@
 //! # Module map
 //!
 //! The core is always built; the rest comes with a Cargo feature, all of them on by
-//! default but `tls`.
+//! default but `tls`. The modules are in layers and import downward only (the order of
+//! the `mod` lines below; `tests/layers.rs` checks it): the core, bottom first the
+//! budget headers, the modes, the trace context and the stage names, then the stage
+//! log, the deadline and the answers; the metrics on the core, with a stand-in that
+//! keeps nothing where the feature is off; and the parts that spend a budget (the
+//! ingress, the client, the database, tool budgets) on both.
 //!
 //! - [`Deadline`] and [`DeadlinePolicy`]: the budget as an absolute instant, clamped at
 //!   the ingress; [`Deadline::run`] is the one function that runs an I/O step under the
@@ -33,11 +38,11 @@
 //!   the calls that can finish, and sends the rest of the budget on.
 //! - [`db`] (feature `sqlx`): PostgreSQL under the budget: pool wait, `statement_timeout`
 //!   from the remaining time, a cancel at the deadline, COMMIT as a point of no return.
-//! - [`metrics`] (feature `metrics`): the Prometheus families of the contract
-//!   (docs/design.md §7), and [`instrument`] to wire them with the layer.
+//! - [`metrics`] (feature `metrics`): the Prometheus families ([`metrics::names`] lists
+//!   them), and [`instrument`] to wire them with the layer.
 //!
 //! `otel` carries W3C `traceparent` across each hop (a no-op without it), `clap` lets
-//! settings take [`DeadlineMode`] and the admission mode, `tls` gives the client HTTPS.
+//! settings take [`DeadlineMode`], `tls` gives the client HTTPS.
 //!
 //! The examples, a ladder: `ingress` (the layer alone), `client` (a budgeted call), and
 //! `database` (a whole service), under `shared/examples/`.
@@ -63,33 +68,29 @@
 //! ```
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// The core's crate-private helpers serve the ingress, the client and the database
-// envelope; with some of those features off, some helpers have no caller.
-#![cfg_attr(
-    not(all(
-        feature = "axum",
-        feature = "http-client",
-        feature = "sqlx",
-        feature = "metrics"
-    )),
-    allow(dead_code, unused_imports)
-)]
 
-mod deadline;
+// The core, always built, in layers: each group imports only from the groups above
+// it, and nothing in the core imports from the modules after it (tests/layers.rs
+// checks both, with this order).
+//
+// Leaves: the budget headers, the modes, the trace context (built with the parts
+// that cross a hop), the stage names.
 mod header;
-mod ingress;
-mod problem;
+mod mode;
+#[cfg(any(feature = "http-client", all(feature = "axum", feature = "metrics")))]
 mod propagation;
 mod stage;
-mod timing;
-mod tools;
 
-#[cfg(feature = "http-client")]
-#[cfg_attr(docsrs, doc(cfg(feature = "http-client")))]
-pub mod client;
-#[cfg(feature = "sqlx")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
-pub mod db;
+// Where a budget went, and what is reported of it.
+mod timing;
+
+// The deadline, its policy, its live mode.
+mod deadline;
+
+// The answers.
+mod problem;
+
+// On the core: the metrics, or their stand-in where the feature is off.
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
@@ -97,21 +98,28 @@ pub mod metrics;
 #[path = "unobserved.rs"]
 mod metrics;
 
+// On both: the parts that spend a budget.
+#[cfg(feature = "http-client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http-client")))]
+pub mod client;
+#[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+pub mod db;
 #[cfg(feature = "axum")]
-mod extract;
+mod ingress;
+mod tools;
 
 #[doc(hidden)]
 pub mod testing;
 
-pub use deadline::{Deadline, DeadlineExceeded, DeadlinePolicy, NoReturn};
+pub use deadline::{Deadline, DeadlineExceeded, DeadlinePolicy, LiveMode};
 pub use header::{DEADLINE_MODE_HEADER, InvalidBudget, REQUEST_TIMEOUT_HEADER, read_budget};
 #[cfg(all(feature = "axum", feature = "metrics"))]
-#[cfg_attr(docsrs, doc(cfg(all(feature = "axum", feature = "metrics"))))]
 pub use ingress::instrument;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use ingress::{DeadlineLayer, DeadlineService, ResponseFuture};
-pub use ingress::{DeadlineMode, LiveMode};
+pub use mode::DeadlineMode;
 pub use problem::Problem;
 pub use stage::{Downstream, InvalidName, Stage};
 pub use tools::{ToolBudget, ToolCall, ToolOutcome, ToolPolicy};

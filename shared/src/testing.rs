@@ -1,8 +1,8 @@
-//! What the fuzz targets, the benchmarks and `cargo xtask` reach into; not part of the
-//! API (hidden from the docs, free to change).
+//! What tests, fuzz targets, benchmarks and automation reach into; not part of the API
+//! (hidden from the docs, free to change).
 //!
-//! The fuzz targets check the header parsers against oracles of their own, and
-//! `cargo xtask cost` times the exact SQL the database envelope sends.
+//! The fuzz targets check the header parsers against oracles of their own, and a cost
+//! benchmark times the exact SQL the database envelope sends.
 
 pub use crate::header::{
     GRPC_TIMEOUT_HEADER, GRPC_TIMEOUT_HEADER_DISPLAY, InvalidValue, MAX_GRPC_DIGITS,
@@ -26,10 +26,17 @@ pub fn session_options(config: &crate::db::DbConfig) -> String {
         .join(" ")
 }
 
+/// How often admission lets a probe through while it refuses.
 #[cfg(feature = "http-client")]
-pub use crate::client::PROBE_INTERVAL;
+pub const PROBE_INTERVAL: std::time::Duration = crate::client::PROBE_INTERVAL;
 
 pub use crate::deadline::NO_RETURN_GRACE;
+
+/// A deadline `budget` from now in `mode`, as the layer makes one when `mode` is in
+/// force (tests of a step's behaviour per mode, without a request around it).
+pub fn deadline_in(mode: crate::DeadlineMode, budget: std::time::Duration) -> crate::Deadline {
+    crate::Deadline::after(budget).with_mode(mode)
+}
 
 /// The sample `name{labels}` of a Prometheus text exposition, `labels` as the
 /// exposition spells them (the crate's tests read `/metrics` with it).

@@ -3,36 +3,57 @@
 //! One log is shared by a request's [`Deadline`](crate::Deadline) and every clone or
 //! child of it. Each stage records its duration; the ingress layer turns the entries into
 //! a `Server-Timing` header so a browser's developer tools show where the budget went.
+//!
+//! The log also passes what happens to the budget (accepted, left at a stage's start,
+//! run out, what observe mode would have refused) to a [`Report`], when the service has
+//! one. The core defines the trait and knows nothing of who implements it: the metrics
+//! (feature `metrics`) do, from above, so the core builds and reads the same with or
+//! without them.
 
-use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-#[cfg(feature = "metrics")]
-use crate::metrics::DeadlineMetrics;
+use crate::mode::DeadlineMode;
 use crate::stage::Stage;
 
-/// The stages a request went through, and the metrics they report to.
+/// What the core reports about budgets, in plain labels: the metrics implement it.
+pub(crate) trait Report: Send + Sync + std::fmt::Debug {
+    /// The ingress accepted `budget`, clamped or not.
+    #[cfg(feature = "axum")]
+    fn inbound(&self, budget: Duration, clamped: bool);
+    /// `stage` starts with `remaining` of the budget.
+    fn stage_started(&self, stage: Stage, remaining: Duration);
+    /// The budget ran out in `stage`.
+    fn exceeded(&self, stage: Stage);
+    /// In observe mode, propagate would have refused in `stage` for `reason`.
+    #[cfg(any(feature = "axum", feature = "http-client", feature = "sqlx"))]
+    fn would_refuse(&self, stage: Stage, reason: &'static str);
+    /// `mode` is now in force.
+    fn mode(&self, mode: DeadlineMode);
+}
+
+/// Where a log, the layer or a live mode reports; `None` where the service has no
+/// metrics.
+pub(crate) type Reporter = Option<Arc<dyn Report>>;
+
+/// The stages a request went through, and where they are reported.
 #[derive(Debug, Default)]
 pub(crate) struct StageLog {
     entries: Mutex<Vec<(Stage, Duration)>>,
-    /// Without the `metrics` feature a log only feeds `Server-Timing`.
-    #[cfg(feature = "metrics")]
-    metrics: Option<DeadlineMetrics>,
+    report: Reporter,
     /// How many steps of the request are past their point of no return (a COMMIT on the
     /// wire). See [`Deadline::point_of_no_return`](crate::Deadline::point_of_no_return).
     no_return: AtomicUsize,
 }
 
 impl StageLog {
-    /// A log that also reports to a service's deadline metrics.
-    #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub(crate) fn with_metrics(metrics: DeadlineMetrics) -> Self {
+    /// A log that also reports to `report` (the ingress builds each request's so).
+    #[cfg(feature = "axum")]
+    pub(crate) fn reporting(report: Reporter) -> Self {
         Self {
             entries: Mutex::default(),
-            metrics: Some(metrics),
+            report,
             no_return: AtomicUsize::new(0),
         }
     }
@@ -48,52 +69,41 @@ impl StageLog {
         self.lock().clone()
     }
 
-    // The reports below go to the metrics when there are any; without the `metrics`
-    // feature there are none and they do nothing.
-
     /// The ingress layer's report of the budget it accepted.
     #[cfg(feature = "axum")]
     pub(crate) fn observe_inbound(&self, budget: Duration, clamped: bool) {
-        #[cfg(feature = "metrics")]
-        if let Some(metrics) = &self.metrics {
-            metrics.observe_inbound(budget, clamped);
+        if let Some(report) = &self.report {
+            report.inbound(budget, clamped);
         }
-        #[cfg(not(feature = "metrics"))]
-        let _ = (budget, clamped);
     }
 
     pub(crate) fn observe_start(&self, stage: Stage, remaining: Duration) {
-        #[cfg(feature = "metrics")]
-        if let Some(metrics) = &self.metrics {
-            metrics.observe_remaining(stage, remaining);
+        if let Some(report) = &self.report {
+            report.stage_started(stage, remaining);
         }
-        #[cfg(not(feature = "metrics"))]
-        let _ = (stage, remaining);
     }
 
+    #[cfg(any(feature = "axum", feature = "http-client", feature = "sqlx"))]
     pub(crate) fn count_would_refuse(&self, stage: Stage, reason: &'static str) {
-        #[cfg(feature = "metrics")]
-        if let Some(metrics) = &self.metrics {
-            metrics.count_would_refuse(stage, reason);
+        if let Some(report) = &self.report {
+            report.would_refuse(stage, reason);
         }
-        #[cfg(not(feature = "metrics"))]
-        let _ = (stage, reason);
     }
 
     pub(crate) fn count_exceeded(&self, stage: Stage) {
-        #[cfg(feature = "metrics")]
-        if let Some(metrics) = &self.metrics {
-            metrics.count_exceeded(stage);
+        if let Some(report) = &self.report {
+            report.exceeded(stage);
         }
-        #[cfg(not(feature = "metrics"))]
-        let _ = stage;
     }
 
     /// Renders the entries as a `Server-Timing` value, followed by `total`.
     ///
     /// A stage that ran more than once (three tool calls) is summed into one entry with
-    /// a count, since `Server-Timing` names should be unique.
+    /// a count, since `Server-Timing` names should be unique. The ingress writes it.
+    #[cfg(feature = "axum")]
     pub(crate) fn server_timing(&self, total: Duration) -> String {
+        use std::fmt::Write as _;
+
         let mut sums: Vec<(Stage, Duration, u32)> = Vec::new();
         for (stage, took) in self.lock().iter() {
             match sums.iter_mut().find(|(s, _, _)| s == stage) {
@@ -116,7 +126,9 @@ impl StageLog {
         out
     }
 
-    /// True while a step of the request is past its point of no return.
+    /// True while a step of the request is past its point of no return (the ingress
+    /// waits a grace for its answer, and the client sends no extra attempt).
+    #[cfg(any(feature = "axum", feature = "http-client"))]
     pub(crate) fn past_no_return(&self) -> bool {
         self.no_return.load(Ordering::Acquire) > 0
     }
@@ -137,11 +149,12 @@ impl StageLog {
     }
 }
 
+#[cfg(feature = "axum")]
 fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "axum"))]
 mod tests {
     use super::*;
 

@@ -22,19 +22,19 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::deadline::Deadline;
-#[cfg(feature = "metrics")]
 use crate::metrics::ToolMetrics;
 use crate::problem::Problem;
 use crate::stage::Stage;
 
-/// The quotas of a turn.
+/// The quotas of a turn: the defaults, which fields may change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ToolPolicy {
-    /// The whole turn (`ASSISTANT_TURN_BUDGET_MS`, default 2000).
+    /// The whole turn (default 2 s), never more than the request's own deadline.
     pub turn: Duration,
-    /// One tool call at most (`ASSISTANT_TOOL_BUDGET_MS`, default 800).
+    /// One tool call at most, of what is left of the turn (default 800 ms).
     pub per_tool: Duration,
-    /// Tool calls per turn at most (`ASSISTANT_MAX_TOOL_CALLS`, default 3).
+    /// Tool calls per turn at most (default 3).
     pub max_calls: u32,
 }
 
@@ -144,8 +144,17 @@ pub struct ToolBudget {
     turn: Deadline,
     policy: ToolPolicy,
     calls: AtomicU32,
-    #[cfg(feature = "metrics")]
     metrics: Option<ToolMetrics>,
+}
+
+#[cfg(feature = "metrics")]
+impl crate::metrics::Metrics {
+    /// Makes the `tool_calls_total` series of each tool in `names` exist from the
+    /// first scrape, one per outcome.
+    pub fn declare_tools<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        self.tools()
+            .init(names, &ToolOutcome::ALL.map(ToolOutcome::as_str));
+    }
 }
 
 impl ToolBudget {
@@ -165,7 +174,6 @@ impl ToolBudget {
             turn: request.child(policy.turn),
             policy,
             calls: AtomicU32::new(0),
-            #[cfg(feature = "metrics")]
             metrics: None,
         }
     }
@@ -194,7 +202,8 @@ impl ToolBudget {
     /// use tokio_util::sync::CancellationToken;
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let policy = ToolPolicy { max_calls: 1, ..ToolPolicy::default() };
+    /// let mut policy = ToolPolicy::default();
+    /// policy.max_calls = 1;
     /// let budget = ToolBudget::for_turn(&deadline_propagation::Deadline::after(Duration::from_secs(5)), policy);
     /// let never = CancellationToken::new();
     /// let first = budget.call("inventory_check", &never, |_| async { Ok(7) }).await;
@@ -243,7 +252,6 @@ impl ToolBudget {
                 },
             }
         };
-        #[cfg(feature = "metrics")]
         if let Some(metrics) = &self.metrics {
             metrics.count(name, outcome.as_str());
         }

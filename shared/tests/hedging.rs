@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use deadline_propagation::client::{
-    AdmissionMode, BudgetedClient, CallError, ClientConfig, HedgePolicy, RetryBudget,
+    BudgetedClient, CallErrorKind, ClientConfig, HedgePolicy, RetryBudget,
 };
 use deadline_propagation::metrics::Metrics;
 use deadline_propagation::testing::metric_value;
@@ -68,7 +68,7 @@ struct Setup {
     _server: tokio::task::JoinHandle<()>,
 }
 
-async fn setup(max_connections: usize, hedge: HedgePolicy, retry_budget: RetryBudget) -> Setup {
+async fn setup(max_connections: u32, hedge: HedgePolicy, retry_budget: RetryBudget) -> Setup {
     let downstream = Arc::new(Downstream_::default());
     let router = Router::new()
         .route("/item", get(handle))
@@ -78,18 +78,13 @@ async fn setup(max_connections: usize, hedge: HedgePolicy, retry_budget: RetryBu
     let base_url = format!("http://{}", listener.local_addr().unwrap());
     let server = tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
     let metrics = Metrics::new("test");
-    let config = ClientConfig {
-        name: Downstream::new("inventory").unwrap(),
-        base_url,
-        max_connections,
-        pending_max: 100,
-        acquire_timeout: Duration::from_secs(5),
-        reserve: MS(5),
-        admission: AdmissionMode::Off,
-        idle_timeout: Duration::from_secs(2),
-        hedge: Some(hedge),
-        retry_budget,
-    };
+    let mut config = ClientConfig::new(Downstream::new("inventory").unwrap(), base_url);
+    config.max_connections = max_connections;
+    config.pending_max = 100;
+    config.acquire_timeout = Duration::from_secs(5);
+    config.admission = false;
+    config.hedge = Some(hedge);
+    config.retry_budget = retry_budget;
     let client = BudgetedClient::with_metrics(config, &metrics).unwrap();
     Setup {
         client,
@@ -101,11 +96,10 @@ async fn setup(max_connections: usize, hedge: HedgePolicy, retry_budget: RetryBu
 
 /// A policy that hedges once 20 calls are known, at their p95.
 fn policy() -> HedgePolicy {
-    HedgePolicy {
-        max_extra_load: 0.05,
-        min_samples: 20,
-        ..HedgePolicy::default()
-    }
+    let mut policy = HedgePolicy::default();
+    policy.max_extra_load = 0.05;
+    policy.min_samples = 20;
+    policy
 }
 
 impl Setup {
@@ -125,7 +119,7 @@ impl Setup {
     async fn get(
         &self,
         budget: Duration,
-    ) -> Result<deadline_propagation::client::Reply, CallError> {
+    ) -> Result<deadline_propagation::client::Reply, deadline_propagation::client::CallError> {
         self.client
             .request(Method::GET, "/item")
             .send(&Deadline::after(budget))
@@ -204,7 +198,7 @@ async fn a_hedge_is_not_sent_when_what_is_left_cannot_cover_an_attempt() {
         .get(MS(30))
         .await
         .expect_err("the straggler runs out of budget");
-    assert!(matches!(err, CallError::Deadline(_)), "{err:?}");
+    assert!(matches!(err.kind(), CallErrorKind::Deadline(_)), "{err:?}");
     assert_eq!(setup.attempts("hedge", "refused_deadline"), 1.0);
     assert_eq!(
         setup.attempts("hedge", "won")
@@ -221,10 +215,8 @@ async fn a_hedge_is_not_sent_when_what_is_left_cannot_cover_an_attempt() {
 
 #[tokio::test]
 async fn without_the_deadline_rule_the_same_hedge_is_sent() {
-    let blind = HedgePolicy {
-        deadline_aware: false,
-        ..policy()
-    };
+    let mut blind = policy();
+    blind.deadline_aware = false;
     let setup = setup(8, blind, RetryBudget::default()).await;
     setup.learn().await;
     setup.downstream.stall_next.store(true, Ordering::SeqCst);
@@ -244,11 +236,10 @@ async fn without_the_deadline_rule_the_same_hedge_is_sent() {
 
 #[tokio::test]
 async fn a_hedge_needs_a_token_of_the_retry_budget() {
-    let empty = RetryBudget {
-        ratio: 0.0,
-        floor_per_s: 0.0,
-        cap: 0.0,
-    };
+    let mut empty = RetryBudget::default();
+    empty.ratio = 0.0;
+    empty.floor_per_s = 0.0;
+    empty.cap = 0.0;
     let setup = setup(8, policy(), empty).await;
     setup.learn().await;
     setup.downstream.stall_next.store(true, Ordering::SeqCst);
@@ -286,7 +277,13 @@ async fn a_post_is_hedged_only_when_it_is_safe_to_send_twice() {
     };
     setup.downstream.stall_next.store(true, Ordering::SeqCst);
     let plain = post(None).await;
-    assert!(matches!(plain, Err(CallError::Deadline(_))), "{plain:?}");
+    assert!(
+        matches!(
+            plain.as_ref().map_err(|e| e.kind()),
+            Err(CallErrorKind::Deadline(_))
+        ),
+        "{plain:?}"
+    );
     assert_eq!(
         setup.downstream.received.load(Ordering::SeqCst),
         31,
@@ -319,7 +316,10 @@ async fn a_503_is_retried_once_for_a_get_and_never_for_a_post_without_a_key() {
         .send(&Deadline::after(MS(500)))
         .await;
     assert!(
-        matches!(post, Err(CallError::DownstreamOverloaded { .. })),
+        matches!(
+            post.as_ref().map_err(|e| e.kind()),
+            Err(CallErrorKind::DownstreamOverloaded { .. })
+        ),
         "{post:?}"
     );
     assert_eq!(

@@ -256,7 +256,7 @@ async fn responses_carry_server_timing_with_each_stage() {
 #[tokio::test]
 async fn clamps_budgets_and_expiries_are_counted() {
     let metrics = Metrics::new("test");
-    let layer = DeadlineLayer::new(policy(500, 300)).metrics(&metrics);
+    let layer = DeadlineLayer::new(policy(500, 300)).with_metrics(&metrics);
     call(app(layer.clone()), "/budget", Some("60000")).await;
     call(app(layer.clone()), "/budget", Some("100")).await;
     call(app(layer), "/slow", Some("50")).await;

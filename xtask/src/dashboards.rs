@@ -14,7 +14,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use anyhow::Context as _;
-use deadline_propagation::metrics::names;
 use serde_json::Value;
 
 pub use crate::promql::metric_names;
@@ -226,7 +225,7 @@ fn check_expr(
         }
     };
     for metric in metric_names(&resolved) {
-        let known = names::is_contract_series(&metric)
+        let known = service_kit::metrics::names::is_series(&metric)
             || recorded.contains(&metric)
             || metric.starts_with(K6_PREFIX)
             || metric == "up";

@@ -3,9 +3,10 @@
 //! is gone.
 //!
 //! The files are git's (`git ls-files`: tracked, plus untracked ones that are not
-//! ignored, so a new page is checked before its first commit). In each, outside fenced
-//! code blocks and code spans, every inline link or image `[text](target)` and every
-//! reference definition `[label]: target` is read. A target with a scheme (`https:`,
+//! ignored, so a new page is checked before its first commit). Each is read as GitHub
+//! reads it, by a CommonMark parser (`pulldown-cmark`): every inline link or image and
+//! every reference definition is checked, wherever it is (a quote, a list), and nothing
+//! in code (fenced, indented, or a span) counts. A target with a scheme (`https:`,
 //! `mailto:`) is left alone; any other must name a file or folder that git has, relative
 //! to the file (or to the repository's root when it starts with `/`). A `#anchor` into
 //! a Markdown file, or into the same file (`(#anchor)`), must name one of its headings,
@@ -17,6 +18,7 @@ use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 
 use anyhow::Context as _;
+use pulldown_cmark::{Event, LinkType, Options, Parser, Tag, TagEnd};
 
 /// A link target and the (1-based) line it is on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,274 +219,106 @@ fn normalize(path: &Path) -> Option<PathBuf> {
 
 /// `%20` and the like, decoded; anything malformed is kept as written.
 fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| char::from(b).to_digit(16);
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
-        {
-            out.push((hi * 16 + lo) as u8);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// The parser as GitHub's Markdown needs it: tables, footnotes (`[^1]` is not a link),
+/// strikethrough, task lists.
+fn parser(text: &str) -> Parser<'_> {
+    let options = Options::ENABLE_TABLES
+        | Options::ENABLE_FOOTNOTES
+        | Options::ENABLE_STRIKETHROUGH
+        | Options::ENABLE_TASKLISTS;
+    Parser::new_ext(text, options)
+}
+
+/// The 1-based line of each byte offset of `text`.
+struct Lines(Vec<usize>);
+
+impl Lines {
+    fn of(text: &str) -> Self {
+        Self(text.match_indices('\n').map(|(at, _)| at).collect())
     }
-    String::from_utf8_lossy(&out).into_owned()
-}
 
-/// A fence line's character and length (```` ``` ```` or `~~~`, at any indentation).
-fn fence(line: &str) -> Option<(char, usize)> {
-    let trimmed = line.trim_start();
-    let c = trimmed.chars().next().filter(|c| matches!(c, '`' | '~'))?;
-    let n = trimmed.chars().take_while(|&x| x == c).count();
-    (n >= 3).then_some((c, n))
-}
-
-/// The text outside fenced code blocks, as paragraphs: (first line, text) with the
-/// lines of each joined by `\n`. A blank line or a fence ends a paragraph.
-fn paragraphs(text: &str) -> Vec<(usize, String)> {
-    let mut out = Vec::new();
-    let mut open: Option<(char, usize)> = None;
-    let mut current: Option<(usize, String)> = None;
-    for (index, line) in text.lines().enumerate() {
-        let number = index + 1;
-        if let Some((c, n)) = open {
-            let closes = fence(line).is_some_and(|(fc, fnum)| {
-                fc == c && fnum >= n && line.trim().chars().all(|x| x == c)
-            });
-            if closes {
-                open = None;
-            }
-            continue;
-        }
-        if let Some(f) = fence(line) {
-            out.extend(current.take());
-            open = Some(f);
-            continue;
-        }
-        if line.trim().is_empty() {
-            out.extend(current.take());
-            continue;
-        }
-        match &mut current {
-            Some((_, paragraph)) => {
-                paragraph.push('\n');
-                paragraph.push_str(line);
-            }
-            None => current = Some((number, line.to_owned())),
-        }
+    fn line(&self, offset: usize) -> usize {
+        self.0.partition_point(|&newline| newline < offset) + 1
     }
-    out.extend(current);
-    out
 }
 
-/// `text` with every code span's content (backticks included) replaced by spaces, so
-/// nothing in code is read as a link. Newlines are kept, so offsets still give lines.
-fn mask_code_spans(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = bytes.to_vec();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] != b'`' {
-            i += 1;
-            continue;
-        }
-        let run = bytes[i..].iter().take_while(|&&b| b == b'`').count();
-        // The closing run: the next run of exactly the same length.
-        let mut j = i + run;
-        let mut close = None;
-        while j < bytes.len() {
-            if bytes[j] == b'`' {
-                let other = bytes[j..].iter().take_while(|&&b| b == b'`').count();
-                if other == run {
-                    close = Some(j + other);
-                    break;
-                }
-                j += other;
-            } else {
-                j += 1;
-            }
-        }
-        match close {
-            Some(end) => {
-                for b in &mut out[i..end] {
-                    if *b != b'\n' {
-                        *b = b' ';
-                    }
-                }
-                i = end;
-            }
-            None => i += run,
-        }
-    }
-    // Only ASCII bytes were replaced by ASCII: still UTF-8.
-    String::from_utf8(out).unwrap_or_default()
-}
-
-/// Every link target of a Markdown text, outside code.
+/// Every link target of a Markdown text, outside code: inline links and images (a
+/// reference link is checked at its definition, once), then reference definitions,
+/// each in the order of the text.
 pub fn links(text: &str) -> Vec<Link> {
+    let lines = Lines::of(text);
+    let parser = parser(text);
+    let mut definitions: Vec<(usize, String)> = parser
+        .reference_definitions()
+        .iter()
+        .map(|(_, def)| (def.span.start, def.dest.to_string()))
+        .collect();
     let mut out = Vec::new();
-    for (first, paragraph) in paragraphs(text) {
-        let masked = mask_code_spans(&paragraph);
-        let line_of = |offset: usize| first + masked[..offset].matches('\n').count();
-        // Reference definitions: `[label]: target` at the start of a line.
-        let mut offset = 0;
-        for line in masked.split('\n') {
-            let trimmed = line.trim_start();
-            if trimmed.starts_with('[')
-                && !trimmed.starts_with("[^")
-                && let Some(close) = trimmed.find(']')
-                && trimmed[close + 1..].starts_with(':')
-            {
-                let rest = trimmed[close + 2..].trim();
-                if let Some(target) = rest.split_whitespace().next() {
-                    let target = target.trim_start_matches('<').trim_end_matches('>');
-                    out.push(Link {
-                        line: line_of(offset),
-                        target: target.to_owned(),
-                    });
-                }
-            }
-            offset += line.len() + 1;
-        }
-        // Inline links and images: `](target)` or `](target "title")`.
-        let mut from = 0;
-        while let Some(found) = masked[from..].find("](") {
-            let start = from + found + 2;
-            from = start;
-            if let Some(target) = inline_target(&masked[start..]) {
-                out.push(Link {
-                    line: line_of(start - 1),
-                    target,
-                });
-            }
+    for (event, range) in parser.into_offset_iter() {
+        let (Event::Start(Tag::Link {
+            link_type,
+            dest_url,
+            ..
+        })
+        | Event::Start(Tag::Image {
+            link_type,
+            dest_url,
+            ..
+        })) = event
+        else {
+            continue;
+        };
+        if matches!(link_type, LinkType::Inline) {
+            // The line of the target, where `](` opens it (a link's text may span lines).
+            let source = &text[range.clone()];
+            let at = source
+                .rfind("](")
+                .map_or(range.start, |i| range.start + i + 1);
+            out.push(Link {
+                line: lines.line(at),
+                target: dest_url.to_string(),
+            });
         }
     }
+    definitions.sort();
+    out.extend(definitions.into_iter().map(|(at, target)| Link {
+        line: lines.line(at),
+        target,
+    }));
     out
 }
 
-/// The target at the start of what follows `](`.
-fn inline_target(rest: &str) -> Option<String> {
-    let rest = rest.trim_start_matches([' ', '\t']);
-    if let Some(inner) = rest.strip_prefix('<') {
-        let end = inner.find(['>', '\n'])?;
-        return Some(inner[..end].to_owned());
-    }
-    let mut depth = 0usize;
-    for (i, c) in rest.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' if depth == 0 => return (i > 0).then(|| rest[..i].to_owned()),
-            ')' => depth -= 1,
-            c if c.is_whitespace() => return (i > 0).then(|| rest[..i].to_owned()),
+/// The text of every heading, as rendered (a link's text without its target, code
+/// without backticks, no emphasis marks or HTML).
+pub fn headings(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current: Option<String> = None;
+    for event in parser(text) {
+        match (event, &mut current) {
+            (Event::Start(Tag::Heading { .. }), _) => current = Some(String::new()),
+            (Event::End(TagEnd::Heading(_)), heading) => out.extend(heading.take()),
+            (Event::Text(t) | Event::Code(t), Some(heading)) => heading.push_str(&t),
             _ => {}
         }
     }
-    None
-}
-
-/// The text of every heading (ATX `# ...` and setext), outside fenced code.
-pub fn headings(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut open: Option<(char, usize)> = None;
-    let mut previous: Option<&str> = None;
-    for line in text.lines() {
-        if let Some((c, n)) = open {
-            if fence(line).is_some_and(|(fc, fnum)| {
-                fc == c && fnum >= n && line.trim().chars().all(|x| x == c)
-            }) {
-                open = None;
-            }
-            previous = None;
-            continue;
-        }
-        if let Some(f) = fence(line) {
-            open = Some(f);
-            previous = None;
-            continue;
-        }
-        let indent = line.len() - line.trim_start_matches(' ').len();
-        let trimmed = line.trim();
-        if indent <= 3 && trimmed.starts_with('#') {
-            let level = trimmed.chars().take_while(|&c| c == '#').count();
-            let rest = &trimmed[level..];
-            if level <= 6 && (rest.is_empty() || rest.starts_with([' ', '\t'])) {
-                let rest = rest.trim();
-                // A closing sequence of `#`s, when a space precedes it.
-                let without = rest.trim_end_matches('#');
-                let text = if without.is_empty() || without.ends_with([' ', '\t']) {
-                    without.trim_end()
-                } else {
-                    rest
-                };
-                out.push(text.to_owned());
-                previous = None;
-                continue;
-            }
-        }
-        let underline = !trimmed.is_empty()
-            && indent <= 3
-            && (trimmed.chars().all(|c| c == '=') || trimmed.chars().all(|c| c == '-'));
-        match previous {
-            Some(text) if underline => {
-                out.push(text.trim().to_owned());
-                previous = None;
-            }
-            _ => {
-                let paragraph_line = !trimmed.is_empty()
-                    && indent <= 3
-                    && !trimmed.starts_with(['|', '>', '-', '*', '+', '<'])
-                    && !trimmed.starts_with(|c: char| c.is_ascii_digit());
-                previous = paragraph_line.then_some(line);
-            }
-        }
-    }
     out
 }
 
-/// The id GitHub gives a heading: its text as rendered (link targets, code backticks
-/// and emphasis stars dropped), lowercased, every character that is not a letter, a
-/// digit, `-`, `_` or a space dropped, and each space turned into `-`.
+/// The id GitHub gives a heading whose rendered text is `heading`: lowercased, every
+/// character that is not a letter, a digit, `-`, `_` or a space dropped, and each space
+/// turned into `-`.
 pub fn slug(heading: &str) -> String {
-    let rendered = render_inline(heading);
-    rendered
+    heading
         .chars()
         .flat_map(char::to_lowercase)
         .filter(|&c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
         .map(|c| if c == ' ' { '-' } else { c })
         .collect()
-}
-
-/// A heading's inline Markdown as text: `[text](url)` is `text`, `` `code` `` is
-/// `code`, `*` and HTML tags are dropped.
-fn render_inline(text: &str) -> String {
-    let mut out = String::new();
-    let mut rest = text;
-    while let Some(c) = rest.chars().next() {
-        if c == ']'
-            && let Some(after) = rest.strip_prefix("](")
-            && let Some(end) = after.find(')')
-        {
-            rest = &after[end + 1..];
-            continue;
-        }
-        if c == '<'
-            && let Some(end) = rest.find('>')
-            && rest[1..].starts_with(|c: char| c.is_ascii_alphabetic() || c == '/')
-        {
-            rest = &rest[end + 1..];
-            continue;
-        }
-        if !matches!(c, '`' | '*' | '[' | '!' | ']') || (c == '!' && !rest[1..].starts_with('[')) {
-            out.push(c);
-        }
-        rest = &rest[c.len_utf8()..];
-    }
-    out
 }
 
 /// Every anchor a Markdown text offers: its headings' ids, a repeated id getting `-1`,
@@ -502,11 +336,16 @@ pub fn anchors(text: &str) -> HashSet<String> {
         *count += 1;
         out.insert(id);
     }
-    for attribute in ["id=\"", "name=\""] {
-        for (at, _) in text.match_indices(attribute) {
-            let value = &text[at + attribute.len()..];
-            if let Some(end) = value.find('"') {
-                out.insert(value[..end].to_owned());
+    for event in parser(text) {
+        let (Event::Html(html) | Event::InlineHtml(html)) = event else {
+            continue;
+        };
+        for attribute in ["id=\"", "name=\""] {
+            for (at, _) in html.match_indices(attribute) {
+                let value = &html[at + attribute.len()..];
+                if let Some(end) = value.find('"') {
+                    out.insert(value[..end].to_owned());
+                }
             }
         }
     }
@@ -516,6 +355,13 @@ pub fn anchors(text: &str) -> HashSet<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The text of a one-heading document.
+    fn rendered(heading: &str) -> String {
+        let all = headings(&format!("# {heading}\n"));
+        assert_eq!(all.len(), 1, "{heading}");
+        all[0].clone()
+    }
 
     fn targets(text: &str) -> Vec<(usize, String)> {
         links(text)
@@ -535,9 +381,9 @@ mod tests {
             slug("4.3 Observe end to end: the mode travels with the budget"),
             "43-observe-end-to-end-the-mode-travels-with-the-budget"
         );
-        assert_eq!(slug("3.7 `Server-Timing`"), "37-server-timing");
+        assert_eq!(slug(&rendered("3.7 `Server-Timing`")), "37-server-timing");
         assert_eq!(
-            slug("Outbound HTTPS: the `tls` feature"),
+            slug(&rendered("Outbound HTTPS: the `tls` feature")),
             "outbound-https-the-tls-feature"
         );
         assert_eq!(
@@ -545,15 +391,15 @@ mod tests {
             "a-safe-rollout-legacy-observe-propagate"
         );
         assert_eq!(
-            slug("`deadline_mode` and snake_case"),
+            slug(&rendered("`deadline_mode` and snake_case")),
             "deadline_mode-and-snake_case"
         );
         assert_eq!(slug("Q&A (for you) — twice"), "qa-for-you--twice");
         assert_eq!(
-            slug("Links: [the docs](docs/a.md) here"),
+            slug(&rendered("Links: [the docs](docs/a.md) here")),
             "links-the-docs-here"
         );
-        assert_eq!(slug("**Bold** and *stars*"), "bold-and-stars");
+        assert_eq!(slug(&rendered("**Bold** and *stars*")), "bold-and-stars");
         assert_eq!(slug("Ünïcode Wörds"), "ünïcode-wörds");
     }
 
@@ -585,9 +431,9 @@ mod tests {
                 (1, "img/c.svg".to_owned()),
                 (3, "b.md#part".to_owned()),
                 (3, "https://example.com".to_owned()),
-                (5, "../c.md".to_owned()),
                 (6, "d e.md".to_owned()),
                 (6, "f(1).md".to_owned()),
+                (5, "../c.md".to_owned()),
             ]
         );
     }
@@ -596,6 +442,18 @@ mod tests {
     fn links_in_code_are_not_links() {
         let text = "Run `[x](not-a-link.md)` or\n\n```md\n[y](nope.md)\n```\n\n``a ` [z](no.md)`` then [real](yes.md).\n\n   ~~~\n   [w](nope.md)\n   ~~~\n";
         assert_eq!(targets(text), [(7, "yes.md".to_owned())]);
+    }
+
+    /// What a line scanner gets wrong: an indented code block is code, and a reference
+    /// definition inside a quote or a list item is a definition; a reference link is
+    /// checked once, at its definition.
+    #[test]
+    fn indented_code_is_code_and_definitions_count_in_quotes_and_lists() {
+        let text = "Text.\n\n    [in code](indented.md)\n\n> [q]: quoted.md\n\n- item\n\n  [l]: listed.md\n\nUse [q] and [x][l].\n";
+        assert_eq!(
+            targets(text),
+            [(5, "quoted.md".to_owned()), (9, "listed.md".to_owned())]
+        );
     }
 
     #[test]

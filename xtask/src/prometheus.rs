@@ -193,11 +193,10 @@ pub async fn instant_query(
     expr: &str,
     at: Option<f64>,
 ) -> anyhow::Result<Vec<serde_json::Value>> {
-    let mut url = format!("{base_url}/api/v1/query?query={}", percent_encode(expr));
-    if let Some(at) = at {
-        url.push_str(&format!("&time={at:.3}"));
-    }
-    let body: serde_json::Value = reqwest::get(url).await?.json().await?;
+    let body: serde_json::Value = reqwest::get(query_url(base_url, expr, at)?)
+        .await?
+        .json()
+        .await?;
     if body["status"] != "success" {
         bail!("{}: {}", body["errorType"], body["error"]);
     }
@@ -207,16 +206,16 @@ pub async fn instant_query(
         .unwrap_or_default())
 }
 
-/// Percent-encodes everything but unreserved characters (RFC 3986), for a query string.
-pub fn percent_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+/// The URL of an instant query: `expr` and `at` percent-encoded into the query string.
+fn query_url(base_url: &str, expr: &str, at: Option<f64>) -> anyhow::Result<reqwest::Url> {
+    let mut params = vec![("query", expr.to_owned())];
+    if let Some(at) = at {
+        params.push(("time", format!("{at:.3}")));
+    }
+    Ok(reqwest::Url::parse_with_params(
+        &format!("{base_url}/api/v1/query"),
+        &params,
+    )?)
 }
 
 #[cfg(test)]
@@ -224,10 +223,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn encodes_promql_for_a_query_string() {
+    fn a_query_reaches_prometheus_as_written() {
+        let expr = r#"sum(rate(a{b="c d"}[1m])) / 2 + 1 & x"#;
+        let url = query_url("http://127.0.0.1:9090", expr, Some(12.5)).unwrap();
+        assert_eq!(url.path(), "/api/v1/query");
+        let pairs: Vec<(String, String)> = url.query_pairs().into_owned().collect();
         assert_eq!(
-            percent_encode(r#"a{b="c"}[1m]"#),
-            "a%7Bb%3D%22c%22%7D%5B1m%5D"
+            pairs,
+            [
+                ("query".into(), expr.into()),
+                ("time".into(), "12.500".into())
+            ]
         );
     }
 

@@ -523,15 +523,13 @@ fn profiled(ports: &Ports) -> [String; 2] {
 /// `POST {admin}/admin/profile/{action}` (`start` or `stop`, with a title): the
 /// recorder of a service built with `profiling`; `stop` answers the flamegraph.
 async fn profile(admin: &str, action: &str, title: Option<&str>) -> anyhow::Result<Vec<u8>> {
-    let mut url = format!("{admin}/admin/profile/{action}");
-    if let Some(title) = title {
-        url.push_str(&format!(
-            "?title={}",
-            crate::prometheus::percent_encode(title)
-        ));
-    }
+    let base = format!("{admin}/admin/profile/{action}");
+    let url = match title {
+        Some(title) => reqwest::Url::parse_with_params(&base, [("title", title)])?,
+        None => reqwest::Url::parse(&base)?,
+    };
     let response = reqwest::Client::new()
-        .post(&url)
+        .post(url.clone())
         .timeout(Duration::from_secs(120))
         .send()
         .await

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use deadline_propagation::metrics::names;
 use serde::{Deserialize, Serialize};
+use service_kit::metrics::names as kit;
 use test_support::exposition::{self, Sample as Series};
 use test_support::process::rss_kib;
 use tokio::sync::watch;
@@ -65,10 +66,10 @@ impl Runtime {
     pub fn read(series: &[Series]) -> Option<Self> {
         let value = |name| exposition::sum(series, name, &[]);
         Some(Self {
-            workers: value(names::TOKIO_WORKERS)?,
-            busy_s: value(names::TOKIO_WORKER_BUSY_SECONDS_TOTAL)?,
-            alive_tasks: value(names::TOKIO_ALIVE_TASKS)?,
-            global_queue: value(names::TOKIO_GLOBAL_QUEUE_DEPTH)?,
+            workers: value(kit::TOKIO_WORKERS)?,
+            busy_s: value(kit::TOKIO_WORKER_BUSY_SECONDS_TOTAL)?,
+            alive_tasks: value(kit::TOKIO_ALIVE_TASKS)?,
+            global_queue: value(kit::TOKIO_GLOBAL_QUEUE_DEPTH)?,
         })
     }
 }

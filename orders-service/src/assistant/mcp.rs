@@ -108,11 +108,10 @@ impl ServerHandler for McpServer {
         let arguments = Value::Object(request.arguments.unwrap_or_default());
         let policy = self.state.assistant.policy;
         // One call, capped like one tool of a chat turn.
-        let one_call = ToolPolicy {
-            turn: policy.per_tool,
-            per_tool: policy.per_tool,
-            max_calls: 1,
-        };
+        let mut one_call = ToolPolicy::default();
+        one_call.turn = policy.per_tool;
+        one_call.per_tool = policy.per_tool;
+        one_call.max_calls = 1;
         let cancel = cancelled_or_gone(&context);
         let budget = ToolBudget::for_turn(&request_deadline(&context, policy), one_call)
             .with_metrics(&self.state.metrics);

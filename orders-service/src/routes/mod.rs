@@ -38,6 +38,9 @@ pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> 
         .route("/healthz", get(health::healthz))
         .with_state(state);
     let routes = service_kit::json::limit_bodies(routes, MAX_BODY_BYTES);
-    let layer = DeadlineLayer::new(policy).live_mode(mode);
+    // Load balancers' probes are bounded, but their budgets are nobody's: not reported.
+    let layer = DeadlineLayer::new(policy)
+        .live_mode(mode)
+        .probes(["/healthz", "/readyz"]);
     deadline_propagation::instrument(routes, layer, &metrics)
 }

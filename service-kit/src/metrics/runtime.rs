@@ -28,7 +28,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use tokio::runtime::{Handle, RuntimeMetrics};
 
-use super::encode_sample;
+use super::{encode_sample, names};
 
 /// Encodes the runtime metrics of one runtime on every scrape.
 #[derive(Debug)]
@@ -78,17 +78,17 @@ impl Collector for RuntimeCollector {
         let reading = Reading::of(&handle.metrics());
         let gauges = [
             (
-                "tokio_workers",
+                names::TOKIO_WORKERS,
                 "Worker threads of the tokio runtime",
                 reading.workers,
             ),
             (
-                "tokio_alive_tasks",
+                names::TOKIO_ALIVE_TASKS,
                 "Tasks spawned on the runtime and not yet finished",
                 reading.alive_tasks,
             ),
             (
-                "tokio_global_queue_depth",
+                names::TOKIO_GLOBAL_QUEUE_DEPTH,
                 "Tasks woken and waiting in the runtime's shared queue for a worker",
                 reading.global_queue_depth,
             ),
@@ -99,7 +99,7 @@ impl Collector for RuntimeCollector {
         }
         encode_sample(
             &mut encoder,
-            "tokio_worker_busy_seconds",
+            names::registered(names::TOKIO_WORKER_BUSY_SECONDS_TOTAL),
             "Time the runtime's workers spent not parked, summed over the workers",
             ConstCounter::new(reading.busy.as_secs_f64()),
         )

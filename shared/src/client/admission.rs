@@ -87,23 +87,11 @@ pub(crate) const MIN_SUCCESS_CHANCE: f64 = 0.1;
 /// the longest cut.
 pub(crate) const CENSORED_FACTOR: u32 = 2;
 /// While refusing, one call per interval goes through as a probe.
-#[doc(hidden)]
-pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 /// A probe needs at least this fraction (1/N) of the estimate to spend.
 pub(crate) const MIN_PROBE_SHARE: u32 = 4;
 /// How long a due probe waits for a call with enough budget before any call may take it.
 pub(crate) const PROBE_STARVED_AFTER: Duration = Duration::from_secs(1);
-
-/// Whether the budgeted client predicts (`CATALOG_ADMISSION`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-pub enum AdmissionMode {
-    /// Refuse calls predicted to finish late.
-    #[default]
-    Predict,
-    /// Admit every call (the pool limits still apply).
-    Off,
-}
 
 /// What to do with one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -29,26 +29,22 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::metrics::PoolGauges;
 
 /// Why no slot was given.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum AcquireError {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AcquireError {
     /// `pending_max` calls were already waiting: refused without waiting at all.
-    #[error("the pool queue is full")]
     QueueFull,
     /// The wait passed its limit.
-    #[error("timed out waiting for a pool slot")]
     TimedOut,
 }
 
 /// A concurrency cap with a bounded queue. Share it behind an `Arc`.
-#[doc(hidden)]
-pub struct Bulkhead {
+pub(crate) struct Bulkhead {
     slots: Arc<Semaphore>,
     max_in_flight: usize,
     pending_max: Option<usize>,
     pending: AtomicUsize,
     /// Of the waiters, those the queue limit applies to.
     limited: AtomicUsize,
-    peak_pending: AtomicUsize,
     gauges: PoolGauges,
 }
 
@@ -104,7 +100,6 @@ impl Bulkhead {
             pending_max,
             pending: AtomicUsize::new(0),
             limited: AtomicUsize::new(0),
-            peak_pending: AtomicUsize::new(0),
             gauges: PoolGauges::default(),
         }
     }
@@ -163,28 +158,18 @@ impl Bulkhead {
     }
 
     /// Calls waiting for a slot now.
-    pub fn pending(&self) -> usize {
+    pub(crate) fn pending(&self) -> usize {
         self.pending.load(Ordering::SeqCst)
     }
 
-    /// The most calls ever seen waiting at once.
-    pub fn peak_pending(&self) -> usize {
-        self.peak_pending.load(Ordering::SeqCst)
-    }
-
     /// Calls holding a slot now.
-    pub fn active(&self) -> usize {
+    pub(crate) fn active(&self) -> usize {
         self.max_in_flight - self.slots.available_permits()
     }
 
     /// The cap on concurrent calls.
-    pub fn max_in_flight(&self) -> usize {
+    pub(crate) fn max_in_flight(&self) -> usize {
         self.max_in_flight
-    }
-
-    /// The cap on waiting calls, if any.
-    pub fn pending_max(&self) -> Option<usize> {
-        self.pending_max
     }
 
     /// Joins the queue: as one of the waiters `limit` applies to (refused when that
@@ -199,8 +184,7 @@ impl Bulkhead {
                 })
                 .map_err(|_| AcquireError::QueueFull)?;
         }
-        let now = self.pending.fetch_add(1, Ordering::SeqCst) + 1;
-        self.peak_pending.fetch_max(now, Ordering::SeqCst);
+        self.pending.fetch_add(1, Ordering::SeqCst);
         // Nothing can fail between these steps and the guard that undoes them.
         self.gauges.pending.inc();
         Ok(Waiting {
@@ -243,7 +227,6 @@ mod tests {
         assert_eq!(bulkhead.pending(), 0);
         drop(held);
         assert_eq!(bulkhead.active(), 0);
-        assert_eq!(bulkhead.peak_pending(), 1);
     }
 
     #[tokio::test(start_paused = true)]
@@ -308,5 +291,60 @@ mod tests {
         waiter.abort();
         let _ = waiter.await;
         assert_eq!(bulkhead.pending(), 0);
+    }
+
+    /// Thousands of slot holders finishing, waiters timing out and tasks aborted at any
+    /// point, on several worker threads at once: when all of them are gone, both gauges
+    /// must read exactly 0 as the exposition shows them. A gauge that is *set* from
+    /// counts read a moment earlier can be overwritten by a stale value and stay above 0
+    /// forever.
+    #[cfg(feature = "metrics")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_gauges_return_to_exactly_zero_after_a_storm_of_completions_and_cancellations() {
+        use crate::testing::metric_value;
+
+        let metrics = crate::metrics::Metrics::new("test");
+        let gauges = metrics.client().pool_gauges("catalog");
+        let bulkhead = Arc::new(Bulkhead::new(3, Some(100_000)).with_gauges(gauges));
+        let scraped = || {
+            let text = metrics.render();
+            let gauge = |name| metric_value(&text, name, r#"client="catalog""#);
+            (
+                gauge("http_client_pool_pending_acquires"),
+                gauge("http_client_pool_active_connections"),
+            )
+        };
+        for round in 0..40 {
+            let tasks: Vec<_> = (0..600)
+                .map(|i| {
+                    let bulkhead = Arc::clone(&bulkhead);
+                    tokio::spawn(async move {
+                        // Every third waiter gives up after a few microseconds.
+                        let wait = if i % 3 == 1 {
+                            Duration::from_micros(50)
+                        } else {
+                            Duration::from_secs(10)
+                        };
+                        if let Ok(slot) = bulkhead.acquire(Some(wait)).await {
+                            tokio::task::yield_now().await;
+                            drop(slot);
+                        }
+                    })
+                })
+                .collect();
+            // Cancel every fifth task wherever it happens to be: waiting, or holding a slot.
+            for task in tasks.iter().step_by(5) {
+                task.abort();
+            }
+            for task in tasks {
+                let _ = task.await;
+            }
+            assert_eq!((bulkhead.pending(), bulkhead.active()), (0, 0));
+            assert_eq!(
+                scraped(),
+                (Some(0.0), Some(0.0)),
+                "round {round}: (pending, active) as rendered for /metrics"
+            );
+        }
     }
 }

@@ -47,11 +47,13 @@ use crate::metrics::FloatGauge;
 /// ```
 /// use deadline_propagation::client::HedgePolicy;
 ///
-/// // A hedge at the p99 of recent calls, never sooner than 5 ms, once 100 calls are known.
-/// let hedge = HedgePolicy { max_extra_load: 0.01, ..HedgePolicy::default() };
+/// // A hedge at the p95 of recent calls, never sooner than 5 ms, once 100 calls are known.
+/// let mut hedge = HedgePolicy::default();
+/// hedge.max_extra_load = 0.05;
 /// assert!(hedge.deadline_aware);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct HedgePolicy {
     /// The share of extra calls hedging may add: the hedge is sent after the quantile
     /// `1 − max_extra_load` of recent call times (0.01: the p99).

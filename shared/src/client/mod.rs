@@ -30,11 +30,11 @@
 //!
 //! Each call runs in the mode its [`Deadline`] carries. In [`DeadlineMode::Legacy`] the
 //! client behaves like code written without the technique: an unbounded queue, no
-//! budget header, and a fixed reqwest timeout (the ingress policy's `legacy_timeout`) that covers the request but not the
-//! time spent queueing for a slot. [`DeadlineMode::Observe`] waits and times out like
-//! legacy but sends the budget header, with `X-Deadline-Mode: observe` so that a
-//! downstream which honours it observes too (docs/design.md §4.3), and counts
-//! each refusal propagate would make.
+//! budget header, and a fixed reqwest timeout (the ingress policy's `legacy_timeout`)
+//! that covers the request but not the time spent queueing for a slot.
+//! [`DeadlineMode::Observe`] waits and times out like legacy but sends the budget
+//! header, with `X-Deadline-Mode: observe` so that a downstream which honours it
+//! observes too, and counts each refusal propagate would make.
 
 mod admission;
 mod bulkhead;
@@ -54,16 +54,10 @@ use http::Method;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
-pub use admission::AdmissionMode;
-#[doc(hidden)]
-pub use admission::PROBE_INTERVAL;
-pub(crate) use admission::{Admission, Verdict, expected_wait};
-pub use bulkhead::AcquireError;
-#[doc(hidden)]
-pub use bulkhead::Bulkhead;
-pub(crate) use bulkhead::Slot;
-pub use error::CallError;
-pub(crate) use error::DEFAULT_RETRY_AFTER;
+pub(crate) use admission::PROBE_INTERVAL;
+use admission::{Admission, Verdict, expected_wait};
+use bulkhead::{AcquireError, Bulkhead, Slot};
+pub use error::{CallError, CallErrorKind};
 pub use hedge::HedgePolicy;
 use hedge::History;
 pub use request::{CallRequest, Reply};
@@ -72,58 +66,51 @@ use retry_budget::Tokens;
 use wire::Wire;
 
 use crate::deadline::Deadline;
-use crate::ingress::DeadlineMode;
-use crate::metrics::{ClientMetrics, RejectReason};
-#[cfg(feature = "metrics")]
-use crate::metrics::{Metrics, PoolLimits};
+use crate::metrics::ClientMetrics;
+use crate::mode::DeadlineMode;
 use crate::stage::Downstream;
 
-/// How a [`BudgetedClient`] is set up.
+/// How a [`BudgetedClient`] is set up: a downstream's name and base URL, with defaults
+/// for the rest that fields may change.
 ///
 /// ```
 /// use std::time::Duration;
-/// use deadline_propagation::client::{AdmissionMode, BudgetedClient, ClientConfig, RetryBudget};
+/// use deadline_propagation::client::{BudgetedClient, ClientConfig};
 /// use deadline_propagation::Downstream;
 ///
-/// let config = ClientConfig {
-///     // From configuration; a bad name fails here, at start-up.
-///     name: Downstream::new("inventory").expect("a valid downstream name"),
-///     base_url: "http://127.0.0.1:8082".into(),
-///     max_connections: 20,
-///     pending_max: 20,
-///     acquire_timeout: Duration::from_millis(40),
-///     reserve: Duration::from_millis(5),
-///     admission: AdmissionMode::Predict,
-///     idle_timeout: Duration::from_secs(2),
-///     hedge: None, // no backup attempts
-///     retry_budget: RetryBudget::default(),
-/// };
+/// // From configuration; a bad name fails here, at start-up.
+/// let name = Downstream::new("inventory").expect("a valid downstream name");
+/// let mut config = ClientConfig::new(name, "http://127.0.0.1:8082");
+/// config.max_connections = 20;
+/// config.acquire_timeout = Duration::from_millis(40);
 /// let client = BudgetedClient::new(config).expect("the client builds");
 /// assert_eq!(client.downstream().pool().as_str(), "inventory_pool");
 /// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ClientConfig {
     /// Which downstream this is: its name labels the metrics (`client="inventory"`)
     /// and its stages (`inventory_pool`, `inventory`) name where a call's budget went.
     pub name: Downstream,
     /// Base URL, e.g. `http://127.0.0.1:8081`.
     pub base_url: String,
-    /// Calls in flight at most (`CATALOG_POOL_MAX_CONNECTIONS`).
-    pub max_connections: usize,
-    /// Calls waiting for a slot at most (`CATALOG_POOL_PENDING_MAX`).
-    pub pending_max: usize,
-    /// The longest a call waits for a slot (`CATALOG_POOL_ACQUIRE_TIMEOUT_MS`); the
-    /// early-rejection threshold.
+    /// Calls in flight at most (50; at least 1).
+    pub max_connections: u32,
+    /// Calls waiting for a slot at most (50); more are refused at once.
+    pub pending_max: u32,
+    /// The longest a call waits for a slot (40 ms): the early-rejection threshold.
     pub acquire_timeout: Duration,
-    /// Budget kept back at this hop when propagating (`DEADLINE_RESERVE_MS`).
+    /// Budget kept back at this hop when propagating (5 ms): time to build its own
+    /// answer from the downstream's.
     pub reserve: Duration,
-    /// Whether calls predicted to finish late are refused (`CATALOG_ADMISSION`).
-    pub admission: AdmissionMode,
-    /// How long an *unused* connection is kept open. Keep it well below the time after
-    /// which the downstream closes idle connections (catalog-service: its header read
-    /// timeout, 5 s). Otherwise a call can reuse a connection at the moment the server
-    /// closes it: the request is lost unanswered and the call fails although the
-    /// downstream is fine. Below it, the client always closes first.
+    /// Whether calls that recent calls say cannot finish in what they have left are
+    /// refused before they take a slot (on).
+    pub admission: bool,
+    /// How long an *unused* connection is kept open (2 s). Keep it well below the time
+    /// after which the downstream closes idle connections. Otherwise a call can reuse a
+    /// connection at the moment the server closes it: the request is lost unanswered and
+    /// the call fails although the downstream is fine. Below it, the client always
+    /// closes first.
     pub idle_timeout: Duration,
     /// Hedging: a backup attempt for a slow call that is safe to send twice. `None`
     /// (the default) sends none.
@@ -131,6 +118,24 @@ pub struct ClientConfig {
     /// How many extra attempts (hedges and retries) the client may add to its first
     /// ones.
     pub retry_budget: RetryBudget,
+}
+
+impl ClientConfig {
+    /// The defaults, for the downstream `name` at `base_url`.
+    pub fn new(name: Downstream, base_url: impl Into<String>) -> Self {
+        Self {
+            name,
+            base_url: base_url.into(),
+            max_connections: 50,
+            pending_max: 50,
+            acquire_timeout: Duration::from_millis(40),
+            reserve: Duration::from_millis(5),
+            admission: true,
+            idle_timeout: Duration::from_secs(2),
+            hedge: None,
+            retry_budget: RetryBudget::default(),
+        }
+    }
 }
 
 /// The budgeted client. Cheap to clone.
@@ -169,11 +174,14 @@ impl BudgetedClient {
 
     /// [`BudgetedClient::new`], reporting to `metrics`: its calls, its bulkhead's
     /// pending and active gauges (pool queueing against a slow downstream), its
-    /// rejections, its latency estimate, and its configured limits.
+    /// rejections, its latency estimate, its attempts, and its configured limits.
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn with_metrics(config: ClientConfig, metrics: &Metrics) -> Result<Self, reqwest::Error> {
-        let limits = PoolLimits {
+    pub fn with_metrics(
+        config: ClientConfig,
+        metrics: &crate::metrics::Metrics,
+    ) -> Result<Self, reqwest::Error> {
+        let limits = crate::metrics::PoolLimits {
             max_connections: config.max_connections,
             pending_max: config.pending_max,
             acquire_timeout: config.acquire_timeout,
@@ -181,19 +189,22 @@ impl BudgetedClient {
         let settings = metrics.settings();
         settings.set_pool_limits(config.name.name(), limits);
         settings.set_policy_kind("reserve", config.reserve);
-        metrics.declare_downstream(config.name);
         Self::build(config, Some(metrics.client().clone()))
     }
 
     fn build(config: ClientConfig, metrics: Option<ClientMetrics>) -> Result<Self, reqwest::Error> {
         let name = config.name.name();
+        let count = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
         // Legacy and observe ignore the queue limit per call (the mode can switch).
-        let mut bulkhead = Bulkhead::new(config.max_connections, Some(config.pending_max));
+        let mut bulkhead = Bulkhead::new(
+            count(config.max_connections),
+            Some(count(config.pending_max)),
+        );
         if let Some(metrics) = &metrics {
-            metrics.init(config.name);
+            metrics.init(config.name, &RejectReason::ALL, &send::ATTEMPT_LABELS);
             bulkhead = bulkhead.with_gauges(metrics.pool_gauges(name));
         }
-        let admission = (config.admission == AdmissionMode::Predict).then(|| {
+        let admission = config.admission.then(|| {
             let gauge = metrics.as_ref().map(|m| m.estimate_gauge(name));
             Arc::new(Admission::new(gauge.unwrap_or_default()))
         });
@@ -213,7 +224,7 @@ impl BudgetedClient {
         // had been sent.
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
-            .pool_max_idle_per_host(config.max_connections)
+            .pool_max_idle_per_host(count(config.max_connections))
             .pool_idle_timeout(config.idle_timeout)
             .tcp_nodelay(true)
             .build()?;
@@ -229,25 +240,12 @@ impl BudgetedClient {
         })
     }
 
-    /// The bulkhead, for the crate's own tests.
-    #[cfg(test)]
-    pub(crate) fn bulkhead(&self) -> &Arc<Bulkhead> {
-        &self.bulkhead
-    }
-
-    /// The latency estimate, unless admission is off.
-    #[cfg(test)]
-    pub(crate) fn admission(&self) -> Option<&Arc<Admission>> {
-        self.admission.as_ref()
-    }
-
     /// The configuration.
     pub fn config(&self) -> &ClientConfig {
         &self.config
     }
 
-    /// The downstream this client calls: its name and its two stages, for turning a
-    /// [`CallError`] into the answer ([`CallError::into_problem`]).
+    /// The downstream this client calls: its name and its two stages.
     pub fn downstream(&self) -> Downstream {
         self.config.name
     }
@@ -351,7 +349,7 @@ impl BudgetedClient {
                 if let Some(metrics) = &self.metrics {
                     metrics.count_predicted_late(self.config.name.name());
                 }
-                Err(CallError::PredictedLate { needed, available })
+                Err(self.error(CallErrorKind::PredictedLate { needed, available }))
             }
         }
     }
@@ -362,8 +360,13 @@ impl BudgetedClient {
         self.config.reserve + self.wire.estimate()
     }
 
+    /// An error of this client's downstream.
+    pub(crate) fn error(&self, kind: CallErrorKind) -> CallError {
+        CallError::new(self.config.name, kind)
+    }
+
     /// Whether `deadline` has no more than [`keep_back`](Self::keep_back) left:
-    /// nothing can be handed on, so no call may be sent (docs/design.md §3.4).
+    /// nothing can be handed on, so no call may be sent.
     fn is_spent(&self, deadline: &Deadline) -> bool {
         deadline.mode() != DeadlineMode::Legacy
             && deadline.outbound_millis(self.keep_back()).is_none()
@@ -375,9 +378,8 @@ impl BudgetedClient {
     /// send counts the 504 propagate would have answered.
     pub(crate) fn refuse_spent(&self, deadline: &Deadline) -> Result<(), CallError> {
         if self.is_spent(deadline) && deadline.mode().enforces() {
-            return Err(CallError::Deadline(
-                deadline.exceeded(self.config.name.call()),
-            ));
+            let exceeded = deadline.exceeded(self.config.name.call());
+            return Err(self.error(CallErrorKind::Deadline(exceeded)));
         }
         Ok(())
     }
@@ -415,25 +417,47 @@ impl BudgetedClient {
         }
         let refused = |reason: RejectReason| {
             if let Some(metrics) = &self.metrics {
-                metrics.count_rejection(name, reason);
+                metrics.count_rejection(name, reason.as_str());
             }
         };
         match result {
             Ok(Ok(slot)) => Ok(slot),
-            Ok(Err(err)) => {
-                refused(match err {
-                    AcquireError::QueueFull => RejectReason::QueueFull,
-                    AcquireError::TimedOut => RejectReason::AcquireTimeout,
-                });
-                Err(CallError::Rejected {
-                    reason: err,
-                    retry_after: DEFAULT_RETRY_AFTER,
-                })
+            Ok(Err(AcquireError::QueueFull)) => {
+                refused(RejectReason::QueueFull);
+                Err(self.error(CallErrorKind::QueueFull))
+            }
+            Ok(Err(AcquireError::TimedOut)) => {
+                refused(RejectReason::AcquireTimeout);
+                Err(self.error(CallErrorKind::AcquireTimeout))
             }
             Err(exceeded) => {
                 refused(RejectReason::Deadline);
-                Err(CallError::Deadline(exceeded))
+                Err(self.error(CallErrorKind::Deadline(exceeded)))
             }
+        }
+    }
+}
+
+/// Why the bulkhead refused a call (`http_client_pool_rejections_total{reason}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RejectReason {
+    /// The pending queue was at its maximum.
+    QueueFull,
+    /// The wait for a slot passed the acquire timeout.
+    AcquireTimeout,
+    /// The request's own deadline ran out while waiting.
+    Deadline,
+}
+
+impl RejectReason {
+    /// Every reason, as the label spells it: their series exist from the start.
+    const ALL: [&'static str; 3] = ["queue_full", "acquire_timeout", "deadline"];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::QueueFull => "queue_full",
+            RejectReason::AcquireTimeout => "acquire_timeout",
+            RejectReason::Deadline => "deadline",
         }
     }
 }

@@ -24,15 +24,16 @@ use http::{HeaderMap, Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{BudgetedClient, CallError};
+use super::{BudgetedClient, CallError, CallErrorKind};
 use crate::deadline::Deadline;
+use crate::stage::Downstream;
 
 /// One request being built; send it with [`send`](CallRequest::send). Made by
 /// [`BudgetedClient::request`].
 ///
 /// A header or body that cannot be used (an invalid header value, a value that does not
-/// serialize) is reported by `send` as [`CallError::Request`], before any I/O, so a
-/// chain of builder calls needs no `?` of its own.
+/// serialize) is reported by `send` as a [`CallErrorKind::Request`], before any I/O, so
+/// a chain of builder calls needs no `?` of its own.
 ///
 /// ```no_run
 /// # async fn example(client: deadline_propagation::client::BudgetedClient, deadline: deadline_propagation::Deadline)
@@ -148,13 +149,13 @@ impl<'c> CallRequest<'c> {
     ///     .request(http::Method::POST, "/check")
     ///     .json(&serde_json::json!({"sku": "SKU-00001", "quantity": 1}))
     ///     .send(&deadline)
-    ///     .await
-    ///     .map_err(|err| err.into_problem(client.downstream()))?;
+    ///     .await?; // a CallError is the answer it stands for: 504, 503, 502 or 404
     /// # Ok(()) }
     /// ```
     pub async fn send(self, deadline: &Deadline) -> Result<Reply, CallError> {
         if let Some(why) = &self.invalid {
-            return Err(CallError::Request(why.clone()));
+            let cause = Unbuildable(why.clone());
+            return Err(self.client.error(CallErrorKind::Request).caused_by(cause));
         }
         let client = self.client;
         // A spent budget is a 504 before anything could answer 503 (health checks too).
@@ -183,12 +184,21 @@ pub struct Reply {
     pub headers: HeaderMap,
     /// The whole body.
     pub body: bytes::Bytes,
+    /// Who answered (for the error a body that does not parse is).
+    pub(super) downstream: Downstream,
 }
 
 impl Reply {
-    /// The body parsed as JSON; a body that does not parse is [`CallError::Invalid`]
-    /// (502: the downstream broke its side of the interface).
+    /// The body parsed as JSON; a body that does not parse is a
+    /// [`CallErrorKind::Invalid`] (502: the downstream broke its side of the
+    /// interface), with serde's error as its source.
     pub fn json<T: DeserializeOwned>(&self) -> Result<T, CallError> {
-        serde_json::from_slice(&self.body).map_err(|err| CallError::Invalid(err.to_string()))
+        serde_json::from_slice(&self.body)
+            .map_err(|err| CallError::new(self.downstream, CallErrorKind::Invalid).caused_by(err))
     }
 }
+
+/// Why a request could not be built, as the builder found it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Unbuildable(String);

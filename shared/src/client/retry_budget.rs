@@ -22,10 +22,12 @@ use tokio::time::Instant;
 /// use deadline_propagation::client::RetryBudget;
 ///
 /// // At most one extra attempt per 20 first attempts, and one every second anyway.
-/// let budget = RetryBudget { ratio: 0.05, floor_per_s: 1.0, cap: 10.0 };
-/// assert!(budget.ratio <= 0.05);
+/// let mut budget = RetryBudget::default();
+/// budget.ratio = 0.05;
+/// budget.floor_per_s = 1.0;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct RetryBudget {
     /// Tokens each first attempt earns (0.03: 3 extra attempts per 100 first ones).
     pub ratio: f64,

@@ -27,11 +27,10 @@ use tracing::Instrument;
 use super::hedge::LIKELY;
 use super::request::{CallRequest, Reply};
 use super::wire::server_total;
-use super::{BudgetedClient, CallError, Slot};
+use super::{BudgetedClient, CallError, CallErrorKind, Slot};
 use crate::deadline::{Deadline, DeadlineExceeded};
 use crate::header::{DEADLINE_MODE_HEADER, OBSERVE, REQUEST_TIMEOUT_HEADER};
-use crate::ingress::DeadlineMode;
-use crate::metrics::{AttemptKind, AttemptOutcome};
+use crate::mode::DeadlineMode;
 
 /// The least budget worth any extra attempt, whatever the history says.
 const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);
@@ -49,6 +48,77 @@ const OWNED_HEADERS: [HeaderName; 4] = [
 /// What one attempt gave: reqwest's answer (any status) or its failure, or the
 /// deadline.
 type Outcome = Result<Result<Reply, reqwest::Error>, DeadlineExceeded>;
+
+/// Which attempt of a call (`http_client_attempts_total{kind}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AttemptKind {
+    /// The call's first attempt.
+    First,
+    /// A backup beside a slow first attempt.
+    Hedge,
+    /// A second attempt after a refused connection or a 503.
+    Retry,
+}
+
+/// What became of an attempt (`http_client_attempts_total{outcome}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AttemptOutcome {
+    /// Sent; the call ended with its answer.
+    Won,
+    /// Sent; the call ended with another attempt's answer (this one was dropped or
+    /// failed).
+    Lost,
+    /// Sent, and cut by the deadline (or answered 504: the downstream ran out of the
+    /// budget it was given): its work was thrown away.
+    Cut,
+    /// Not sent: the retry budget had no token.
+    RefusedBudget,
+    /// Not sent: what was left could not cover what nine attempts in ten take.
+    RefusedDeadline,
+    /// Not sent (a hedge): no slot was free at once.
+    NoSlot,
+}
+
+impl AttemptKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::First => "first",
+            Self::Hedge => "hedge",
+            Self::Retry => "retry",
+        }
+    }
+}
+
+impl AttemptOutcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Won => "won",
+            Self::Lost => "lost",
+            Self::Cut => "cut",
+            Self::RefusedBudget => "refused_budget",
+            Self::RefusedDeadline => "refused_deadline",
+            Self::NoSlot => "no_slot",
+        }
+    }
+}
+
+/// Every `(kind, outcome)` an attempt can have, as the labels spell them: their series
+/// exist from the start (a first attempt is always sent, a retry never loses).
+pub(super) const ATTEMPT_LABELS: [(&str, &str); 13] = [
+    ("first", "won"),
+    ("first", "lost"),
+    ("first", "cut"),
+    ("hedge", "won"),
+    ("hedge", "lost"),
+    ("hedge", "cut"),
+    ("hedge", "refused_budget"),
+    ("hedge", "refused_deadline"),
+    ("hedge", "no_slot"),
+    ("retry", "won"),
+    ("retry", "cut"),
+    ("retry", "refused_budget"),
+    ("retry", "refused_deadline"),
+];
 
 /// An attempt that ran, for the counts: its kind, and whether it was cut (by our
 /// deadline, or the downstream ran out of the budget we gave it: its work was thrown
@@ -112,7 +182,7 @@ impl BudgetedClient {
         let spent = deadline.outbound_millis(self.keep_back()).is_none();
         if spent && mode == DeadlineMode::Propagate {
             // Nothing is sent, so there is nothing to learn from either.
-            return Err(CallError::Deadline(deadline.exceeded(stage)));
+            return Err(self.error(CallErrorKind::Deadline(deadline.exceeded(stage))));
         }
         let mut headers = request.headers.clone();
         for owned in &OWNED_HEADERS {
@@ -182,9 +252,9 @@ impl BudgetedClient {
             deadline.would_refuse(stage, "deadline");
         }
         match tried.outcome {
-            Err(exceeded) => Err(CallError::Deadline(exceeded)),
-            Ok(Ok(answer)) => CallError::check(answer, deadline, stage),
-            Ok(Err(err)) => Err(CallError::Unreachable(err.to_string())),
+            Err(exceeded) => Err(self.error(CallErrorKind::Deadline(exceeded))),
+            Ok(Ok(answer)) => CallError::check(self.config.name, answer, deadline),
+            Ok(Err(err)) => Err(self.error(CallErrorKind::Unreachable).caused_by(err)),
         }
     }
 
@@ -292,7 +362,7 @@ impl BudgetedClient {
 
     fn count(&self, kind: AttemptKind, outcome: AttemptOutcome) {
         if let Some(metrics) = &self.metrics {
-            metrics.count_attempt(self.config.name.name(), kind, outcome);
+            metrics.count_attempt(self.config.name.name(), kind.as_str(), outcome.as_str());
         }
     }
 
@@ -392,9 +462,10 @@ impl BudgetedClient {
         if let Some(body) = &request.body {
             builder = builder.body(body.clone());
         }
+        let downstream = self.config.name;
         match timeout {
-            Some(timeout) => Ok(fetch(builder.timeout(timeout)).await),
-            None => deadline.run(stage, fetch(builder)).await,
+            Some(timeout) => Ok(fetch(builder.timeout(timeout), downstream).await),
+            None => deadline.run(stage, fetch(builder, downstream)).await,
         }
     }
 }
@@ -412,7 +483,10 @@ impl CallRequest<'_> {
 
 /// Sends and reads the whole body: both belong inside the same timeout. The answer is
 /// any status here; [`CallError::check`] sorts success from failure.
-async fn fetch(request: reqwest::RequestBuilder) -> Result<Reply, reqwest::Error> {
+async fn fetch(
+    request: reqwest::RequestBuilder,
+    downstream: crate::stage::Downstream,
+) -> Result<Reply, reqwest::Error> {
     let response = request.send().await?;
     let status = response.status();
     let headers = response.headers().clone();
@@ -421,6 +495,7 @@ async fn fetch(request: reqwest::RequestBuilder) -> Result<Reply, reqwest::Error
         status,
         headers,
         body,
+        downstream,
     })
 }
 

@@ -11,9 +11,11 @@ pub enum DbError {
     /// written: 504.
     #[error(transparent)]
     Deadline(#[from] DeadlineExceeded),
-    /// The database is unreachable or the pool is saturated; nothing was written: 503.
-    #[error("database unavailable: {0}")]
-    Unavailable(String),
+    /// The database is unreachable or the pool is saturated, or a COMMIT whose
+    /// connection was lost turned out not to have committed; nothing was written: 503.
+    /// The driver's error, where there was one, is the source.
+    #[error("database unavailable")]
+    Unavailable(#[source] Option<sqlx::Error>),
     /// COMMIT was sent but its outcome could not be learned within 250 ms
     /// past the deadline: 500, which promises nothing (a 504 would say "not written").
     #[error("the outcome of the commit is unknown")]
@@ -27,7 +29,10 @@ impl From<DbError> for Problem {
     fn from(err: DbError) -> Self {
         match err {
             DbError::Deadline(exceeded) => Problem::deadline(exceeded),
-            DbError::Unavailable(cause) => Problem::unavailable(Stage::DbPool, cause),
+            DbError::Unavailable(cause) => {
+                let cause = cause.map_or("nothing was committed".to_owned(), |e| e.to_string());
+                Problem::unavailable(Stage::DbPool, cause)
+            }
             DbError::OutcomeUnknown => Problem::outcome_unknown(Stage::Db),
             DbError::Query(err) => Problem::internal(err),
         }
@@ -43,7 +48,7 @@ pub(crate) fn classify(err: sqlx::Error, deadline: &Deadline, stage: Stage) -> D
             // idle_in_transaction_session_timeout (25P03) means the same, later.
             Some("57014" | "55P03" | "25P03") => DbError::Deadline(deadline.exceeded(Stage::Db)),
             // admin_shutdown, crash_shutdown, cannot_connect_now: the server is going away.
-            Some("57P01" | "57P02" | "57P03") => DbError::Unavailable(err.to_string()),
+            Some("57P01" | "57P02" | "57P03") => DbError::Unavailable(Some(err)),
             _ => DbError::Query(err),
         },
         sqlx::Error::PoolTimedOut if deadline.is_expired() => {
@@ -54,7 +59,7 @@ pub(crate) fn classify(err: sqlx::Error, deadline: &Deadline, stage: Stage) -> D
         | sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::Protocol(_)
-        | sqlx::Error::WorkerCrashed => DbError::Unavailable(err.to_string()),
+        | sqlx::Error::WorkerCrashed => DbError::Unavailable(Some(err)),
         _ => DbError::Query(err),
     }
 }

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::sql::{Access, begin_sql, commit_sql};
-use super::{Body, Check, DbError, End, classify};
+use super::{Check, DbError, End, Statements, classify};
 use crate::deadline::Deadline;
 use crate::metrics::DbMetrics;
 use crate::stage::Stage;
@@ -122,7 +122,7 @@ type Conn = PoolConnection<Postgres>;
 /// A failed step's error, made only if it is the answer: making it counts a deadline
 /// (`deadline_exceeded_total`), which must happen once per request, by whoever answers.
 type Failure<'a> = Box<dyn FnOnce() -> DbError + Send + 'a>;
-type Reply<T> = oneshot::Sender<Result<T, DbError>>;
+type Responder<T> = oneshot::Sender<Result<T, DbError>>;
 
 /// The caller's reply. It is sent only if the job claims the answer (see [`Handoff`]);
 /// the result is made only then, so a deadline the caller has already answered is not
@@ -130,7 +130,7 @@ type Reply<T> = oneshot::Sender<Result<T, DbError>>;
 /// handler builds its response (and `Server-Timing`) as soon as the answer arrives,
 /// while this task may still be rolling back or returning the connection.
 struct Answer<'a, T> {
-    reply: Reply<T>,
+    reply: Responder<T>,
     handoff: &'a Handoff,
     deadline: &'a Deadline,
     claimed: bool,
@@ -166,7 +166,7 @@ enum Guarded<O> {
 impl Job {
     /// Runs the whole transaction and answers on `reply` (at most once, and only if the
     /// caller has not answered itself at its deadline).
-    pub(super) async fn run<T, B: Body<T>>(self, body: B, reply: Reply<T>) {
+    pub(super) async fn run<T, B: Statements<T>>(self, body: B, reply: Responder<T>) {
         let waited = self.acquire();
         let acquired =
             Instrument::instrument(waited, self.deadline.stage_span(Stage::DbPool)).await;
@@ -251,7 +251,7 @@ impl Job {
 
     /// `BEGIN`, the body, then `COMMIT` or `ROLLBACK`. Returns the answer if nothing
     /// decided it (the caller left, or the statements were abandoned).
-    async fn transact<'a, T, B: Body<T>>(
+    async fn transact<'a, T, B: Statements<T>>(
         &'a self,
         conn: &mut Conn,
         body: B,
@@ -480,9 +480,8 @@ impl Job {
         .await;
         match learned {
             Ok(Ok(true)) => Ok(()),
-            Ok(Ok(false)) => Err(DbError::Unavailable(
-                "the connection was lost during COMMIT, which did not commit".to_owned(),
-            )),
+            // The connection was lost during COMMIT, which did not commit.
+            Ok(Ok(false)) => Err(DbError::Unavailable(None)),
             Ok(Err(err)) => {
                 tracing::warn!(error = %err, "cannot learn the outcome of a COMMIT");
                 Err(DbError::OutcomeUnknown)

@@ -1,7 +1,7 @@
 //! The legacy and observe paths of [`Db`]: a transaction as code without the
 //! technique writes it, for the before/after comparison and a safe rollout.
 
-use super::{Body, Db, DbError, End, classify};
+use super::{Db, DbError, End, Statements, classify};
 use crate::deadline::Deadline;
 use crate::stage::Stage;
 
@@ -10,7 +10,7 @@ impl Db {
     /// server-side limits, statements dropped wherever the caller's future is dropped.
     /// The wait for a connection is bounded by the fixed legacy timeout only. `observe`
     /// counts where propagate would have refused it.
-    pub(super) async fn legacy<T, B: Body<T>>(
+    pub(super) async fn legacy<T, B: Statements<T>>(
         &self,
         body: B,
         deadline: &Deadline,

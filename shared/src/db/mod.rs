@@ -1,4 +1,4 @@
-//! PostgreSQL under the deadline (docs/design.md §5).
+//! PostgreSQL under the deadline.
 //!
 //! # What an answer promises
 //!
@@ -73,10 +73,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::deadline::Deadline;
-use crate::ingress::DeadlineMode;
 use crate::metrics::DbMetrics;
 #[cfg(feature = "metrics")]
 use crate::metrics::Metrics;
+use crate::mode::DeadlineMode;
 
 pub use error::DbError;
 pub(crate) use error::classify;
@@ -157,36 +157,37 @@ impl std::fmt::Debug for Check {
     }
 }
 
-/// The body of a transaction: its statements on the connection, as one future.
+/// The statements of a transaction on its connection, as one future, ending in what to
+/// do ([`End`]).
 ///
 /// Write it as `|conn| Box::pin(async move { ... })`, with queries run on `&mut *conn`.
 /// It must only run SQL: the task that runs it cancels the statement in flight, and
-/// only that, when the deadline passes or the caller goes away.
+/// only that, when the deadline passes or the caller goes away; and the server ends a
+/// transaction left waiting between statements (see [`DbConfig`]).
 ///
 /// See [`Db::transaction`] for one.
-pub trait Body<T>:
+pub trait Statements<T>:
     for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<End<T>, sqlx::Error>> + Send + 'static
 {
 }
 
-impl<T, F> Body<T> for F where
+impl<T, F> Statements<T> for F where
     F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<End<T>, sqlx::Error>>
         + Send
         + 'static
 {
 }
 
-/// Pool settings, and the bounds the server keeps on each session by itself.
+/// Pool settings, and the bounds the server keeps on each session by itself: the
+/// defaults, which fields may change.
 ///
 /// ```
 /// use std::time::Duration;
 /// use deadline_propagation::db::DbConfig;
 ///
-/// let config = DbConfig {
-///     max_connections: 10,
-///     acquire_timeout: Duration::from_millis(250), // then 503 `db_pool`
-///     ..DbConfig::default()
-/// };
+/// let mut config = DbConfig::default();
+/// config.max_connections = 10;
+/// config.acquire_timeout = Duration::from_millis(250); // then 503 `db_pool`
 /// ```
 ///
 /// # When the network goes silent
@@ -216,6 +217,7 @@ impl<T, F> Body<T> for F where
 /// ended 0.5 s after its statement finished, a running statement whose client was cut
 /// off about 2 s after its client's last packet. Zero switches a bound off.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct DbConfig {
     /// Pool size.
     pub max_connections: u32,
@@ -307,11 +309,7 @@ impl Markers {
 /// use deadline_propagation::Deadline;
 ///
 /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let config = DbConfig {
-///     max_connections: 10,
-///     acquire_timeout: Duration::from_millis(250),
-///     ..DbConfig::default()
-/// };
+/// let config = DbConfig::default();
 /// let db = Db::connect_lazy("postgres://app@127.0.0.1/app", config)?;
 /// let deadline = Deadline::after(Duration::from_millis(300));
 /// // Pool wait, BEGIN with statement_timeout = what is left, the query, ROLLBACK.
@@ -343,7 +341,7 @@ impl Db {
     /// use deadline_propagation::{db::{Db, DbConfig}, metrics::Metrics};
     ///
     /// # #[tokio::main] async fn main() -> Result<(), sqlx::Error> {
-    /// let metrics = Metrics::new("orders-service");
+    /// let metrics = Metrics::new("inventory");
     /// let config = DbConfig::default();
     /// // Nothing is connected yet: a database that is down is a 503 per request, not a crash.
     /// let db = Db::connect_lazy("postgres://app@127.0.0.1/app", config)?.with_metrics(&metrics);
@@ -407,7 +405,8 @@ impl Db {
         (self.pool.size() as usize).saturating_sub(self.pool.num_idle())
     }
 
-    /// Copies the pool's idle and in-use counts into the gauges.
+    /// Copies the pool's idle and in-use counts into the gauges (at each scrape).
+    #[cfg(feature = "metrics")]
     pub(crate) fn report_pool(&self) {
         if let Some(metrics) = &self.metrics {
             metrics.set_connections(self.pool.num_idle(), self.in_use());
@@ -443,7 +442,7 @@ impl Db {
     pub async fn transaction<T, B>(&self, deadline: &Deadline, body: B) -> Result<T, DbError>
     where
         T: Send + 'static,
-        B: Body<T>,
+        B: Statements<T>,
     {
         self.spawn(deadline, Access::ReadWrite, body).await
     }
@@ -481,7 +480,7 @@ impl Db {
     async fn spawn<T, B>(&self, deadline: &Deadline, access: Access, body: B) -> Result<T, DbError>
     where
         T: Send + 'static,
-        B: Body<T>,
+        B: Statements<T>,
     {
         match deadline.mode() {
             DeadlineMode::Legacy => return self.legacy(body, deadline, false).await,
@@ -547,7 +546,7 @@ impl Drop for Leave {
     }
 }
 
-/// Gives a closure the higher-ranked signature of a [`Body`] (closure signatures are
+/// Gives a closure the higher-ranked signature of [`Statements`] (closure signatures are
 /// inferred from a bound only where the closure is passed directly).
 fn body<T, F>(body: F) -> F
 where

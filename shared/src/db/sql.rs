@@ -2,7 +2,7 @@
 //! simple-query batches, each one round trip, made only of utility statements (`SET`
 //! needs no snapshot and no plan, so the envelope costs next to nothing; a `SELECT
 //! set_config(...)` would cost both). Kept apart from the task that sends them so that
-//! `cargo xtask cost` measures exactly these statements with pgbench.
+//! a benchmark (`testing::begin_sql`) can time exactly these statements with pgbench.
 
 /// Read-write or read-only: whether the transaction is opened `READ ONLY`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,15 +14,17 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::ingress::DeadlineMode;
+use crate::mode::DeadlineMode;
 use crate::stage::Stage;
 use crate::timing::StageLog;
 
+mod live;
 mod no_return;
 mod policy;
 
+pub use live::LiveMode;
+
 pub use no_return::NO_RETURN_GRACE;
-pub use no_return::NoReturn;
 use policy::DEFAULT_LEGACY_TIMEOUT;
 pub use policy::DeadlinePolicy;
 
@@ -98,15 +100,17 @@ impl Deadline {
         }
     }
 
-    /// The same deadline, run in `mode` (the ingress stamps the mode in force when the
-    /// request arrived; see [`LiveMode`](crate::ingress::LiveMode)).
-    pub fn with_mode(mut self, mode: DeadlineMode) -> Self {
+    /// The same deadline, run in `mode`: only the ingress stamps it (the mode in force
+    /// when the request arrived, see [`LiveMode`]), so that no request runs half in one
+    /// mode and half in another.
+    pub(crate) fn with_mode(mut self, mode: DeadlineMode) -> Self {
         self.mode = mode;
         self
     }
 
     /// The same deadline with `timeout` as the fixed step timeout of legacy and observe
     /// mode (the ingress copies its policy's).
+    #[cfg(feature = "axum")]
     pub(crate) fn with_legacy_timeout(mut self, timeout: Duration) -> Self {
         self.legacy_timeout = timeout;
         self
@@ -114,6 +118,7 @@ impl Deadline {
 
     /// The fixed timeout a step waits in legacy and observe mode, where the budget is
     /// not enforced.
+    #[cfg(any(feature = "http-client", feature = "sqlx"))]
     pub(crate) fn legacy_timeout(&self) -> Duration {
         self.legacy_timeout
     }
@@ -125,6 +130,7 @@ impl Deadline {
     }
 
     /// Counts, in observe mode, a refusal propagate would have made in `stage`.
+    #[cfg(any(feature = "axum", feature = "http-client", feature = "sqlx"))]
     pub(crate) fn would_refuse(&self, stage: Stage, reason: &'static str) {
         tracing::debug!(stage = stage.as_str(), reason, "propagate would refuse");
         self.log.count_would_refuse(stage, reason);
@@ -164,12 +170,13 @@ impl Deadline {
     }
 
     /// The budget to send downstream: `remaining - reserve` in whole milliseconds, or
-    /// `None` when that is less than 1 ms: the budget is spent (docs/design.md §3).
+    /// `None` when that is less than 1 ms: the budget is spent, and nothing is sent.
     ///
     /// The reserve leaves this hop time to turn the downstream's answer into its own. A
     /// budget no larger than the reserve has nothing left to hand on; sending the call
     /// anyway with a 1 ms header would only make the downstream do work whose answer
     /// arrives too late, so the caller must not send it and answers 504 instead.
+    #[cfg(feature = "http-client")]
     pub(crate) fn outbound_millis(&self, reserve: Duration) -> Option<u64> {
         let ms = self.remaining().saturating_sub(reserve).as_millis();
         (ms > 0).then(|| u64::try_from(ms).unwrap_or(u64::MAX))
@@ -199,6 +206,7 @@ impl Deadline {
     }
 
     /// The log that records this request's stages.
+    #[cfg(any(test, feature = "axum", feature = "http-client", feature = "sqlx"))]
     pub(crate) fn log(&self) -> &Arc<StageLog> {
         &self.log
     }

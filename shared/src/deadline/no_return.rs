@@ -15,7 +15,7 @@ pub const NO_RETURN_GRACE: Duration = Duration::from_millis(500);
 /// See [`Deadline::point_of_no_return`]; the request is past it until this is dropped.
 #[derive(Debug)]
 #[must_use = "the point of no return ends when this guard is dropped"]
-pub struct NoReturn {
+struct NoReturn {
     log: Arc<StageLog>,
 }
 
@@ -34,7 +34,15 @@ impl Deadline {
     /// a guard lives, the ingress layer does not answer 504 at the deadline; it waits up
     /// to [`NO_RETURN_GRACE`] longer for the handler, which learns the outcome and
     /// answers by it.
-    pub fn point_of_no_return(&self) -> NoReturn {
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let deadline = deadline_propagation::Deadline::after(Duration::from_millis(300));
+    /// let _committing = deadline.point_of_no_return(); // past it until this is dropped
+    /// // ... send COMMIT, learn its outcome ...
+    /// ```
+    #[must_use = "the point of no return ends when this guard is dropped"]
+    pub fn point_of_no_return(&self) -> impl std::fmt::Debug + Send + Sync + 'static {
         self.log.enter_no_return();
         NoReturn {
             log: Arc::clone(&self.log),

@@ -3,19 +3,23 @@
 use std::time::Duration;
 
 /// How an ingress turns a client's requested budget into an accepted one.
+///
+/// Its fields are private so that no policy can exist whose default exceeds its
+/// maximum, or whose maximum is zero: [`new`](Self::new) clamps both.
+///
+/// ```
+/// use std::time::Duration;
+/// use deadline_propagation::DeadlinePolicy;
+///
+/// let policy = DeadlinePolicy::from_millis(2000, 5000); // a default above the maximum
+/// assert_eq!(policy.default_budget(), Duration::from_millis(2000));
+/// assert_eq!(policy.accept(Some(Duration::from_secs(60))), (Duration::from_secs(2), true));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeadlinePolicy {
-    /// The most this service ever grants, whatever the client asks for. Without it a
-    /// client asking for 60 s would hold a worker, a pool slot and a database connection
-    /// for 60 s.
-    pub max: Duration,
-    /// The budget of a request that sends no header.
-    pub default: Duration,
-    /// The fixed timeout of every step in `legacy` mode, the off switch
-    /// ([`DeadlineMode::Legacy`](crate::DeadlineMode::Legacy)): no budget is enforced
-    /// there, and each call and transaction waits at most this long, as code without
-    /// the technique would. 30 s unless set.
-    pub legacy_timeout: Duration,
+    max: Duration,
+    default: Duration,
+    legacy_timeout: Duration,
 }
 
 /// The step timeout of legacy mode when the policy sets none.
@@ -47,6 +51,26 @@ impl DeadlinePolicy {
     pub fn with_legacy_timeout(mut self, timeout: Duration) -> Self {
         self.legacy_timeout = timeout;
         self
+    }
+
+    /// The most this service ever grants, whatever the client asks for. Without it a
+    /// client asking for 60 s would hold a worker, a pool slot and a database
+    /// connection for 60 s.
+    pub fn max(&self) -> Duration {
+        self.max
+    }
+
+    /// The budget of a request that sends no budget header.
+    pub fn default_budget(&self) -> Duration {
+        self.default
+    }
+
+    /// The fixed timeout of every step in `legacy` mode, the off switch
+    /// ([`DeadlineMode::Legacy`](crate::DeadlineMode::Legacy)): no budget is enforced
+    /// there, and each call and transaction waits at most this long, as code without
+    /// the technique would. 30 s unless set.
+    pub fn legacy_timeout(&self) -> Duration {
+        self.legacy_timeout
     }
 
     /// The budget to accept: `clamp(requested, 1 ms, max)`, or the default when absent.

@@ -1,4 +1,4 @@
-//! Parsing the budget headers a request may carry (docs/design.md §3.1).
+//! Parsing the budget headers a request may carry.
 //!
 //! Our own `X-Request-Timeout-Ms` is the one the services send, but a service behind a
 //! proxy or called by a gRPC client receives its budget under another name: Envoy's
@@ -30,7 +30,10 @@ pub use grpc_timeout::{
     parse_grpc_value,
 };
 pub use mode::DEADLINE_MODE_HEADER;
-pub(crate) use mode::{DEADLINE_MODE_HEADER_DISPLAY, OBSERVE, observe_requested};
+#[cfg(feature = "http-client")]
+pub(crate) use mode::OBSERVE;
+#[cfg(feature = "axum")]
+pub(crate) use mode::{DEADLINE_MODE_HEADER_DISPLAY, observe_requested};
 pub use request_timeout::REQUEST_TIMEOUT_HEADER;
 pub use request_timeout::{
     MAX_VALUE_BYTES, REQUEST_TIMEOUT_HEADER_DISPLAY, parse_millis, parse_request_timeout,

@@ -1,4 +1,4 @@
-//! `X-Deadline-Mode: observe`: the mode travels with the budget (docs/design.md §4.3).
+//! `X-Deadline-Mode: observe`: the mode travels with the budget.
 //!
 //! Observe mode refuses nothing and counts what propagate would refuse. A budget sent
 //! downstream in observe mode would still be *enforced* there: the downstream, running
@@ -12,22 +12,25 @@
 //! a service that outside clients reach must not let them switch its protection off for
 //! their own requests.
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::HeaderName;
 
 /// The marker's name, as sent.
 pub const DEADLINE_MODE_HEADER: HeaderName = HeaderName::from_static("x-deadline-mode");
 
 /// The marker's name as problems spell it.
+#[cfg(feature = "axum")]
 pub(crate) const DEADLINE_MODE_HEADER_DISPLAY: &str = "X-Deadline-Mode";
 
-/// The one value the marker has.
-pub(crate) const OBSERVE: HeaderValue = HeaderValue::from_static("observe");
+/// The one value the marker has (the client sends it).
+#[cfg(feature = "http-client")]
+pub(crate) const OBSERVE: http::HeaderValue = http::HeaderValue::from_static("observe");
 
 /// Whether `headers` ask for the request to be observed: `Ok(true)` for `observe`
 /// (ASCII case-insensitive, surrounding whitespace ignored, repeats allowed), `Ok(false)`
 /// without the header, and an error naming the value for anything else: a marker that
-/// is misspelt would otherwise be enforced without anyone noticing.
-pub(crate) fn observe_requested(headers: &HeaderMap) -> Result<bool, String> {
+/// is misspelt would otherwise be enforced without anyone noticing. The ingress reads it.
+#[cfg(feature = "axum")]
+pub(crate) fn observe_requested(headers: &http::HeaderMap) -> Result<bool, String> {
     let mut observe = false;
     for value in headers.get_all(DEADLINE_MODE_HEADER) {
         if !value

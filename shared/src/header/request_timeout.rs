@@ -1,4 +1,4 @@
-//! Parsing the `X-Request-Timeout-Ms` header (docs/design.md §3.1), and the digit parser
+//! Parsing the `X-Request-Timeout-Ms` header, and the digit parser
 //! `x-envoy-expected-rq-timeout-ms` shares with it.
 //!
 //! The value is the caller's *remaining* budget in milliseconds, relative, so the clocks

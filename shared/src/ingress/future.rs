@@ -44,6 +44,12 @@ pin_project! {
     }
 }
 
+impl<F> std::fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
 impl<F> ResponseFuture<F> {
     pub(crate) fn reject(response: axum::response::Response) -> Self {
         Self {

@@ -5,11 +5,9 @@ use std::sync::Arc;
 use tower::Layer;
 
 use super::service::DeadlineService;
-use super::{DeadlineMode, LiveMode};
-use crate::deadline::DeadlinePolicy;
-#[cfg(feature = "metrics")]
-use crate::metrics::DeadlineMetrics;
-use crate::timing::StageLog;
+use crate::deadline::{DeadlinePolicy, LiveMode};
+use crate::mode::DeadlineMode;
+use crate::timing::{Reporter, StageLog};
 
 /// Wraps a service so that every request runs under a [`Deadline`](crate::Deadline).
 ///
@@ -36,21 +34,19 @@ pub(crate) struct IngressConfig {
     pub(crate) mode: LiveMode,
     /// Whether a request may ask to be observed (`X-Deadline-Mode: observe`).
     pub(crate) honour_mode_header: bool,
-    #[cfg(feature = "metrics")]
-    pub(crate) metrics: Option<DeadlineMetrics>,
+    /// Routes whose requests are not reported (see [`DeadlineLayer::probes`]).
+    pub(crate) probes: Vec<&'static str>,
+    pub(crate) report: Reporter,
 }
 
 impl IngressConfig {
-    /// A new request's log, reporting to the metrics unless the request is a probe:
-    /// a probe's budget and stages are nobody's budget.
+    /// A new request's log, reporting unless the request is a probe: a probe's budget
+    /// and stages are nobody's budget.
     pub(crate) fn stage_log(&self, probe: bool) -> StageLog {
-        #[cfg(feature = "metrics")]
-        if let Some(metrics) = self.metrics.as_ref().filter(|_| !probe) {
-            return StageLog::with_metrics(metrics.clone());
+        match probe {
+            true => StageLog::default(),
+            false => StageLog::reporting(self.report.clone()),
         }
-        #[cfg(not(feature = "metrics"))]
-        let _ = probe;
-        StageLog::default()
     }
 }
 
@@ -62,8 +58,8 @@ impl DeadlineLayer {
                 policy,
                 mode: LiveMode::new(DeadlineMode::Propagate),
                 honour_mode_header: false,
-                #[cfg(feature = "metrics")]
-                metrics: None,
+                probes: Vec::new(),
+                report: None,
             }),
         }
     }
@@ -100,16 +96,33 @@ impl DeadlineLayer {
         self.map(|c| c.honour_mode_header = honour)
     }
 
-    /// Reports budgets, clamps, stage starts and expiries to `metrics`.
+    /// Routes that load balancers and scrapers call (`/healthz`, `/readyz`, `/metrics`):
+    /// still bounded by the layer, but none of their budgets or stages is reported.
+    /// They come every few seconds with budgets of their callers' choosing; counted
+    /// with the clients' requests they would fill the deadline histograms with numbers
+    /// that describe no client. Matched against the route template, or the path where
+    /// no route matched. [`instrument`](crate::instrument) adds the metrics route.
+    ///
+    /// ```
+    /// use deadline_propagation::{DeadlineLayer, DeadlinePolicy};
+    ///
+    /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000))
+    ///     .probes(["/healthz", "/readyz"]);
+    /// ```
+    pub fn probes(self, paths: impl IntoIterator<Item = &'static str>) -> Self {
+        self.map(|c| c.probes.extend(paths))
+    }
+
+    /// The same layer, reporting to `report` (the metrics attach themselves this way).
     #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn metrics(self, metrics: &crate::metrics::Metrics) -> Self {
-        let policy = self.config.policy;
-        metrics
-            .settings()
-            .set_deadline_policy(policy.max, policy.default, None);
-        let deadline = metrics.deadline().clone();
-        self.map(|c| c.metrics = Some(deadline))
+    pub(crate) fn reporting(self, report: Reporter) -> Self {
+        self.map(|c| c.report = report)
+    }
+
+    /// The policy the layer applies (the metrics export it).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn policy(&self) -> DeadlinePolicy {
+        self.config.policy
     }
 
     fn map(self, f: impl FnOnce(&mut IngressConfig)) -> Self {

@@ -8,11 +8,11 @@ use axum::response::IntoResponse;
 use http::{Request, Response};
 use tower::Service;
 
-use super::DeadlineMode;
 use super::future::ResponseFuture;
 use super::layer::IngressConfig;
 use crate::deadline::Deadline;
 use crate::header::{DEADLINE_MODE_HEADER_DISPLAY, observe_requested, read_budget};
+use crate::mode::DeadlineMode;
 use crate::problem::Problem;
 use crate::stage::Stage;
 
@@ -45,7 +45,7 @@ where
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let config = &self.config;
-        let log = Arc::new(config.stage_log(is_probe(&request)));
+        let log = Arc::new(config.stage_log(is_probe(&request, &config.probes)));
 
         // Read once: the whole request runs in the mode in force when it arrived, or in
         // observe when an observing caller asks for it and this service honours that.
@@ -63,7 +63,7 @@ where
         if mode == DeadlineMode::Legacy {
             // Handlers still get a Deadline to pass around, but nothing enforces it:
             // each step waits at most the policy's fixed legacy timeout.
-            let legacy_timeout = config.policy.legacy_timeout;
+            let legacy_timeout = config.policy.legacy_timeout();
             let deadline = Deadline::with_log(legacy_timeout, log)
                 .with_mode(DeadlineMode::Legacy)
                 .with_legacy_timeout(legacy_timeout);
@@ -86,7 +86,7 @@ where
         log.observe_inbound(budget, clamped);
         let deadline = Deadline::with_log(budget, log)
             .with_mode(mode)
-            .with_legacy_timeout(config.policy.legacy_timeout);
+            .with_legacy_timeout(config.policy.legacy_timeout());
         if invalid {
             deadline.would_refuse(Stage::Ingress, "invalid_header");
         }
@@ -101,12 +101,12 @@ where
     }
 }
 
-/// Whether `request` is for one of the [`PROBE_PATHS`](super::PROBE_PATHS): by its route
-/// template when routing has run (the layer is a route layer), else by its path.
-fn is_probe<B>(request: &Request<B>) -> bool {
+/// Whether `request` is for one of the layer's `probes`: by its route template when
+/// routing has run (the layer is a route layer), else by its path.
+fn is_probe<B>(request: &Request<B>, probes: &[&str]) -> bool {
     let path = request
         .extensions()
         .get::<MatchedPath>()
         .map_or(request.uri().path(), MatchedPath::as_str);
-    super::PROBE_PATHS.contains(&path)
+    probes.contains(&path)
 }

@@ -1,44 +1,61 @@
-//! Prometheus metrics with the names of the contract (docs/design.md §7).
+//! Prometheus metrics of the technique, one registry per service.
 //!
 //! Each service owns one [`Metrics`] with its own registry, so two services in one test
-//! process keep separate numbers. The families are grouped by what they explain:
+//! process keep separate numbers. The families ([`names`] lists them) are grouped by
+//! what they explain:
 //! - HTTP server: how long requests take, by route template, and how many are in flight;
 //! - deadline: the budgets accepted, clamped, left at each stage, and where they ran out;
-//! - HTTP client: the catalog call, its bulkhead's queue (pending) and slots (active);
-//!   a rising pending gauge with a flat downstream latency means pool queueing, both
-//!   rising means the downstream is slow;
+//! - HTTP client: the call, its bulkhead's queue (pending) and slots (active), its
+//!   attempts; a rising pending gauge with a flat downstream latency means pool
+//!   queueing, both rising means the downstream is slow;
 //! - database pool and tool calls;
-//! - the configuration (budget policy, pool limits, injected faults) and the process
-//!   (memory, CPU), so panels and alerts compare against the limits in force rather
-//!   than numbers typed into a dashboard.
+//! - the configuration (budget policy, pool limits), so panels and alerts compare
+//!   against the limits in force rather than numbers typed into a dashboard.
+//!
+//! The module sits on the core: the core reports to it through a trait it does not
+//! know the implementer of, and the parts above it (the ingress, the client, the
+//! database envelope, tool budgets) attach themselves with their own `with_metrics`.
+//! A family exists only where its part of the crate is built.
 
 mod families;
-#[cfg(feature = "axum")]
-mod http;
-#[doc(hidden)]
 pub mod names;
 
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::registry::Registry;
 
-pub(crate) use families::{
-    AttemptKind, AttemptOutcome, ClientMetrics, DbMetrics, DeadlineMetrics, HttpServerMetrics,
-    PoolGauges, RejectReason, ToolMetrics,
-};
-pub(crate) use families::{PoolLimits, SettingsMetrics};
+#[cfg(feature = "sqlx")]
+pub(crate) use families::DbMetrics;
+#[cfg(feature = "axum")]
+pub(crate) use families::HttpServerMetrics;
+#[cfg(any(feature = "axum", feature = "http-client"))]
+pub(crate) use families::SettingsMetrics;
+#[cfg(feature = "http-client")]
+pub(crate) use families::{ClientMetrics, PoolGauges, PoolLimits};
+pub(crate) use families::{DeadlineMetrics, ToolMetrics};
 
-/// What the latency estimate is written to.
+use crate::deadline::LiveMode;
+use crate::timing::Report;
+
+/// A gauge that holds seconds (or any float).
+#[cfg(any(feature = "axum", feature = "http-client"))]
 pub(crate) type FloatGauge =
     prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>;
-/// What a pool's pending count is written to.
+/// A gauge that counts (a pool's pending calls, requests in flight).
+#[cfg(any(feature = "axum", feature = "sqlx"))]
 pub(crate) type IntGauge = prometheus_client::metrics::gauge::Gauge;
-#[cfg(feature = "axum")]
-pub(crate) use http::track_http;
 
 type ScrapeHook = Box<dyn Fn() + Send + Sync>;
 
 /// All metrics of one service, cheap to clone.
+///
+/// ```
+/// use deadline_propagation::metrics::Metrics;
+///
+/// let metrics = Metrics::new("inventory");
+/// // Every family is there from the start, its series at 0.
+/// assert!(metrics.render().contains("deadline_exceeded_total"));
+/// ```
 #[derive(Clone)]
 pub struct Metrics {
     inner: Arc<Inner>,
@@ -46,12 +63,18 @@ pub struct Metrics {
 
 struct Inner {
     registry: Registry,
-    http: HttpServerMetrics,
     deadline: DeadlineMetrics,
-    client: ClientMetrics,
-    db: DbMetrics,
-    tools: ToolMetrics,
+    /// The deadline families, as the core's [`Report`].
+    report: Arc<dyn Report>,
+    #[cfg(any(feature = "axum", feature = "http-client"))]
     settings: SettingsMetrics,
+    tools: ToolMetrics,
+    #[cfg(feature = "axum")]
+    http: HttpServerMetrics,
+    #[cfg(feature = "http-client")]
+    client: ClientMetrics,
+    #[cfg(feature = "sqlx")]
+    db: DbMetrics,
     on_scrape: Mutex<Vec<ScrapeHook>>,
 }
 
@@ -62,7 +85,7 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    /// A registry with every contract family; `service` labels the deadline metrics.
+    /// A registry with every family; `service` labels the deadline metrics.
     pub fn new(service: &'static str) -> Self {
         Self::with_registry(service, |_| {})
     }
@@ -72,43 +95,49 @@ impl Metrics {
     /// shows them all.
     pub fn with_registry(service: &'static str, register: impl FnOnce(&mut Registry)) -> Self {
         let mut registry = Registry::default();
-        let http = HttpServerMetrics::register(&mut registry);
         let deadline = DeadlineMetrics::register(&mut registry, service);
-        let client = ClientMetrics::register(&mut registry, deadline.clone());
-        let db = DbMetrics::register(&mut registry);
-        let tools = ToolMetrics::register(&mut registry);
-        let settings = SettingsMetrics::register(&mut registry, service);
-        register(&mut registry);
+        let inner = Inner {
+            report: Arc::new(deadline.clone()),
+            #[cfg(any(feature = "axum", feature = "http-client"))]
+            settings: SettingsMetrics::register(&mut registry, service),
+            tools: ToolMetrics::register(&mut registry),
+            #[cfg(feature = "axum")]
+            http: HttpServerMetrics::register(&mut registry),
+            #[cfg(feature = "http-client")]
+            client: ClientMetrics::register(&mut registry, deadline.clone()),
+            #[cfg(feature = "sqlx")]
+            db: DbMetrics::register(&mut registry),
+            deadline,
+            on_scrape: Mutex::default(),
+            registry: {
+                register(&mut registry);
+                registry
+            },
+        };
         Self {
-            inner: Arc::new(Inner {
-                registry,
-                http,
-                deadline,
-                client,
-                db,
-                tools,
-                settings,
-                on_scrape: Mutex::default(),
-            }),
+            inner: Arc::new(inner),
         }
     }
 
     /// HTTP server families.
+    #[cfg(feature = "axum")]
     pub(crate) fn http(&self) -> &HttpServerMetrics {
         &self.inner.http
     }
 
-    /// Deadline families, labelled with this service's name.
-    pub(crate) fn deadline(&self) -> &DeadlineMetrics {
-        &self.inner.deadline
+    /// The deadline families, as what the core reports to.
+    pub(crate) fn deadline_report(&self) -> Arc<dyn Report> {
+        Arc::clone(&self.inner.report)
     }
 
     /// Outbound HTTP client families.
+    #[cfg(feature = "http-client")]
     pub(crate) fn client(&self) -> &ClientMetrics {
         &self.inner.client
     }
 
     /// Database pool gauges.
+    #[cfg(feature = "sqlx")]
     pub(crate) fn db(&self) -> &DbMetrics {
         &self.inner.db
     }
@@ -119,6 +148,7 @@ impl Metrics {
     }
 
     /// The configuration exported as metrics (budget policy, pool limits).
+    #[cfg(any(feature = "axum", feature = "http-client"))]
     pub(crate) fn settings(&self) -> &SettingsMetrics {
         &self.inner.settings
     }
@@ -128,12 +158,6 @@ impl Metrics {
     /// downstream's stages without calling it.
     pub fn declare_downstream(&self, downstream: crate::Downstream) {
         self.inner.deadline.init_downstream(downstream);
-    }
-
-    /// Makes the `tool_calls_total` series of each tool in `names` exist from the
-    /// first scrape, one per outcome.
-    pub fn declare_tools<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
-        self.inner.tools.init(names);
     }
 
     /// Runs `hook` before every scrape, to copy a value that lives elsewhere (a pool's
@@ -153,15 +177,6 @@ impl Metrics {
         out
     }
 
-    /// `GET /metrics`, to merge into a service's router.
-    #[cfg(feature = "axum")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-    pub fn router(&self) -> axum::Router {
-        axum::Router::new()
-            .route("/metrics", axum::routing::get(serve_metrics))
-            .with_state(self.clone())
-    }
-
     fn hooks(&self) -> std::sync::MutexGuard<'_, Vec<ScrapeHook>> {
         self.inner
             .on_scrape
@@ -170,15 +185,53 @@ impl Metrics {
     }
 }
 
-#[cfg(feature = "axum")]
-async fn serve_metrics(
-    axum::extract::State(metrics): axum::extract::State<Metrics>,
-) -> impl axum::response::IntoResponse {
-    (
-        [(
-            ::http::header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        metrics.render(),
-    )
+impl LiveMode {
+    /// The same switch, showing the mode in force as `deadline_mode{mode}` in
+    /// `metrics` from now on.
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn with_metrics(self, metrics: &Metrics) -> Self {
+        self.reporting(Some(metrics.deadline_report()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mode::DeadlineMode;
+
+    /// Two admins switching at once must leave one mode in force and the gauge showing
+    /// that one, and only it, at 1.
+    #[test]
+    fn concurrent_switches_leave_the_gauge_showing_the_mode_in_force() {
+        let metrics = Metrics::new("inventory");
+        let mode = LiveMode::new(DeadlineMode::Propagate).with_metrics(&metrics);
+        let shown = || {
+            let text = metrics.render();
+            DeadlineMode::ALL.map(|m| {
+                text.contains(&format!(
+                    "deadline_mode{{service=\"inventory\",mode=\"{}\"}} 1",
+                    m.as_str()
+                ))
+            })
+        };
+        for round in 0..2000 {
+            let start = std::sync::Barrier::new(DeadlineMode::ALL.len());
+            std::thread::scope(|scope| {
+                for next in DeadlineMode::ALL {
+                    let (mode, start) = (&mode, &start);
+                    scope.spawn(move || {
+                        start.wait();
+                        mode.set(next);
+                    });
+                }
+            });
+            let expected = DeadlineMode::ALL.map(|m| m == mode.get());
+            assert_eq!(
+                shown(),
+                expected,
+                "round {round}: {:?} in force",
+                mode.get()
+            );
+        }
+    }
 }

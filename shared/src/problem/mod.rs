@@ -1,9 +1,8 @@
-//! [`Problem`]: the one error answer of both services, `application/problem+json`
-//! (RFC 9457).
+//! [`Problem`]: the one error answer, `application/problem+json` (RFC 9457).
 //!
-//! Deadline answers carry the extension members `stage`, `budget_ms` and `elapsed_ms`
-//! (docs/design.md §3), so a client sees *where* its budget went. A 503 also carries
-//! `Retry-After`: the request was refused before any work was done and may be retried.
+//! Deadline answers carry the extension members `stage`, `budget_ms` and `elapsed_ms`,
+//! so a client sees *where* its budget went. A 503 also carries `Retry-After`: the
+//! request was refused before any work was done and may be retried.
 //!
 //! `into_response` never logs. Internal causes are kept out of the body (the client
 //! cannot act on them) and travel in a response extension ([`ProblemReport`]) to the
@@ -18,6 +17,7 @@ use crate::deadline::DeadlineExceeded;
 use crate::stage::Stage;
 
 /// The media type of problem bodies.
+#[cfg(feature = "axum")]
 pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
 
 /// An error answer. Build one with the constructors; each names what went wrong in
@@ -62,6 +62,14 @@ struct Body {
 
 /// What the HTTP middleware needs to log a failed request; put into the response's
 /// extensions by `Problem::into_response` (feature `axum`).
+#[cfg(feature = "axum")]
+#[cfg_attr(
+    not(feature = "metrics"),
+    allow(
+        dead_code,
+        reason = "read by the HTTP middleware, which comes with `metrics`"
+    )
+)]
 #[derive(Debug, Clone)]
 pub(crate) struct ProblemReport {
     /// The HTTP status sent.

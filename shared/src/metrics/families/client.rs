@@ -1,4 +1,6 @@
-//! The outbound client's families: requests, the bulkhead's pool, retries and admission.
+//! The outbound client's families: requests, the bulkhead's pool, retries, admission,
+//! the wire and the attempts of each call. Every label value is given by the client, as
+//! a plain `&'static str` from a fixed set.
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -12,6 +14,14 @@ use prometheus_client::registry::Registry;
 
 use super::exemplar::{LatencyHistogram, latency_histogram_with_exemplars, observe_traced};
 use super::{DeadlineMetrics, latency_histogram};
+use crate::metrics::names::{
+    HTTP_CLIENT_ADMISSION_PROBES_TOTAL, HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL,
+    HTTP_CLIENT_ATTEMPTS_TOTAL, HTTP_CLIENT_HEDGE_DELAY_SECONDS,
+    HTTP_CLIENT_LATENCY_ESTIMATE_SECONDS, HTTP_CLIENT_POOL_ACQUIRE_SECONDS,
+    HTTP_CLIENT_POOL_ACTIVE_CONNECTIONS, HTTP_CLIENT_POOL_PENDING_ACQUIRES,
+    HTTP_CLIENT_POOL_REJECTIONS_TOTAL, HTTP_CLIENT_REQUESTS_SECONDS, HTTP_CLIENT_RETRIES_TOTAL,
+    HTTP_CLIENT_WIRE_SECONDS, registered,
+};
 use crate::stage::Downstream;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -29,92 +39,6 @@ struct ClientStatus {
 struct ClientReason {
     client: &'static str,
     reason: &'static str,
-}
-
-/// Why the bulkhead refused a call (`http_client_pool_rejections_total{reason}`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RejectReason {
-    /// The pending queue was at its maximum.
-    QueueFull,
-    /// The wait for a slot passed the acquire timeout.
-    AcquireTimeout,
-    /// The request's own deadline ran out while waiting.
-    Deadline,
-}
-
-impl RejectReason {
-    fn as_str(self) -> &'static str {
-        match self {
-            RejectReason::QueueFull => "queue_full",
-            RejectReason::AcquireTimeout => "acquire_timeout",
-            RejectReason::Deadline => "deadline",
-        }
-    }
-}
-
-/// Which attempt of a call (`http_client_attempts_total{kind}`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AttemptKind {
-    /// The call's first attempt.
-    First,
-    /// A backup beside a slow first attempt.
-    Hedge,
-    /// A second attempt after a refused connection or a 503.
-    Retry,
-}
-
-/// What became of an attempt (`http_client_attempts_total{outcome}`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AttemptOutcome {
-    /// Sent; the call ended with its answer.
-    Won,
-    /// Sent; the call ended with another attempt's answer (this one was dropped or
-    /// failed).
-    Lost,
-    /// Sent, and cut by the deadline (or answered 504: the downstream ran out of the
-    /// budget it was given): its work was thrown away.
-    Cut,
-    /// Not sent: the retry budget had no token.
-    RefusedBudget,
-    /// Not sent: what was left could not cover an attempt's usual time.
-    RefusedDeadline,
-    /// Not sent (a hedge): no slot was free at once.
-    NoSlot,
-}
-
-impl AttemptKind {
-    const ALL: [Self; 3] = [Self::First, Self::Hedge, Self::Retry];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::First => "first",
-            Self::Hedge => "hedge",
-            Self::Retry => "retry",
-        }
-    }
-
-    /// The outcomes an attempt of this kind can have (a first attempt is always sent).
-    fn outcomes(self) -> &'static [AttemptOutcome] {
-        use AttemptOutcome::*;
-        match self {
-            Self::First => &[Won, Lost, Cut],
-            Self::Hedge => &[Won, Lost, Cut, RefusedBudget, RefusedDeadline, NoSlot],
-            Self::Retry => &[Won, Cut, RefusedBudget, RefusedDeadline],
-        }
-    }
-}
-
-impl AttemptOutcome {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Won => "won",
-            Self::Lost => "lost",
-            Self::Cut => "cut",
-            Self::RefusedBudget => "refused_budget",
-            Self::RefusedDeadline => "refused_deadline",
-            Self::NoSlot => "no_slot",
-        }
-    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -172,72 +96,78 @@ impl ClientMetrics {
             deadline,
         };
         registry.register(
-            "http_client_requests_seconds",
+            HTTP_CLIENT_REQUESTS_SECONDS,
             "Outbound call time (pool wait excluded) by status, or timeout/error",
             this.requests.clone(),
         );
         registry.register(
-            "http_client_pool_pending_acquires",
+            HTTP_CLIENT_POOL_PENDING_ACQUIRES,
             "Calls waiting for a connection slot",
             this.pending.clone(),
         );
         registry.register(
-            "http_client_pool_active_connections",
+            HTTP_CLIENT_POOL_ACTIVE_CONNECTIONS,
             "Calls holding a connection slot",
             this.active.clone(),
         );
         registry.register(
-            "http_client_pool_acquire_seconds",
+            HTTP_CLIENT_POOL_ACQUIRE_SECONDS,
             "Time spent waiting for a connection slot",
             this.acquire.clone(),
         );
         registry.register(
-            "http_client_pool_rejections",
+            registered(HTTP_CLIENT_POOL_REJECTIONS_TOTAL),
             "Calls refused by the pool, by reason",
             this.rejections.clone(),
         );
         registry.register(
-            "http_client_retries",
+            registered(HTTP_CLIENT_RETRIES_TOTAL),
             "Calls retried once after a refused connection (never after a 504)",
             this.retries.clone(),
         );
         registry.register(
-            "http_client_admission_rejections",
+            registered(HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL),
             "Calls refused before taking a slot because they were predicted to finish late",
             this.admission.clone(),
         );
         registry.register(
-            "http_client_admission_probes",
+            registered(HTTP_CLIENT_ADMISSION_PROBES_TOTAL),
             "Calls predicted late but sent anyway, to learn whether the downstream recovered",
             this.probes.clone(),
         );
         registry.register(
-            "http_client_latency_estimate_seconds",
+            HTTP_CLIENT_LATENCY_ESTIMATE_SECONDS,
             "The call time admission decides on (pool wait not included)",
             this.estimate.clone(),
         );
         registry.register(
-            "http_client_wire_seconds",
+            HTTP_CLIENT_WIRE_SECONDS,
             "The round trip on the wire (call time less the downstream's own Server-Timing total), kept back from the budget sent",
             this.wire.clone(),
         );
         registry.register(
-            "http_client_attempts",
+            registered(HTTP_CLIENT_ATTEMPTS_TOTAL),
             "Attempts of calls by kind (first, hedge, retry) and outcome (won, lost, cut by the deadline, or not sent: refused_budget, refused_deadline, no_slot)",
             this.attempts.clone(),
         );
         registry.register(
-            "http_client_hedge_delay_seconds",
+            HTTP_CLIENT_HEDGE_DELAY_SECONDS,
             "How long a first attempt runs before its hedge is sent (0: no hedge now)",
             this.hedge_delay.clone(),
         );
         this
     }
 
-    /// Makes the series of `downstream` exist before its first call: its `client`
-    /// series here and its two `stage` series in the deadline families. A client calls
+    /// Makes the series of `downstream` exist before its first call: its `client` series
+    /// here, with each of the client's rejection `reasons` and `(kind, outcome)` pairs
+    /// of attempts, and its two `stage` series in the deadline families. A client calls
     /// this once when it is built, so every label value comes from configuration.
-    pub(crate) fn init(&self, downstream: Downstream) {
+    pub(crate) fn init(
+        &self,
+        downstream: Downstream,
+        reasons: &[&'static str],
+        attempts: &[(&'static str, &'static str)],
+    ) {
         self.deadline.init_downstream(downstream);
         let client = downstream.name();
         let label = ClientLabel { client };
@@ -249,28 +179,21 @@ impl ClientMetrics {
         let _ = self.estimate.get_or_create(&label);
         let _ = self.wire.get_or_create(&label);
         let _ = self.hedge_delay.get_or_create(&label);
-        for kind in AttemptKind::ALL {
-            for outcome in kind.outcomes() {
-                let _ = self.attempts.get_or_create(&ClientAttempt {
-                    client,
-                    kind: kind.as_str(),
-                    outcome: outcome.as_str(),
-                });
-            }
+        for &(kind, outcome) in attempts {
+            let _ = self.attempts.get_or_create(&ClientAttempt {
+                client,
+                kind,
+                outcome,
+            });
         }
         let reason = "predicted_late";
         let _ = self
             .admission
             .get_or_create(&ClientReason { client, reason });
-        for reason in [
-            RejectReason::QueueFull,
-            RejectReason::AcquireTimeout,
-            RejectReason::Deadline,
-        ] {
-            let _ = self.rejections.get_or_create(&ClientReason {
-                client,
-                reason: reason.as_str(),
-            });
+        for &reason in reasons {
+            let _ = self
+                .rejections
+                .get_or_create(&ClientReason { client, reason });
         }
     }
 
@@ -333,30 +256,27 @@ impl ClientMetrics {
     pub(crate) fn count_attempt(
         &self,
         client: &'static str,
-        kind: AttemptKind,
-        outcome: AttemptOutcome,
+        kind: &'static str,
+        outcome: &'static str,
     ) {
         self.attempts
             .get_or_create(&ClientAttempt {
                 client,
-                kind: kind.as_str(),
-                outcome: outcome.as_str(),
+                kind,
+                outcome,
             })
             .inc();
     }
 
-    /// Counts a retry after a refused connection.
+    /// Counts a retry (a refused connection, a 503 of a request safe to send twice).
     pub(crate) fn count_retry(&self, client: &'static str) {
         self.retries.get_or_create(&ClientLabel { client }).inc();
     }
 
-    /// Counts a refused call.
-    pub(crate) fn count_rejection(&self, client: &'static str, reason: RejectReason) {
+    /// Counts a call the bulkhead refused, for `reason`.
+    pub(crate) fn count_rejection(&self, client: &'static str, reason: &'static str) {
         self.rejections
-            .get_or_create(&ClientReason {
-                client,
-                reason: reason.as_str(),
-            })
+            .get_or_create(&ClientReason { client, reason })
             .inc();
     }
 }

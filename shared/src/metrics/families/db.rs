@@ -5,6 +5,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::metrics::names::{DB_POOL_CONNECTIONS, DB_POOL_PENDING_ACQUIRES};
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
     state: &'static str,
@@ -24,12 +26,12 @@ impl DbMetrics {
             pending: Gauge::default(),
         };
         registry.register(
-            "db_pool_connections",
+            DB_POOL_CONNECTIONS,
             "Database pool connections by state",
             this.connections.clone(),
         );
         registry.register(
-            "db_pool_pending_acquires",
+            DB_POOL_PENDING_ACQUIRES,
             "Requests waiting for a database connection",
             this.pending.clone(),
         );

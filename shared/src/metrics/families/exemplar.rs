@@ -31,27 +31,8 @@ pub(crate) fn latency_histogram_with_exemplars() -> LatencyHistogram {
 /// Observes `seconds`, attaching the current span's trace when it is sampled. The
 /// timestamp lets Prometheus store the exemplar once rather than at every scrape.
 pub(crate) fn observe_traced(histogram: &LatencyHistogram, seconds: f64) {
-    let exemplar = current_sampled_trace().map(|trace_id| TraceExemplar { trace_id });
+    let exemplar =
+        crate::propagation::sampled_trace_id().map(|trace_id| TraceExemplar { trace_id });
     let timestamp = exemplar.as_ref().map(|_| SystemTime::now());
     histogram.observe(seconds, exemplar, timestamp);
-}
-
-/// The trace id (32 hex digits) of the current span, if an OpenTelemetry layer is
-/// installed and the span is sampled. Without the `otel` feature there is no such layer,
-/// so never.
-#[cfg(feature = "otel")]
-fn current_sampled_trace() -> Option<String> {
-    use opentelemetry::trace::TraceContextExt as _;
-    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-
-    let context = tracing::Span::current().context();
-    let span = context.span();
-    let span_context = span.span_context();
-    (span_context.is_valid() && span_context.is_sampled())
-        .then(|| span_context.trace_id().to_string())
-}
-
-#[cfg(not(feature = "otel"))]
-fn current_sampled_trace() -> Option<String> {
-    None
 }

@@ -1,5 +1,4 @@
-//! The configuration as metrics: `deadline_policy_seconds` and `http_client_pool_limit`
-//! (docs/design.md §7).
+//! The configuration as metrics: `deadline_policy_seconds` and `http_client_pool_limit`.
 //!
 //! Why: a dashboard line or an alert threshold typed in by hand ("the budget is 2 s",
 //! "the queue holds 50") is wrong as soon as someone changes a setting. Exported next to
@@ -7,19 +6,15 @@
 //! `pending / on (client) limit{kind="pending_max"}` stays true under any deployment.
 //! Durations are in seconds, as every other time in the contract.
 
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-/// A gauge holding seconds (or a count) as a float.
-type FloatGauge = Gauge<f64, AtomicU64>;
+use crate::metrics::FloatGauge;
+use crate::metrics::names::{DEADLINE_POLICY_SECONDS, HTTP_CLIENT_POOL_LIMIT};
 
-/// The empty label set of a family with a single series (prometheus-client's own
-/// `NoLabelSet` is uninhabited, so no series could be created with it).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServiceKind {
     service: &'static str,
@@ -33,14 +28,15 @@ struct ClientKind {
 }
 
 /// The limits of one pooled HTTP client, as configured.
+#[cfg(feature = "http-client")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct PoolLimits {
     /// Calls in flight at most.
-    pub max_connections: usize,
+    pub(crate) max_connections: u32,
     /// Calls waiting for a slot at most.
-    pub pending_max: usize,
+    pub(crate) pending_max: u32,
     /// The longest wait for a slot.
-    pub acquire_timeout: Duration,
+    pub(crate) acquire_timeout: Duration,
 }
 
 /// The configuration families of one service.
@@ -59,42 +55,27 @@ impl SettingsMetrics {
             pool_limit: Family::default(),
         };
         registry.register(
-            "deadline_policy_seconds",
+            DEADLINE_POLICY_SECONDS,
             "The configured budget policy: max (clamp), default (no header), reserve (kept per hop)",
             this.policy.clone(),
         );
         registry.register(
-            "http_client_pool_limit",
+            HTTP_CLIENT_POOL_LIMIT,
             "The configured limits of a pooled client: max_connections, pending_max, acquire_timeout_seconds",
             this.pool_limit.clone(),
         );
         this
     }
 
-    /// Exports the budget policy; `reserve` only where the service calls downstream.
-    pub(crate) fn set_deadline_policy(
-        &self,
-        max: Duration,
-        default: Duration,
-        reserve: Option<Duration>,
-    ) {
-        let kinds = [
-            ("max", Some(max)),
-            ("default", Some(default)),
-            ("reserve", reserve),
-        ];
-        for (kind, value) in kinds {
-            if let Some(value) = value {
-                let labels = ServiceKind {
-                    service: self.service,
-                    kind,
-                };
-                self.policy.get_or_create(&labels).set(value.as_secs_f64());
-            }
-        }
+    /// Exports the ingress's budget policy.
+    #[cfg(feature = "axum")]
+    pub(crate) fn set_deadline_policy(&self, max: Duration, default: Duration) {
+        self.set_policy_kind("max", max);
+        self.set_policy_kind("default", default);
     }
 
-    /// Exports one kind of the policy (`reserve`, kept per hop by a client).
+    /// Exports one kind of the policy: `max` and `default` (the ingress), `reserve`
+    /// (kept per hop by a client, so only where the service calls downstream).
     pub(crate) fn set_policy_kind(&self, kind: &'static str, value: Duration) {
         let labels = ServiceKind {
             service: self.service,
@@ -104,10 +85,11 @@ impl SettingsMetrics {
     }
 
     /// Exports the limits of the client named `client`.
+    #[cfg(feature = "http-client")]
     pub(crate) fn set_pool_limits(&self, client: &'static str, limits: PoolLimits) {
         let kinds = [
-            ("max_connections", limits.max_connections as f64),
-            ("pending_max", limits.pending_max as f64),
+            ("max_connections", f64::from(limits.max_connections)),
+            ("pending_max", f64::from(limits.pending_max)),
             (
                 "acquire_timeout_seconds",
                 limits.acquire_timeout.as_secs_f64(),

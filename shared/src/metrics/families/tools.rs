@@ -5,7 +5,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-use crate::tools::ToolOutcome;
+use crate::metrics::names::{TOOL_CALLS_TOTAL, registered};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ToolLabels {
@@ -25,7 +25,7 @@ impl ToolMetrics {
             calls: Family::default(),
         };
         registry.register(
-            "tool_calls",
+            registered(TOOL_CALLS_TOTAL),
             "Assistant tool calls by tool and outcome",
             this.calls.clone(),
         );
@@ -36,12 +36,16 @@ impl ToolMetrics {
     /// dashboard panel or a `rate()` over a tool that has not run yet shows 0 instead of
     /// nothing, and the first call is counted as an increase from 0 (a series that
     /// appears at 1 is a rate of 0 to Prometheus).
-    pub(crate) fn init<'a>(&self, tool_names: impl IntoIterator<Item = &'a str>) {
+    pub(crate) fn init<'a>(
+        &self,
+        tool_names: impl IntoIterator<Item = &'a str>,
+        outcomes: &[&'static str],
+    ) {
         for tool_name in tool_names {
-            for outcome in ToolOutcome::ALL {
+            for &outcome in outcomes {
                 let _ = self.calls.get_or_create(&ToolLabels {
                     tool_name: tool_name.to_owned(),
-                    outcome: outcome.as_str(),
+                    outcome,
                 });
             }
         }

@@ -2,7 +2,7 @@
 //!
 //! Every 504 and 503 names the stage where the budget ran out, and the metrics are
 //! labelled with it, so an operator can tell "waiting for a pooled connection" apart from
-//! "the downstream itself is slow". The contract's names (docs/design.md §3.5) are
+//! "the downstream itself is slow". The fixed names are
 //! constants here; each outbound HTTP downstream adds two more, named by configuration
 //! ([`Downstream`]): `inventory_pool` and `inventory` for a client named `inventory`.
 //!

@@ -1,12 +1,14 @@
-//! The HTTP server middleware: the request's server span (continuing the caller's
-//! trace), request time and in-flight count by route template, and the one log line of
-//! every failed request.
+//! The ingress with metrics: [`instrument`], which stacks the deadline layer, the HTTP
+//! server middleware and `GET /metrics` on a router, and the middleware itself: the
+//! request's server span (continuing the caller's trace), request time and in-flight
+//! count by route template, and the one log line of every failed request.
 //!
-//! Apply it with `Router::route_layer` *outside* the deadline layer, so requests that
-//! time out are measured too and `MatchedPath` is known (the `uri` label is the template,
-//! `/api/orders/{id}`, never the raw path, which would make one series per order).
+//! The middleware sits *outside* the deadline layer, so requests that time out are
+//! measured too, and both are route layers, so `MatchedPath` is known (the `uri` label
+//! is the template, `/api/orders/{id}`, never the raw path, which would make one series
+//! per order).
 //!
-//! Every label value comes from a fixed set, whatever a client sends (docs/design.md §7): the
+//! Every label value comes from a fixed set, whatever a client sends: the
 //! method is one of the standard ones or `_OTHER` (as OpenTelemetry's HTTP conventions
 //! spell it), and a path without a route template of its own (a nested service's tail)
 //! is [`UNMATCHED`]. Otherwise a scanner inventing a method per request would add a
@@ -19,9 +21,63 @@ use axum::response::Response;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::Metrics;
-use super::families::{RequestLabels, UriLabel};
+use super::DeadlineLayer;
+use crate::metrics::Metrics;
 use crate::problem::ProblemReport;
+
+/// The path of the scrape endpoint [`instrument`] adds.
+const METRICS_PATH: &str = "/metrics";
+
+/// Puts every route of `router` under `layer` (reporting to `metrics`), wraps that in
+/// the HTTP metrics middleware, and adds `GET /metrics` (a probe of the layer's): the
+/// one way to stack them.
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use deadline_propagation::{DeadlineLayer, DeadlinePolicy, instrument, metrics::Metrics};
+///
+/// let metrics = Metrics::new("inventory");
+/// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000)).probes(["/healthz"]);
+/// let app: Router = instrument(Router::new().route("/healthz", get(|| async { "ok" })), layer, &metrics);
+/// ```
+#[cfg_attr(docsrs, doc(cfg(all(feature = "axum", feature = "metrics"))))]
+pub fn instrument(router: axum::Router, layer: DeadlineLayer, metrics: &Metrics) -> axum::Router {
+    let scrape = axum::Router::new()
+        .route(METRICS_PATH, axum::routing::get(serve_metrics))
+        .with_state(metrics.clone());
+    router
+        .route_layer(layer.probes([METRICS_PATH]).with_metrics(metrics))
+        .route_layer(axum::middleware::from_fn_with_state(
+            metrics.clone(),
+            track_http,
+        ))
+        .merge(scrape)
+}
+
+impl DeadlineLayer {
+    /// The same layer, reporting budgets, clamps, stage starts and expiries to
+    /// `metrics`, and exporting its policy (`deadline_policy_seconds`).
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn with_metrics(self, metrics: &Metrics) -> Self {
+        let policy = self.policy();
+        metrics
+            .settings()
+            .set_deadline_policy(policy.max(), policy.default_budget());
+        self.reporting(Some(metrics.deadline_report()))
+    }
+}
+
+async fn serve_metrics(
+    axum::extract::State(metrics): axum::extract::State<Metrics>,
+) -> impl axum::response::IntoResponse {
+    (
+        [(
+            ::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        metrics.render(),
+    )
+}
 
 /// The `uri` label of a request without a route template of its own.
 const UNMATCHED: &str = "unmatched";
@@ -43,12 +99,8 @@ fn method_label(method: &Method) -> &'static str {
     }
 }
 
-/// Measures one request; use with `axum::middleware::from_fn_with_state`.
-pub(crate) async fn track_http(
-    State(metrics): State<Metrics>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// Measures one request; used with `axum::middleware::from_fn_with_state`.
+async fn track_http(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
     let uri = request
         .extensions()
         .get::<MatchedPath>()
@@ -85,14 +137,9 @@ async fn measure(
     let response = next.run(request).await;
     let status = response.status();
     tracing::Span::current().record("http.response.status_code", status.as_u16());
-    let labels = RequestLabels {
-        method,
-        uri: uri.clone(),
-        status: status.as_str().to_owned(),
-    };
     metrics
         .http()
-        .observe_request(&labels, started.elapsed().as_secs_f64());
+        .observe_request(method, &uri, status.as_str(), started.elapsed());
     if let Some(report) = response.extensions().get::<ProblemReport>() {
         log_problem(&uri, report);
     }
@@ -117,18 +164,12 @@ fn log_problem(uri: &str, report: &ProblemReport) {
 }
 
 struct InFlight {
-    gauge: prometheus_client::metrics::gauge::Gauge,
+    gauge: crate::metrics::IntGauge,
 }
 
 impl InFlight {
     fn enter(metrics: &Metrics, uri: &str) -> Self {
-        let gauge = metrics
-            .http()
-            .in_flight
-            .get_or_create(&UriLabel {
-                uri: uri.to_owned(),
-            })
-            .clone();
+        let gauge = metrics.http().in_flight(uri);
         gauge.inc();
         Self { gauge }
     }

@@ -1,6 +1,6 @@
-//! The metric families, each registered under its contract name (docs/design.md §7).
-//!
-//! prometheus-client appends `_total` to counters, so counters are registered without it.
+//! The deadline families: budgets accepted and clamped, left at each stage, run out,
+//! what observe mode would have refused, and the mode in force. [`DeadlineMetrics`] is
+//! what the core reports to ([`Report`]).
 
 use std::time::Duration;
 
@@ -11,47 +11,14 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use super::latency_histogram;
+use crate::metrics::names::{
+    DEADLINE_CLAMPED_TOTAL, DEADLINE_EXCEEDED_TOTAL, DEADLINE_INBOUND_BUDGET_SECONDS,
+    DEADLINE_MODE, DEADLINE_REMAINING_SECONDS, DEADLINE_WOULD_REFUSE_TOTAL, registered,
+};
+use crate::mode::DeadlineMode;
 use crate::stage::{Downstream, Stage};
-
-// One file per group of families: what a client, the database pool, tool calls and
-// the configuration report, and the trace exemplars of the latency histograms.
-mod client;
-mod db;
-mod exemplar;
-mod settings;
-mod tools;
-
-pub(crate) use client::{AttemptKind, AttemptOutcome, ClientMetrics, PoolGauges, RejectReason};
-pub(crate) use db::DbMetrics;
-#[cfg(feature = "axum")]
-use exemplar::observe_traced;
-use exemplar::{LatencyHistogram, latency_histogram_with_exemplars};
-pub(crate) use settings::{PoolLimits, SettingsMetrics};
-pub(crate) use tools::ToolMetrics;
-
-/// Buckets from 1 ms to 10 s, dense around the budgets this project uses (300 ms to
-/// 2 s) so a p99 "within the budget" can be read off the histogram.
-const LATENCY_BUCKETS: [f64; 30] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4,
-    0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0,
-];
-
-fn latency_histogram() -> Histogram {
-    Histogram::new(LATENCY_BUCKETS)
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct RequestLabels {
-    /// Bounded: see `http::method_label`.
-    pub(crate) method: &'static str,
-    pub(crate) uri: String,
-    pub(crate) status: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct UriLabel {
-    pub(crate) uri: String,
-}
+use crate::timing::Report;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServiceLabel {
@@ -98,41 +65,6 @@ struct ServiceMode {
     mode: &'static str,
 }
 
-/// `http_server_requests_seconds` and `http_server_requests_in_flight`.
-///
-/// Request times carry the sampled `trace_id` as an exemplar (families/exemplar.rs).
-#[derive(Clone, Debug)]
-pub(crate) struct HttpServerMetrics {
-    pub(crate) requests: Family<RequestLabels, LatencyHistogram, fn() -> LatencyHistogram>,
-    pub(crate) in_flight: Family<UriLabel, Gauge>,
-}
-
-impl HttpServerMetrics {
-    pub(crate) fn register(registry: &mut Registry) -> Self {
-        let this = Self {
-            requests: Family::new_with_constructor(latency_histogram_with_exemplars),
-            in_flight: Family::default(),
-        };
-        registry.register(
-            "http_server_requests_seconds",
-            "Server response time by method, route template and status",
-            this.requests.clone(),
-        );
-        registry.register(
-            "http_server_requests_in_flight",
-            "Requests being handled now, by route template",
-            this.in_flight.clone(),
-        );
-        this
-    }
-
-    /// Records one request's time, with the current trace as exemplar when sampled.
-    #[cfg(feature = "axum")]
-    pub(crate) fn observe_request(&self, labels: &RequestLabels, seconds: f64) {
-        observe_traced(&self.requests.get_or_create(labels), seconds);
-    }
-}
-
 /// The deadline families, labelled with the owning service.
 #[derive(Clone, Debug)]
 pub(crate) struct DeadlineMetrics {
@@ -157,32 +89,32 @@ impl DeadlineMetrics {
             mode: Family::default(),
         };
         registry.register(
-            "deadline_inbound_budget_seconds",
+            DEADLINE_INBOUND_BUDGET_SECONDS,
             "Budget accepted at the ingress, after clamping",
             this.inbound.clone(),
         );
         registry.register(
-            "deadline_clamped",
+            registered(DEADLINE_CLAMPED_TOTAL),
             "Requests whose asked-for budget was clamped to [1 ms, max]",
             this.clamped.clone(),
         );
         registry.register(
-            "deadline_remaining_seconds",
+            DEADLINE_REMAINING_SECONDS,
             "Budget left when a stage starts",
             this.remaining.clone(),
         );
         registry.register(
-            "deadline_exceeded",
+            registered(DEADLINE_EXCEEDED_TOTAL),
             "Budgets that ran out, by the stage they ran out in",
             this.exceeded.clone(),
         );
         registry.register(
-            "deadline_would_refuse",
+            registered(DEADLINE_WOULD_REFUSE_TOTAL),
             "What propagate would have refused, counted in observe mode, by stage and reason",
             this.would_refuse.clone(),
         );
         registry.register(
-            "deadline_mode",
+            DEADLINE_MODE,
             "1 for the deadline mode in force now (legacy, observe, propagate), 0 for the others",
             this.mode.clone(),
         );
@@ -223,9 +155,12 @@ impl DeadlineMetrics {
             stage: stage.as_str(),
         }
     }
+}
 
-    /// Records an accepted budget and whether it was clamped.
-    pub(crate) fn observe_inbound(&self, budget: Duration, clamped: bool) {
+/// What the core reports goes to the deadline families.
+impl Report for DeadlineMetrics {
+    #[cfg(feature = "axum")]
+    fn inbound(&self, budget: Duration, clamped: bool) {
         let label = ServiceLabel {
             service: self.service,
         };
@@ -237,21 +172,19 @@ impl DeadlineMetrics {
         }
     }
 
-    /// Records the budget left as `stage` starts.
-    pub(crate) fn observe_remaining(&self, stage: Stage, remaining: Duration) {
+    fn stage_started(&self, stage: Stage, remaining: Duration) {
         self.remaining
             .get_or_create(&self.stage_label(stage))
             .observe(remaining.as_secs_f64());
     }
 
-    /// Counts a budget that ran out in `stage`.
-    pub(crate) fn count_exceeded(&self, stage: Stage) {
+    fn exceeded(&self, stage: Stage) {
         self.exceeded.get_or_create(&self.stage_label(stage)).inc();
     }
 
-    /// Counts what propagate would have refused in `stage` (observe mode); `reason` is
-    /// one of a fixed set (`deadline`, `predicted_late`, `queue_full`, ...).
-    pub(crate) fn count_would_refuse(&self, stage: Stage, reason: &'static str) {
+    /// `reason` is one of a fixed set (`deadline`, `predicted_late`, `queue_full`, ...).
+    #[cfg(any(feature = "axum", feature = "http-client", feature = "sqlx"))]
+    fn would_refuse(&self, stage: Stage, reason: &'static str) {
         let (service, stage) = (self.service, stage.as_str());
         let labels = StageReason {
             service,
@@ -261,16 +194,16 @@ impl DeadlineMetrics {
         self.would_refuse.get_or_create(&labels).inc();
     }
 
-    /// Shows `current` as the mode in force: 1 for it, 0 for each of `all` others.
-    pub(crate) fn set_mode(&self, current: &'static str, all: &[&'static str]) {
-        for &mode in all {
+    /// 1 for the mode in force, 0 for each other.
+    fn mode(&self, in_force: DeadlineMode) {
+        for mode in DeadlineMode::ALL {
             let labels = ServiceMode {
                 service: self.service,
-                mode,
+                mode: mode.as_str(),
             };
             self.mode
                 .get_or_create(&labels)
-                .set(i64::from(mode == current));
+                .set(i64::from(mode == in_force));
         }
     }
 }
