@@ -49,7 +49,15 @@ fn attempts(app: &TestApp, kind: &str, outcome: &str) -> f64 {
 
 #[tokio::test]
 async fn hedged_catalog_calls_take_the_stragglers_out_of_the_tail_for_a_few_more_calls() {
-    let hedged = spawn_app_with(|c| c.catalog_hedge = Switch::On).await;
+    // A retry budget with room for every straggler's hedge: this test is about the
+    // hedge; the default budget (3 %) is about as large as the hedges 2 % of stragglers
+    // and the p99 ask for, and a burst of stragglers that empties it is the other
+    // test's subject.
+    let hedged = spawn_app_with(|c| {
+        c.catalog_hedge = Switch::On;
+        c.catalog_retry_budget_ratio = 0.06;
+    })
+    .await;
     let plain = spawn_app_with(|_| {}).await;
     for app in [&hedged, &plain] {
         // The history the hedge is timed from: calls of the usual speed.
@@ -62,7 +70,6 @@ async fn hedged_catalog_calls_take_the_stragglers_out_of_the_tail_for_a_few_more
     let with = orders(&hedged, 400).await;
     let extra_calls = (hedged.catalog_calls() - calls_before) as f64 / with.len() as f64 - 1.0;
     let without = orders(&plain, 400).await;
-    let slowest = |answers: &[(StatusCode, Duration)]| answers.iter().map(|a| a.1).max().unwrap();
 
     // Without hedging a straggler holds its order to the deadline: a 504.
     assert!(
@@ -71,22 +78,28 @@ async fn hedged_catalog_calls_take_the_stragglers_out_of_the_tail_for_a_few_more
             .any(|(s, _)| *s == StatusCode::GATEWAY_TIMEOUT),
         "2 % of calls stall a second past a 700 ms budget"
     );
-    // With it, every order is placed, none near its deadline.
+    // With it, the tail is gone: the p99 is far from the deadline. Not every order:
+    // a hedge is itself a straggler one time in fifty, so one of the ~8 stragglers in
+    // 400 orders keeps its 504 in about one run in seven; two such orders in a run are
+    // rare (about 1 %), three about 1 in 1,500.
+    let mut times: Vec<Duration> = with.iter().map(|a| a.1).collect();
+    times.sort();
+    let p99 = times[times.len() * 99 / 100];
+    assert!(p99 < Duration::from_millis(400), "p99 {p99:?}: {with:?}");
+    let not_created = with
+        .iter()
+        .filter(|(s, _)| *s != StatusCode::CREATED)
+        .count();
     assert!(
-        with.iter().all(|(s, _)| *s == StatusCode::CREATED),
-        "{with:?}"
-    );
-    assert!(
-        slowest(&with) < Duration::from_millis(400),
-        "{:?}",
-        slowest(&with)
+        not_created <= 2,
+        "{not_created} orders not created: {with:?}"
     );
     assert!(
         attempts(&hedged, "hedge", "won") >= 1.0,
         "the hedges answered the stragglers"
     );
-    // The stragglers (2 %) and the slowest of the usual calls get a hedge: the extra
-    // load stays within the retry budget (3 % and what the bucket held).
+    // The stragglers (2 %) and the slowest of the usual calls (1 %) get a hedge: about
+    // 3 % extra calls.
     assert!(
         extra_calls <= 0.06,
         "{extra_calls:.3} extra calls per order"
