@@ -97,6 +97,24 @@ impl PgCluster {
         )
     }
 
+    /// The postmaster's process id (the first line of `postmaster.pid`): the parent of
+    /// every backend, so the server's CPU can be read from `/proc`.
+    pub fn postmaster_pid(&self) -> anyhow::Result<u32> {
+        let path = self.dir.join("data/postmaster.pid");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        text.lines()
+            .next()
+            .and_then(|line| line.trim().parse().ok())
+            .with_context(|| format!("no process id in {}", path.display()))
+    }
+
+    /// What the server has logged so far (with `log_statement = 'all'` in a session, its
+    /// statements as the server received them).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default()
+    }
+
     /// A program of this server's installation (`pgbench`, `psql`, ...).
     pub fn bin(&self, program: &str) -> PathBuf {
         self.bindir.join(program)

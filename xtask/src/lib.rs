@@ -14,7 +14,7 @@
 //! dashboards' queries and the rules;
 //! [`readme`] turns the committed summaries into the result tables of the README and
 //! docs/experiment.md. [`cost`] measures the technique's cost to PostgreSQL alone, with
-//! pgbench. [`partition`] cuts the link to PostgreSQL during the `partition` scenario
+//! pgbench; [`cpu`] prices it as CPU per order of each process at a fixed rate. [`partition`] cuts the link to PostgreSQL during the `partition` scenario
 //! and watches what the server holds meanwhile.
 //!
 //! The documentation: [`links`] checks that every relative link of every Markdown file
@@ -28,6 +28,7 @@ pub mod check;
 pub mod compose;
 pub mod copy_check;
 pub mod cost;
+pub mod cpu;
 pub mod dashboards;
 pub mod diagnosis;
 pub mod examples;

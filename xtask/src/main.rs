@@ -37,6 +37,9 @@ enum Command {
     Dashboards,
     /// The order transaction alone under pgbench, as legacy and as propagate send it.
     Cost(xtask::cost::CostArgs),
+    /// CPU per order of each process at a fixed open-loop rate, both modes on one stack
+    /// switched at run time in alternating pairs, and the same instrument A/A.
+    Cpu(xtask::cpu::CpuArgs),
     /// Regenerate the result tables of README.md and docs/experiment.md (between their
     /// `<!-- tables:begin -->` and `<!-- tables:end -->` lines) from
     /// docs/results/*/summary.json.
@@ -108,6 +111,7 @@ async fn main() -> ExitCode {
             .await
             .map(|ok| u8::from(!ok)),
         Command::Cost(args) => xtask::cost::cost(args).await.map(|()| 0),
+        Command::Cpu(args) => xtask::cpu::run(args).await.map(|_| 0),
         Command::Dashboards => dashboards_command(),
         Command::Images(args) => xtask::images::images(&args).map(|()| 0),
         Command::ComposeCheck(args) => xtask::compose::compose_check(&args)

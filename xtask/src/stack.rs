@@ -208,8 +208,8 @@ pub async fn fresh_database(cluster: &PgCluster, name: &str) -> anyhow::Result<S
 }
 
 /// `cargo xtask stack -- <command>`: starts PostgreSQL and both services, runs the
-/// command with `ORDERS_URL`, `CATALOG_URL`, `CATALOG_ADMIN_URL` and `DATABASE_URL`
-/// set, stops everything and returns the command's exit code.
+/// command with `ORDERS_URL`, `ORDERS_ADMIN_URL`, `ORDERS_PID`, `CATALOG_URL`,
+/// `CATALOG_ADMIN_URL` and `DATABASE_URL` set, stops everything and returns the command's exit code.
 pub async fn run_with_stack(
     profile: &str,
     env: &ServiceEnv,
@@ -230,6 +230,8 @@ pub async fn run_with_stack(
     let status = tokio::process::Command::new(program)
         .args(args)
         .env("ORDERS_URL", ports.orders_url())
+        .env("ORDERS_ADMIN_URL", ports.orders_admin_url())
+        .env("ORDERS_PID", services.orders.pid().to_string())
         .env("CATALOG_URL", ports.catalog_url())
         .env("CATALOG_ADMIN_URL", ports.admin_url())
         .env("DATABASE_URL", &services.database_url)

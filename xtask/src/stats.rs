@@ -13,8 +13,10 @@ pub struct Request {
     pub arrival_ms: u64,
     /// The HTTP status; 0 when the client gave up at its timeout, 1 on a transport error.
     pub status: u16,
-    /// How long the client waited, in ms.
+    /// How long the client waited, in whole ms (rounded down).
     pub elapsed_ms: u64,
+    /// The same in µs (k6 logs an answer's time to the µs).
+    pub elapsed_us: u64,
     /// The budget this request carried, where the load gives each its own (`tight`).
     pub budget_ms: Option<u64>,
 }
@@ -32,16 +34,19 @@ impl Request {
 pub fn parse_request_log(text: &str) -> Vec<Request> {
     text.lines()
         .filter_map(|line| {
-            let mut fields = line.trim().split(',').map(str::parse::<u64>);
-            let (arrival, status, elapsed) = (fields.next()?, fields.next()?, fields.next()?);
+            let mut fields = line.trim().split(',');
+            let arrival = fields.next()?.parse().ok()?;
+            let status = fields.next()?.parse().ok()?;
+            let elapsed: f64 = fields.next()?.parse().ok()?;
             let budget_ms = match fields.next() {
-                Some(budget) => Some(budget.ok()?),
+                Some(budget) => Some(budget.parse().ok()?),
                 None => None,
             };
-            Some(Request {
-                arrival_ms: arrival.ok()?,
-                status: u16::try_from(status.ok()?).ok()?,
-                elapsed_ms: elapsed.ok()?,
+            (elapsed.is_finite() && elapsed >= 0.0).then_some(Request {
+                arrival_ms: arrival,
+                status,
+                elapsed_ms: elapsed as u64,
+                elapsed_us: (elapsed * 1000.0).round() as u64,
                 budget_ms,
             })
         })
@@ -175,6 +180,7 @@ mod tests {
             arrival_ms,
             status,
             elapsed_ms,
+            elapsed_us: elapsed_ms * 1000,
             budget_ms: None,
         }
     }
@@ -186,6 +192,17 @@ mod tests {
         assert_eq!(requests[0].budget_ms, Some(40));
         assert!(!requests[0].good(700), "late for its own 40 ms");
         assert!(requests[1].good(10), "in time for its own 80 ms");
+    }
+
+    #[test]
+    fn an_answer_time_is_read_to_the_microsecond() {
+        let requests = parse_request_log("1000,201,1.2345\n1001,0,1700\n1002,201,-1\n");
+        assert_eq!(requests.len(), 2, "a negative time is not a time");
+        assert_eq!((requests[0].elapsed_ms, requests[0].elapsed_us), (1, 1235));
+        assert_eq!(
+            (requests[1].elapsed_ms, requests[1].elapsed_us),
+            (1700, 1_700_000)
+        );
     }
 
     #[test]

@@ -1,0 +1,672 @@
+//! CPU per order: what the technique costs the machine when nothing is slow, priced by
+//! an instrument that can see a few per cent.
+//!
+//! Why not throughput: a closed loop on two cores measures the load generator as much
+//! as the services, and two identical sides of it differ by as much as the cost asked
+//! about. So the cost is priced as CPU time per order at a fixed open-loop rate well
+//! below saturation, where every order is served and the rate is the same whatever the
+//! mode:
+//!
+//! - one stack: a fresh database, both services, k6 sending `rate` orders a second for
+//!   the whole run;
+//! - orders-service's mode switched at run time between the two sides (`PUT
+//!   /admin/mode`): the same processes, pools and caches serve both;
+//! - after each switch a settling pause, then a segment in which the CPU time of
+//!   orders-service, catalog-service and every PostgreSQL process is read from `/proc`
+//!   at both ends (user + system; the postmaster's reaped children included, so a
+//!   backend that exits keeps its share), and the orders created from the table (its
+//!   largest id: the system of record, not the service's own count);
+//! - pairs of segments alternate which side goes first; the figure is the median of the
+//!   pairs' ratios, first side over second (legacy / propagate), with their range;
+//! - the latency a user feels at that rate, p50 and p99 of the orders that arrived in
+//!   each segment, from k6's request log.
+//!
+//! The A/A run (propagate against propagate, the same switches) prices the
+//! instrument's own spread: a ratio from it that is not within ±1 % of 1 says the
+//! machine is too noisy for the figure.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+use sqlx::Connection as _;
+use test_support::PgCluster;
+
+use crate::scenario::{Model, Scenario};
+use crate::stack::{Ports, ServiceEnv, Services, fresh_database};
+use crate::stats::{Request, Spread, quantile, spread};
+
+/// What the two sides of a CPU run are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CpuVersus {
+    /// legacy against propagate: the technique's cost.
+    Modes,
+    /// propagate against propagate: the instrument's own spread.
+    Aa,
+}
+
+impl CpuVersus {
+    /// The two sides: their names and the mode each switches orders-service to.
+    pub fn sides(self) -> [(&'static str, &'static str); 2] {
+        match self {
+            Self::Modes => [("legacy", "legacy"), ("propagate", "propagate")],
+            Self::Aa => [("propagate-a", "propagate"), ("propagate-b", "propagate")],
+        }
+    }
+}
+
+/// How a CPU run is shaped.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CpuPlan {
+    /// Orders per second, open loop.
+    pub rate: u32,
+    /// Pairs of segments.
+    pub pairs: u32,
+    /// Length of one segment.
+    #[serde(with = "secs")]
+    pub segment: Duration,
+    /// Pause after each switch before the segment starts.
+    #[serde(with = "secs")]
+    pub settle: Duration,
+    /// Orders before the first segment.
+    #[serde(with = "secs")]
+    pub warm_up: Duration,
+    /// The budget every order carries, ms.
+    pub budget_ms: u64,
+}
+
+impl Default for CpuPlan {
+    /// 500 orders a second (well below what two cores serve), 6 pairs of 8 s.
+    fn default() -> Self {
+        Self {
+            rate: 500,
+            pairs: 6,
+            segment: Duration::from_secs(8),
+            settle: Duration::from_secs(1),
+            warm_up: Duration::from_secs(5),
+            budget_ms: 700,
+        }
+    }
+}
+
+/// The processes whose CPU an order costs, in table order.
+pub const PROCESSES: [&str; 3] = ["orders-service", "catalog-service", "PostgreSQL"];
+
+/// One segment: which side, how many orders, and what they cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    /// Which pair (0-based).
+    pub pair: usize,
+    /// The side's name.
+    pub side: String,
+    /// Orders created in the segment (from the table).
+    pub orders: u64,
+    /// Length of the segment, s.
+    pub seconds: f64,
+    /// CPU ms per order, per process of [`PROCESSES`].
+    pub cpu_ms_per_order: [f64; 3],
+    /// All three.
+    pub total_ms_per_order: f64,
+    /// Latency of the orders that arrived in the segment, ms.
+    pub p50_ms: f64,
+    /// p99, ms.
+    pub p99_ms: f64,
+    /// Answers other than 201 among them.
+    pub not_created: u64,
+}
+
+/// A CPU run: its plan, its segments, and the figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuReport {
+    /// Which comparison.
+    pub versus: CpuVersus,
+    /// The two sides' names, first over second in the ratios.
+    pub sides: [String; 2],
+    /// The run's shape.
+    pub plan: CpuPlan,
+    /// Every segment, in the order they ran.
+    pub segments: Vec<Segment>,
+    /// Per pair, CPU per order of the first side over the second's: per process, and
+    /// `total`.
+    pub ratios: BTreeMap<String, Spread>,
+    /// Per side, CPU per order, ms: per process and `total`.
+    pub per_order: BTreeMap<String, BTreeMap<String, Spread>>,
+    /// Per side, p50 and p99 latency, ms.
+    pub latency: BTreeMap<String, BTreeMap<String, Spread>>,
+    /// Per pair, the second side's p50 minus the first's, ms.
+    pub p50_difference_ms: Option<Spread>,
+    /// k6's exit code.
+    pub k6_exit: i32,
+}
+
+impl CpuReport {
+    /// The median ratio of all three processes.
+    pub fn total_ratio(&self) -> Option<Spread> {
+        self.ratios.get("total").copied()
+    }
+
+    /// A Markdown table of the report.
+    pub fn markdown(&self) -> String {
+        let [a, b] = &self.sides;
+        let median = |side: &str, what: &str| {
+            self.per_order
+                .get(side)
+                .and_then(|m| m.get(what))
+                .map_or(f64::NAN, |s| s.median)
+        };
+        let ratio = |what: &str| {
+            self.ratios.get(what).map_or("n/a".to_owned(), |s| {
+                format!("{:.3} ({:.3} to {:.3})", s.median, s.min, s.max)
+            })
+        };
+        let mut out = format!(
+            "CPU per order at {} orders/s, open loop ({} pairs of {} s, {} then {} alternating; \
+             median of the pairs, min to max):\n\n| CPU per order, ms | {a} | {b} | {a} / {b} |\n| --- | ---: | ---: | --- |\n",
+            self.plan.rate,
+            self.plan.pairs,
+            self.plan.segment.as_secs_f64(),
+            a,
+            b
+        );
+        for (name, key) in PROCESSES
+            .iter()
+            .map(|p| (*p, *p))
+            .chain([("all three", "total")])
+        {
+            out.push_str(&format!(
+                "| {name} | {:.3} | {:.3} | {} |\n",
+                median(a, key),
+                median(b, key),
+                ratio(key)
+            ));
+        }
+        let latency = |side: &str, q: &str| {
+            self.latency
+                .get(side)
+                .and_then(|m| m.get(q))
+                .map_or(f64::NAN, |s| s.median)
+        };
+        out.push_str(&format!(
+            "| latency p50 / p99, ms | {:.2} / {:.2} | {:.2} / {:.2} | p50 {b} − {a}: {} |\n",
+            latency(a, "p50"),
+            latency(a, "p99"),
+            latency(b, "p50"),
+            latency(b, "p99"),
+            self.p50_difference_ms.map_or("n/a".to_owned(), |s| format!(
+                "{:+.2} ms ({:+.2} to {:+.2})",
+                s.median, s.min, s.max
+            ))
+        ));
+        out
+    }
+}
+
+/// CPU time of one process so far, in clock ticks: its own user and system time, and
+/// its reaped children's.
+fn ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command may hold spaces and parentheses: the fields start after the last `)`.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // After the `)`: state is field 3 of proc(5), so utime (14) .. cstime (17) are 11..=14 here.
+    let sum = fields
+        .get(11..15)?
+        .iter()
+        .map(|f| f.parse::<u64>().ok())
+        .sum::<Option<u64>>()?;
+    Some(sum)
+}
+
+/// The parent of `pid`.
+fn parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// CPU ticks of `root` and every living process below it (a server's backends).
+fn tree_ticks(root: u32) -> u64 {
+    let mut pids = vec![root];
+    let all: Vec<u32> = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut grew = true;
+    while grew {
+        grew = false;
+        for &pid in &all {
+            if !pids.contains(&pid) && parent(pid).is_some_and(|p| pids.contains(&p)) {
+                pids.push(pid);
+                grew = true;
+            }
+        }
+    }
+    pids.into_iter().filter_map(ticks).sum()
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`; 100 on Linux as it is built).
+fn ticks_per_second() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// What is read at each end of a segment.
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    at_ms: u64,
+    orders: u64,
+    ticks: [u64; 3],
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Reads the three processes' CPU and the orders created so far.
+async fn read(pids: [u32; 3], conn: &mut sqlx::PgConnection) -> anyhow::Result<Reading> {
+    let orders: Option<i64> = sqlx::query_scalar("SELECT max(id) FROM orders")
+        .fetch_one(&mut *conn)
+        .await?;
+    let [orders_pid, catalog_pid, postmaster] = pids;
+    Ok(Reading {
+        at_ms: unix_ms(),
+        orders: orders.unwrap_or(0).max(0) as u64,
+        ticks: [
+            ticks(orders_pid).context("orders-service is gone")?,
+            ticks(catalog_pid).context("catalog-service is gone")?,
+            tree_ticks(postmaster),
+        ],
+    })
+}
+
+/// Switches orders-service's mode.
+async fn switch(orders_admin: &str, mode: &str) -> anyhow::Result<()> {
+    let url = format!("{orders_admin}/admin/mode");
+    let response = reqwest::Client::new()
+        .put(&url)
+        .json(&serde_json::json!({ "mode": mode }))
+        .send()
+        .await
+        .with_context(|| format!("{url} unreachable"))?;
+    anyhow::ensure!(
+        response.status().is_success(),
+        "{url} answered {}",
+        response.status()
+    );
+    Ok(())
+}
+
+/// Runs one CPU comparison on a stack of its own, writing its logs under `dir`.
+pub async fn measure(
+    profile: &str,
+    cluster: &PgCluster,
+    k6: &Path,
+    versus: CpuVersus,
+    plan: CpuPlan,
+    dir: &Path,
+) -> anyhow::Result<CpuReport> {
+    std::fs::create_dir_all(dir)?;
+    let name = match versus {
+        CpuVersus::Modes => "cpu_modes",
+        CpuVersus::Aa => "cpu_aa",
+    };
+    let database_url = fresh_database(cluster, name).await?;
+    let env = ServiceEnv {
+        orders: vec![
+            ("DEADLINE_MODE".into(), "propagate".into()),
+            ("LOG_FORMAT".into(), "text".into()),
+            ("RUST_LOG".into(), "warn".into()),
+        ],
+        catalog: vec![("RUST_LOG".into(), "warn".into())],
+    };
+    let ports = Ports::free();
+    let services = Services::start(profile, ports, database_url.clone(), &env, dir).await?;
+    let pids = [
+        services.orders.pid(),
+        services.catalog.pid(),
+        cluster.postmaster_pid()?,
+    ];
+    let mut watcher = sqlx::PgConnection::connect(&database_url).await?;
+    let sides = versus.sides();
+    let per_segment = plan.settle + plan.segment;
+    let length = plan.warm_up + per_segment * (2 * plan.pairs) + Duration::from_secs(1);
+    let mut load = Scenario::Happy.load(Some(length), plan.budget_ms);
+    load.model = Model::Open { rate: plan.rate };
+    let k6_task = {
+        let (k6, load, url, dir) = (
+            k6.to_path_buf(),
+            load.clone(),
+            ports.orders_url(),
+            dir.to_path_buf(),
+        );
+        // `legacy` for k6's thresholds only: the run holds both modes, and a p99 over both
+        // says nothing; every answer's status is still checked.
+        tokio::spawn(async move { crate::k6::run(&k6, &load, "legacy", &url, 0, &dir).await })
+    };
+    // The schedule is the instrument: each segment is a fixed length of the load.
+    tokio::time::sleep(plan.warm_up).await;
+    let mut readings: Vec<(usize, &str, Reading, Reading)> = Vec::new();
+    for pair in 0..plan.pairs as usize {
+        let order = if pair % 2 == 0 {
+            [sides[0], sides[1]]
+        } else {
+            [sides[1], sides[0]]
+        };
+        for (side, mode) in order {
+            switch(&ports.orders_admin_url(), mode).await?;
+            tokio::time::sleep(plan.settle).await;
+            let start = read(pids, &mut watcher).await?;
+            tokio::time::sleep(plan.segment).await;
+            let end = read(pids, &mut watcher).await?;
+            eprintln!(
+                "  cpu pair {}/{}: {side:>11}: {} orders",
+                pair + 1,
+                plan.pairs,
+                end.orders - start.orders
+            );
+            readings.push((pair, side, start, end));
+        }
+    }
+    let k6_run = k6_task.await??;
+    let _ = watcher.close().await;
+    services.stop();
+    Ok(report(
+        versus,
+        plan,
+        &readings,
+        &k6_run.requests,
+        k6_run.exit_code,
+        ticks_per_second(),
+    ))
+}
+
+/// The figures of the segments.
+fn report(
+    versus: CpuVersus,
+    plan: CpuPlan,
+    readings: &[(usize, &str, Reading, Reading)],
+    requests: &[Request],
+    k6_exit: i32,
+    hz: f64,
+) -> CpuReport {
+    let sides = versus.sides().map(|(name, _)| name.to_owned());
+    let segments: Vec<Segment> = readings
+        .iter()
+        .map(|(pair, side, start, end)| {
+            let orders = end.orders.saturating_sub(start.orders);
+            let per_order = |i: usize| {
+                let ms = end.ticks[i].saturating_sub(start.ticks[i]) as f64 * 1000.0 / hz;
+                ms / orders.max(1) as f64
+            };
+            let cpu = [per_order(0), per_order(1), per_order(2)];
+            let arrived: Vec<&Request> = requests
+                .iter()
+                .filter(|r| r.arrival_ms >= start.at_ms && r.arrival_ms < end.at_ms)
+                .collect();
+            let times: Vec<f64> = arrived
+                .iter()
+                .map(|r| r.elapsed_us as f64 / 1000.0)
+                .collect();
+            Segment {
+                pair: *pair,
+                side: (*side).to_owned(),
+                orders,
+                seconds: end.at_ms.saturating_sub(start.at_ms) as f64 / 1000.0,
+                cpu_ms_per_order: cpu,
+                total_ms_per_order: cpu.iter().sum(),
+                p50_ms: quantile(&times, 0.5).unwrap_or(f64::NAN),
+                p99_ms: quantile(&times, 0.99).unwrap_or(f64::NAN),
+                not_created: arrived.iter().filter(|r| r.status != 201).count() as u64,
+            }
+        })
+        .collect();
+    let of = |pair: usize, side: &str| segments.iter().find(|s| s.pair == pair && s.side == side);
+    let pairs: Vec<(&Segment, &Segment)> = (0..plan.pairs as usize)
+        .filter_map(|p| Some((of(p, &sides[0])?, of(p, &sides[1])?)))
+        .collect();
+    let keys: Vec<&str> = PROCESSES.iter().copied().chain(["total"]).collect();
+    let value = |s: &Segment, key: &str| match PROCESSES.iter().position(|p| *p == key) {
+        Some(i) => s.cpu_ms_per_order[i],
+        None => s.total_ms_per_order,
+    };
+    let mut ratios = BTreeMap::new();
+    for key in &keys {
+        let values: Vec<f64> = pairs
+            .iter()
+            .map(|(a, b)| value(a, key) / value(b, key))
+            .collect();
+        if let Some(s) = spread(&values) {
+            ratios.insert((*key).to_owned(), s);
+        }
+    }
+    let mut per_order = BTreeMap::new();
+    let mut latency = BTreeMap::new();
+    for side in &sides {
+        let mine: Vec<&Segment> = segments.iter().filter(|s| &s.side == side).collect();
+        let mut cpu = BTreeMap::new();
+        for key in &keys {
+            let values: Vec<f64> = mine.iter().map(|s| value(s, key)).collect();
+            if let Some(s) = spread(&values) {
+                cpu.insert((*key).to_owned(), s);
+            }
+        }
+        per_order.insert(side.clone(), cpu);
+        let mut times = BTreeMap::new();
+        for (q, pick) in [
+            ("p50", (|s: &Segment| s.p50_ms) as fn(&Segment) -> f64),
+            ("p99", |s| s.p99_ms),
+        ] {
+            let values: Vec<f64> = mine.iter().map(|s| pick(s)).collect();
+            if let Some(s) = spread(&values) {
+                times.insert(q.to_owned(), s);
+            }
+        }
+        latency.insert(side.clone(), times);
+    }
+    let differences: Vec<f64> = pairs.iter().map(|(a, b)| b.p50_ms - a.p50_ms).collect();
+    CpuReport {
+        versus,
+        sides,
+        plan,
+        segments,
+        ratios,
+        per_order,
+        latency,
+        p50_difference_ms: spread(&differences),
+        k6_exit,
+    }
+}
+
+/// `cargo xtask cpu`'s command line: the instrument alone.
+#[derive(Debug, clap::Args)]
+pub struct CpuArgs {
+    /// What to compare: the modes, the instrument against itself (`aa`), or both.
+    #[arg(long, value_enum)]
+    pub versus: Option<CpuVersus>,
+    /// Pairs of segments.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub pairs: u32,
+    /// Orders per second.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=5000))]
+    pub rate: u32,
+    /// Seconds per segment.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub segment: u64,
+    /// Build profile of the services.
+    #[arg(long, default_value = "release", value_parser = ["release", "dev"])]
+    pub profile: String,
+    /// Do not run `cargo build` first.
+    #[arg(long)]
+    pub no_build: bool,
+    /// Where to write (default `results/cpu`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Runs `cargo xtask cpu`: the comparisons asked for, each on its own stack; writes
+/// `cpu.json` and `cpu.md`.
+pub async fn run(args: CpuArgs) -> anyhow::Result<Vec<CpuReport>> {
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| crate::stack::workspace().join("results/cpu"));
+    let commit = crate::experiment::commit();
+    if !args.no_build {
+        crate::stack::build_services(&args.profile)?;
+    }
+    let k6 = crate::k6::ensure_k6()?;
+    let cluster = tokio::task::spawn_blocking(PgCluster::start).await??;
+    let plan = CpuPlan {
+        rate: args.rate,
+        pairs: args.pairs,
+        segment: Duration::from_secs(args.segment),
+        ..CpuPlan::default()
+    };
+    let versus = match args.versus {
+        Some(v) => vec![v],
+        None => vec![CpuVersus::Modes, CpuVersus::Aa],
+    };
+    let mut reports = Vec::new();
+    for v in versus {
+        let dir = out.join("runs").join(format!("{v:?}").to_lowercase());
+        reports.push(measure(&args.profile, &cluster, &k6, v, plan, &dir).await?);
+    }
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(
+        out.join("cpu.json"),
+        serde_json::to_string_pretty(
+            &serde_json::json!({"commit": commit, "profile": args.profile, "reports": reports}),
+        )? + "\n",
+    )?;
+    let text: Vec<String> = reports.iter().map(CpuReport::markdown).collect();
+    std::fs::write(
+        out.join("cpu.md"),
+        format!(
+            "# CPU per order\n\nCommit `{commit}`, {} build.\n\n{}",
+            args.profile,
+            text.join("\n")
+        ),
+    )?;
+    for report in &reports {
+        println!("{}", report.markdown());
+    }
+    Ok(reports)
+}
+
+mod secs {
+    pub(super) fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<std::time::Duration, D::Error> {
+        let secs: f64 = serde::Deserialize::deserialize(d)?;
+        Ok(std::time::Duration::from_secs_f64(secs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reading(at_ms: u64, orders: u64, ticks: [u64; 3]) -> Reading {
+        Reading {
+            at_ms,
+            orders,
+            ticks,
+        }
+    }
+
+    fn answer(arrival_ms: u64, elapsed_us: u64) -> Request {
+        Request {
+            arrival_ms,
+            status: 201,
+            elapsed_ms: elapsed_us / 1000,
+            elapsed_us,
+            budget_ms: None,
+        }
+    }
+
+    #[test]
+    fn the_ratio_is_per_pair_cpu_per_order_first_side_over_second() {
+        let plan = CpuPlan {
+            pairs: 2,
+            ..CpuPlan::default()
+        };
+        // 100 Hz: 80 ticks over 1000 orders is 0.8 ms an order.
+        let readings = [
+            (
+                0,
+                "legacy",
+                reading(0, 0, [0, 0, 0]),
+                reading(1000, 1000, [80, 20, 60]),
+            ),
+            (
+                0,
+                "propagate",
+                reading(2000, 1000, [80, 20, 60]),
+                reading(3000, 2000, [170, 40, 130]),
+            ),
+            (
+                1,
+                "propagate",
+                reading(4000, 2000, [170, 40, 130]),
+                reading(5000, 3000, [260, 60, 200]),
+            ),
+            (
+                1,
+                "legacy",
+                reading(6000, 3000, [260, 60, 200]),
+                reading(7000, 4000, [340, 80, 260]),
+            ),
+        ];
+        let requests = [
+            answer(10, 1500),
+            answer(20, 2500),
+            answer(2010, 1700),
+            answer(2020, 2600),
+        ];
+        let report = report(CpuVersus::Modes, plan, &readings, &requests, 0, 100.0);
+        let total = report.total_ratio().unwrap();
+        // legacy 1.6 ms an order, propagate 1.8: 0.889 in both pairs.
+        assert!((total.median - 1.6 / 1.8).abs() < 1e-9, "{total:?}");
+        assert!((report.ratios["orders-service"].median - 0.8 / 0.9).abs() < 1e-9);
+        assert_eq!(report.segments[0].orders, 1000);
+        assert!((report.segments[0].p50_ms - 1.5).abs() < 1e-9);
+        let difference = report.p50_difference_ms.unwrap();
+        assert!((difference.median - 0.2).abs() < 1e-9, "{difference:?}");
+    }
+
+    #[test]
+    fn a_process_stat_line_gives_its_ticks_and_its_childrens() {
+        // This process: its own ticks exist and only grow.
+        let me = std::process::id();
+        let first = ticks(me).expect("this process has a stat line");
+        let mut x = 0u64;
+        for i in 0..5_000_000u64 {
+            x = x.wrapping_add(i * i);
+        }
+        assert!(x > 0);
+        assert!(ticks(me).unwrap() >= first);
+        assert_eq!(parent(me), Some(std::os::unix::process::parent_id()));
+        assert!(tree_ticks(me) >= ticks(me).unwrap());
+    }
+}
