@@ -67,6 +67,8 @@ async fn deferred_work_at_commit_is_stopped_at_the_deadline_and_writes_nothing()
     .execute(&app.side)
     .await
     .unwrap();
+    // As after a migration: the service reads that the schema now defers work.
+    assert!(app.state.db.learn_schema().await.unwrap());
     let rows_before = app.order_rows().await;
 
     let started = Instant::now();
@@ -87,6 +89,57 @@ async fn deferred_work_at_commit_is_stopped_at_the_deadline_and_writes_nothing()
     })
     .await;
     assert_eq!(app.order_rows().await, rows_before, "nothing written");
+}
+
+#[tokio::test]
+async fn commit_fires_deferred_work_first_only_where_the_schema_has_some() {
+    let (cluster, database) = own_cluster().await;
+    // The server logs every statement of the service's sessions, as it received them.
+    let mut admin = sqlx::PgConnection::connect(&database.url).await.unwrap();
+    sqlx::query("ALTER DATABASE postgres SET log_statement = 'all'")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let app = spawn_app_on(database, |_| {}).await;
+    let commits = |log: &str| -> Vec<String> {
+        log.lines()
+            .filter_map(|line| line.split_once("statement: ").map(|(_, sql)| sql))
+            .filter(|sql| sql.ends_with("COMMIT"))
+            .map(str::to_owned)
+            .collect()
+    };
+
+    // The orders schema defers nothing: the COMMIT goes alone.
+    let response = app.order("SKU-00033", 1, Some(1000)).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let before = commits(&cluster.log());
+    assert_eq!(
+        before.last().map(String::as_str),
+        Some("COMMIT"),
+        "{before:?}"
+    );
+    assert!(!before.iter().any(|sql| sql.contains("SET CONSTRAINTS")));
+
+    // A deferred constraint trigger, then what a migration does: the schema is read again.
+    sqlx::raw_sql(
+        "CREATE FUNCTION checked_later() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER checked_later AFTER INSERT ON orders \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION checked_later();",
+    )
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    assert!(app.state.db.learn_schema().await.unwrap());
+    let response = app.order("SKU-00034", 1, Some(1000)).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let after = commits(&cluster.log());
+    let last = after.last().expect("a COMMIT was logged");
+    assert!(
+        last.starts_with("SET LOCAL statement_timeout = ")
+            && last.ends_with("; SET CONSTRAINTS ALL IMMEDIATE; COMMIT"),
+        "{last}"
+    );
 }
 
 /// An app on a cluster of its own where a synchronous standby that never answers makes

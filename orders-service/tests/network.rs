@@ -239,6 +239,8 @@ async fn a_partition_during_commit_is_never_a_504_and_a_replay_tells_the_table()
     .execute(&app.side)
     .await
     .unwrap();
+    // As after a migration: the service reads that the schema now defers work.
+    assert!(app.state.db.learn_schema().await.unwrap());
     let order = order_in_background(&app, "SKU-00044", Some("k-cut-commit"));
     wait_until("the COMMIT's deferred work runs", MS(2000), || async {
         sqlx::query_scalar::<_, i64>(

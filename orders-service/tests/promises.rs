@@ -36,6 +36,8 @@ async fn make_writes_slow(app: &TestApp) {
     .execute(&app.side)
     .await
     .expect("slow triggers installed");
+    // As after a migration: the service reads that the schema now defers work.
+    assert!(app.state.db.learn_schema().await.unwrap());
 }
 
 /// Waits until the service has nothing running on the server, so the table shows the

@@ -11,6 +11,8 @@ pub use crate::header::{
 };
 
 #[cfg(feature = "sqlx")]
+pub use crate::db::schema::QUERY as DEFERRED_WORK_QUERY;
+#[cfg(feature = "sqlx")]
 pub use crate::db::sql::{Access, begin_sql, commit_sql};
 
 /// The bounds every pooled session of [`Db`](crate::db::Db) carries with `config`, as

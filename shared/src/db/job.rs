@@ -22,6 +22,7 @@ use tokio::time::{Instant, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::backend::{Backend, Backends, CANCEL, IN_TRANSACTION};
 use super::sql::{Access, begin_sql, commit_sql};
 use super::{Check, DbError, End, Statements, classify};
 use crate::deadline::Deadline;
@@ -72,10 +73,14 @@ pub(super) struct Job {
     pub(super) acquire_timeout: Duration,
     pub(super) deadline: Deadline,
     pub(super) access: Access,
-    /// Names this transaction's backend in `pg_stat_activity` (`application_name`).
-    pub(super) marker: String,
+    /// The pool's connections' backends, learned once per connection.
+    pub(super) backends: Arc<Backends>,
+    /// This transaction's backend, once its connection is known (cancels aim at it).
+    pub(super) backend: OnceLock<Backend>,
     /// Cancelled when the caller's future is dropped.
     pub(super) stop: CancellationToken,
+    /// Whether the schema can leave work to COMMIT (then it is fired before it).
+    pub(super) deferred: bool,
     /// A cancel was sent whose outcome is unknown: the connection must not be reused.
     pub(super) cancel_unsettled: AtomicBool,
     /// Who answers the caller, and how far the job got (shared with the caller).
@@ -167,7 +172,10 @@ impl Job {
     /// Runs the whole transaction and answers on `reply` (at most once, and only if the
     /// caller has not answered itself at its deadline).
     pub(super) async fn run<T, B: Statements<T>>(self, body: B, reply: Responder<T>) {
-        let waited = self.acquire();
+        // The steps are boxed before they are wrapped (span, unwind guard): a wrapper
+        // moves what it wraps by value, and a transaction's future is kilobytes, so
+        // this future stays small and each wrapper moves a pointer.
+        let waited = Box::pin(self.acquire());
         let acquired =
             Instrument::instrument(waited, self.deadline.stage_span(Stage::DbPool)).await;
         let mut conn = match acquired {
@@ -190,7 +198,7 @@ impl Job {
             deadline: &self.deadline,
             claimed: false,
         };
-        let transacted = self.transact(&mut conn, body, answer);
+        let transacted = Box::pin(self.transact(&mut conn, body, answer));
         // A body that panics mid-transaction must not hand its connection back with the
         // transaction open (holding its locks, for the next request to run in): the
         // panic is caught here, where the connection is still ours to close. The caller
@@ -260,6 +268,10 @@ impl Job {
         if self.stop.is_cancelled() {
             return Some(answer); // The caller left while we waited for the pool.
         }
+        if let Err(failure) = self.identify(conn).await {
+            answer.send(|| Err(failure()));
+            return None;
+        }
         if let Err(failure) = self.begin(conn).await {
             answer.send(|| Err(failure()));
             return None;
@@ -299,13 +311,34 @@ impl Job {
         None
     }
 
-    /// `BEGIN` with this transaction's limit and marker, in one round trip.
+    /// The connection's backend, so a cancel can reach it: known (no I/O) for every
+    /// transaction but a connection's first. A connection whose backend could not be
+    /// learned in time, or whose caller left meanwhile, is closed: a statement cut
+    /// halfway leaves it out of step, and nothing else would stop its backend.
+    async fn identify(&self, conn: &mut Conn) -> Result<(), Failure<'_>> {
+        let learned = tokio::select! {
+            learned = timeout_at(self.deadline.instant(), self.backends.of(conn)) => learned.ok(),
+            () = self.stop.cancelled() => None,
+        };
+        match learned {
+            Some(Ok(backend)) => {
+                let _ = self.backend.set(backend);
+                Ok(())
+            }
+            Some(Err(err)) => {
+                conn.close_on_drop();
+                Err(Box::new(move || classify(err, &self.deadline, Stage::Db)))
+            }
+            None => {
+                conn.close_on_drop();
+                Err(Box::new(|| self.deadline.exceeded(Stage::Db).into()))
+            }
+        }
+    }
+
+    /// `BEGIN` with this transaction's limit, in one round trip.
     async fn begin(&self, conn: &mut Conn) -> Result<(), Failure<'_>> {
-        let sql = begin_sql(
-            self.access,
-            server_limit(self.deadline.remaining()),
-            &self.marker,
-        );
+        let sql = begin_sql(self.access, server_limit(self.deadline.remaining()));
         let begun = {
             let batch = sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut **conn);
             self.guarded(batch, CLEANUP_GRACE).await
@@ -370,7 +403,7 @@ impl Job {
                 }
                 Err(_) if Instant::now() >= give_up => {
                     tracing::warn!(
-                        marker = %self.marker,
+                        backend = self.backend.get().map(|b| b.pid),
                         "a cancelled statement did not end; closing its connection"
                     );
                     return Guarded::Abandoned;
@@ -380,28 +413,37 @@ impl Job {
         }
     }
 
-    /// Cancels whatever the backend that carries this transaction's marker is running,
-    /// from the side pool. The marker ends with the transaction, so a cancel can never
-    /// reach a later transaction on the same connection; and a cancel whose own fate is
-    /// unknown (it failed, or did not answer in time) marks the connection for closing.
+    /// Cancels whatever this transaction's backend is running, from the side pool. The
+    /// job holds the connection until the cancel has answered, so the backend runs
+    /// nothing else meanwhile (see `backend.rs`); a cancel whose own fate is unknown (it
+    /// failed, or did not answer in time, or the backend is not known) marks the
+    /// connection for closing, since it might still land on a later transaction.
     async fn cancel_on_server(&self) {
-        let sent = sqlx::query(
-            "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
-        )
-        .bind(&self.marker)
-        .execute(&self.side_pool);
+        let Some(backend) = self.backend.get() else {
+            self.cancel_unsettled.store(true, Ordering::Relaxed);
+            return;
+        };
+        let sent = sqlx::query(CANCEL)
+            .bind(backend.pid)
+            .bind(backend.started_us)
+            .execute(&self.side_pool);
         let failed = match timeout(CANCEL_TIMEOUT, sent).await {
             Ok(Ok(_)) => return,
             Ok(Err(err)) => err.to_string(),
             Err(_) => "it timed out".to_owned(),
         };
-        tracing::warn!(marker = %self.marker, failed, "a cancel's fate is unknown; the connection will be closed");
+        tracing::warn!(
+            backend = backend.pid,
+            failed,
+            "a cancel's fate is unknown; the connection will be closed"
+        );
         self.cancel_unsettled.store(true, Ordering::Relaxed);
     }
 
     /// COMMIT as a point of no return: refused without I/O when too little is left;
-    /// sent with `statement_timeout` = what is left and deferred work fired before it
-    /// under that limit (so slow deferred work stops at the deadline and rolls back);
+    /// where the schema can defer work to COMMIT, sent with `statement_timeout` = what
+    /// is left and that work fired before it under the limit (so slow deferred work
+    /// stops at the deadline and rolls back);
     /// cancelled at the deadline (which still aborts it before the commit record); its
     /// outcome awaited, and answered only as the server or the table tells it.
     async fn commit<T>(
@@ -420,7 +462,7 @@ impl Job {
             self.rollback(conn).await;
             return;
         }
-        let sql = commit_sql(server_limit(left));
+        let sql = commit_sql(self.deferred, server_limit(left));
         let _no_return = self.deadline.point_of_no_return();
         let sent = {
             let batch = sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut **conn);
@@ -454,7 +496,7 @@ impl Job {
     }
 
     /// The outcome of a COMMIT whose connection failed, learned on another connection
-    /// within the grace: once no backend carries this transaction's marker, the
+    /// within the grace: once its backend is out of the transaction (idle, or gone), the
     /// transaction has ended one way or the other, and `check` reads the table. Without
     /// a check, or without an answer in time, the outcome is unknown.
     async fn learn_outcome(&self, check: Option<Check>) -> Result<(), DbError> {
@@ -464,12 +506,16 @@ impl Job {
         let learned = timeout_at(self.deadline.instant() + COMMIT_GRACE, async {
             let mut side = self.side_pool.acquire().await?;
             loop {
-                let running: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
-                )
-                .bind(&self.marker)
-                .fetch_one(&mut *side)
-                .await?;
+                // No COMMIT is sent before the backend is known; were it not, the outcome
+                // could not be learned.
+                let Some(backend) = self.backend.get() else {
+                    return Err(sqlx::Error::Protocol("the backend is not known".into()));
+                };
+                let running: i64 = sqlx::query_scalar(IN_TRANSACTION)
+                    .bind(backend.pid)
+                    .bind(backend.started_us)
+                    .fetch_one(&mut *side)
+                    .await?;
                 if running == 0 {
                     break;
                 }

@@ -8,7 +8,8 @@
 //! dangerous moment, COMMIT: once COMMIT is on the wire the server may commit whatever
 //! the client does. So COMMIT is a point of no return: it is not started when too little
 //! budget is left; the deferred work that COMMIT would run without any time limit is
-//! fired just before it under the remaining time (`SET CONSTRAINTS ALL IMMEDIATE`); the
+//! fired just before it under the remaining time (`SET CONSTRAINTS ALL IMMEDIATE`,
+//! sent only where the schema has deferrable constraints or constraint triggers); the
 //! batch is cancelled at the deadline, which still aborts it until the commit record is
 //! written; and its outcome is awaited (a little past the deadline at most,
 //! 250 ms) and answered truthfully. Only an error the server reports in a
@@ -24,9 +25,10 @@
 //! 1. `db_pool`: waits for a pooled connection for at most the remaining time and at
 //!    most the pool's acquire timeout (the early-rejection threshold: a saturated or
 //!    unreachable database is a quick 503, not a slow 504);
-//! 2. `db`: sends `BEGIN`, `SET LOCAL statement_timeout` to what is left *after* that
-//!    wait, and a marker naming the transaction (`application_name`), in one round trip
-//!    of utility statements; a budget that the wait used up starts no statement at all;
+//! 2. `db`: sends `BEGIN` and `SET LOCAL statement_timeout` to what is left *after*
+//!    that wait, in one round trip of utility statements (a connection's first
+//!    transaction first learns which server process carries it, once); a budget that
+//!    the wait used up starts no statement at all;
 //! 3. runs the body's statements: the server stops a statement that waits on a lock or
 //!    runs long at the deadline (SQLSTATE 57014, mapped to 504 `db`);
 //! 4. commits or rolls back, as the body says.
@@ -36,33 +38,40 @@
 //! transaction left open, cannot happen: the task that owns the connection closes it,
 //! rather than return it, when the body panics or a statement will not end.
 //!
-//! # Why each transaction runs on a task of its own
+//! # Why each transaction is a job that is never dropped halfway
 //!
 //! Dropping a sqlx future in the middle of a statement (the client hung up, an MCP
 //! client cancelled, a client-side timeout fired) leaves the connection out of step
 //! with the server: sqlx's on-release check then meets the cancelled statement's error
 //! and closes the connection, one reconnect per cancel, exactly when the database is
 //! busiest; and a drop during `BEGIN` can hand back a connection with a transaction
-//! open. So the connection is owned by a spawned task (`job.rs`) that never drops a
-//! statement: when the caller goes away, or the deadline passes before the server's own
-//! limit has fired, it cancels the statement on the server (`pg_cancel_backend` of the
-//! backend carrying the transaction's marker, from a small side pool), again until the
-//! statement comes back, keeps reading until its error arrives, rolls back and returns
-//! the connection in step. The caller gets its answer as soon as that answer is known;
-//! the cleanup finishes after.
+//! open. So the connection is owned by a job (`job.rs`) that never drops a statement:
+//! when the caller goes away, or the deadline passes before the server's own limit has
+//! fired, it cancels the statement on the server (`pg_cancel_backend` of the
+//! connection's backend, learned once per connection, from a small side pool), again
+//! until the statement comes back, keeps reading until its error arrives, rolls back
+//! and returns the connection in step. The caller polls the job itself while it waits, so a
+//! transaction that ends in time costs no task; the moment the caller stops waiting
+//! (its answer came before the cleanup, its deadline passed, it went away), the job is
+//! handed to a task of its own and finishes there. The caller gets its answer as soon
+//! as that answer is known; the cleanup finishes after.
 //!
 //! The statements of one transaction share its deadline: the server-side limit is
 //! per statement in PostgreSQL, so a later statement could run past the deadline on
 //! its own limit; the task's cancel at the deadline is what ends it there.
 
+mod backend;
 mod error;
 mod job;
 mod legacy;
+pub(crate) mod schema;
 pub(crate) mod sql;
 
-use std::hash::{BuildHasher, RandomState};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -78,9 +87,11 @@ use crate::metrics::DbMetrics;
 use crate::metrics::Metrics;
 use crate::mode::DeadlineMode;
 
+use backend::Backends;
 pub use error::DbError;
 pub(crate) use error::classify;
 use job::{Handoff, Job};
+use schema::DeferredWork;
 use sql::Access;
 
 /// What a transaction's body decides: commit or roll back, with the value to return.
@@ -270,37 +281,6 @@ impl DbConfig {
 /// The `application_name` of the side pool's sessions (cancels, outcome checks).
 const SIDE_SESSION: &str = "deadline-side";
 
-/// Makes the marker that names one transaction in `pg_stat_activity`: the session's
-/// application name, a random word per pool (two replicas share the database) and a
-/// counter. Letters, digits and `-` only, since it is formatted into SQL, and short of
-/// PostgreSQL's 63-byte limit on names.
-#[derive(Debug)]
-struct Markers {
-    prefix: String,
-    next: AtomicU64,
-}
-
-impl Markers {
-    fn new(application_name: Option<&str>) -> Self {
-        let name: String = application_name
-            .unwrap_or("deadline")
-            .chars()
-            .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
-            .take(32)
-            .collect();
-        let random = RandomState::new().hash_one(std::process::id()) as u32;
-        Self {
-            prefix: format!("{name}-{random:08x}"),
-            next: AtomicU64::new(0),
-        }
-    }
-
-    fn next(&self) -> String {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("{}-{n:x}", self.prefix)
-    }
-}
-
 /// The pool plus the mode it runs in. Cheap to clone.
 ///
 /// ```no_run
@@ -324,8 +304,10 @@ pub struct Db {
     /// Sends cancels and learns outcomes; separate so a saturated main pool cannot
     /// block it.
     side_pool: PgPool,
-    /// Names each transaction in `pg_stat_activity`.
-    markers: Arc<Markers>,
+    /// The backend of each connection, for cancels.
+    backends: Arc<Backends>,
+    /// Whether the schema can leave work to COMMIT.
+    deferred: Arc<DeferredWork>,
     /// The plain connection settings, for migrations (no per-session limits).
     options: PgConnectOptions,
     config: DbConfig,
@@ -366,7 +348,8 @@ impl Db {
         Ok(Self {
             pool,
             side_pool,
-            markers: Arc::new(Markers::new(options.get_application_name())),
+            backends: Arc::new(Backends::new(config.max_connections)),
+            deferred: Arc::default(),
             options,
             config,
             metrics: None,
@@ -387,11 +370,51 @@ impl Db {
 
     /// Applies `migrator` on a connection of its own, outside the per-request limits
     /// (a migration may legitimately take longer than any request).
+    ///
+    /// The schema is read again afterwards (see [`learn_schema`](Self::learn_schema)).
     pub async fn migrate(&self, migrator: &Migrator) -> Result<(), sqlx::migrate::MigrateError> {
         let mut conn = PgConnection::connect_with(&self.options).await?;
-        let result = migrator.run(&mut conn).await;
+        let mut result = migrator.run(&mut conn).await;
+        if result.is_ok() {
+            result = self
+                .deferred
+                .learn(&mut conn)
+                .await
+                .map(drop)
+                .map_err(Into::into);
+        }
         let _ = conn.close().await;
         result
+    }
+
+    /// Reads from the catalog tables whether the schema can leave work to COMMIT
+    /// (deferrable constraints or constraint triggers) and returns it. Only then does a
+    /// COMMIT carry the statements that fire that work under the remaining time; a
+    /// schema without it commits with a bare `COMMIT`.
+    ///
+    /// The pool reads the schema by itself when it first serves a transaction, after
+    /// [`migrate`](Self::migrate), and again once a minute; call this after changing
+    /// the schema some other way (until then, the cancel at the deadline still bounds
+    /// deferred work).
+    pub async fn learn_schema(&self) -> Result<bool, sqlx::Error> {
+        self.deferred.learn(&self.side_pool).await
+    }
+
+    /// Starts a reading of the schema in the background when the last one is missing
+    /// or old, so no request waits for it.
+    fn refresh_schema(&self) {
+        if !self.deferred.stale() {
+            return;
+        }
+        let Some(reading) = self.deferred.claim_reading() else {
+            return;
+        };
+        let pool = self.side_pool.clone();
+        tokio::spawn(async move {
+            if let Err(err) = reading.learn(&pool).await {
+                tracing::warn!(error = %err, "cannot read whether the schema defers work to COMMIT");
+            }
+        });
     }
 
     /// Closes the pools (at shutdown, after the last request).
@@ -487,6 +510,7 @@ impl Db {
             DeadlineMode::Observe => return self.legacy(body, deadline, true).await,
             DeadlineMode::Propagate => {}
         }
+        self.refresh_schema();
         let (reply, mut answer) = oneshot::channel();
         let stop = CancellationToken::new();
         let handoff = Arc::new(Handoff::default());
@@ -504,21 +528,27 @@ impl Db {
             acquire_timeout: self.config.acquire_timeout,
             deadline: deadline.clone(),
             access,
-            marker: self.markers.next(),
+            backends: self.backends.clone(),
+            backend: OnceLock::new(),
             stop: stop.clone(),
+            deferred: self.deferred.possible(),
             cancel_unsettled: AtomicBool::new(false),
             handoff: handoff.clone(),
         };
-        tokio::spawn(job.run(body, reply).in_current_span());
+        // The job runs inside this future while the caller waits for it: no task and no
+        // wake-up of another worker on the happy path. Should this future end (an answer
+        // came before the cleanup, the deadline, a caller gone), the job is handed to a
+        // task of its own and finishes there.
+        let mut job = Detach::new(job.run(body, reply).in_current_span());
         // The job answers as soon as it knows. At the deadline, if it has not, the caller
         // answers 504 itself, at once, naming the stage the job is in: the job may be
         // waiting on a server the network has cut off, and nothing it could still learn
         // would change that answer, since no COMMIT has been sent. (Once the job has
         // claimed the answer, a COMMIT is on its way and only the job can tell its
         // outcome: then the caller waits for it, within the COMMIT's grace.)
-        let crashed = || Err(DbError::Query(sqlx::Error::WorkerCrashed));
         tokio::select! {
             biased;
+            () = &mut job => return answered(&mut answer),
             answered = &mut answer => return answered.unwrap_or_else(|_| crashed()),
             () = tokio::time::sleep_until(deadline.instant()) => {}
         }
@@ -528,7 +558,62 @@ impl Db {
             return Err(deadline.exceeded(handoff.stage()).into());
         }
         // The job always answers once it has claimed; no answer means it panicked.
-        answer.await.unwrap_or_else(|_| crashed())
+        tokio::select! {
+            biased;
+            () = &mut job => answered(&mut answer),
+            answered = &mut answer => answered.unwrap_or_else(|_| crashed()),
+        }
+    }
+}
+
+/// The answer of a job that has ended: it answers before it ends, or it crashed.
+fn answered<T>(answer: &mut oneshot::Receiver<Result<T, DbError>>) -> Result<T, DbError> {
+    answer.try_recv().unwrap_or_else(|_| crashed())
+}
+
+/// What the caller answers when its job ended without an answer (it panicked).
+fn crashed<T>() -> Result<T, DbError> {
+    Err(DbError::Query(sqlx::Error::WorkerCrashed))
+}
+
+/// A job polled by its caller, and handed to a task of its own if the caller stops
+/// polling it before it ends: a transaction is never dropped halfway (the reason it
+/// owns its connection), yet a transaction that ends while its caller waits costs no
+/// task. Why it matters: a spawned task is queued where another worker may steal it,
+/// so each spawn may wake a parked worker (a futex and two context switches); on the
+/// happy path that was most of the technique's cost in orders-service's own CPU.
+struct Detach(Option<Pin<Box<dyn Future<Output = ()> + Send>>>);
+
+impl Detach {
+    fn new(job: impl Future<Output = ()> + Send + 'static) -> Self {
+        Self(Some(Box::pin(job)))
+    }
+}
+
+impl Future for Detach {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(job) = self.0.as_mut() else {
+            return Poll::Ready(());
+        };
+        ready!(job.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(())
+    }
+}
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        let Some(job) = self.0.take() else { return };
+        // A job that panicked is not polled again; outside a runtime (one shutting
+        // down) there is nowhere to finish it, and dropping it closes its connection.
+        if std::thread::panicking() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            drop(runtime.spawn(job));
+        }
     }
 }
 

@@ -13,32 +13,32 @@ pub enum Access {
     ReadOnly,
 }
 
-/// The batch that opens a transaction: `BEGIN`, the statement limit, and the marker
-/// that names this transaction in `pg_stat_activity` (a cancel finds the backend by it,
-/// and cannot reach a later transaction of the same connection: `SET LOCAL` ends with
-/// the transaction).
+/// The batch that opens a transaction: `BEGIN` and the statement limit, in one round
+/// trip of utility statements.
 ///
 /// `statement_timeout` also bounds lock waits (a statement waiting on a lock is still
-/// running), so no `lock_timeout` is set beside it. `marker` must be a plain word (it is
-/// formatted into the SQL); [`Db`](super::Db) makes it from letters, digits and `-`.
-pub fn begin_sql(access: Access, limit_ms: u128, marker: &str) -> String {
+/// running), so no `lock_timeout` is set beside it. Nothing names the transaction: a
+/// cancel finds its backend by the connection (see `backend.rs`).
+pub fn begin_sql(access: Access, limit_ms: u128) -> String {
     let mode = match access {
         Access::ReadWrite => "",
         Access::ReadOnly => " READ ONLY",
     };
-    // A simple query takes no bind parameters; the values are an integer and a word we make.
-    format!(
-        "BEGIN{mode}; SET LOCAL statement_timeout = {limit_ms}; \
-         SET LOCAL application_name = '{marker}'"
-    )
+    // A simple query takes no bind parameters; the value is an integer.
+    format!("BEGIN{mode}; SET LOCAL statement_timeout = {limit_ms}")
 }
 
-/// The batch that commits: the limit re-set to what is left, then the deferred work
-/// (deferred constraints and constraint triggers) fired as an ordinary statement under
-/// that limit, then `COMMIT`. PostgreSQL switches the statement timer off before it
-/// commits, so deferred work left to `COMMIT` itself would run unbounded; fired by
-/// `SET CONSTRAINTS ALL IMMEDIATE` it is stopped at the deadline and the transaction
-/// rolls back.
-pub fn commit_sql(limit_ms: u128) -> String {
-    format!("SET LOCAL statement_timeout = {limit_ms}; SET CONSTRAINTS ALL IMMEDIATE; COMMIT")
+/// The batch that commits. Where the schema can leave work to COMMIT (`deferred`, see
+/// `schema.rs`): the limit re-set to what is left, then that work (deferred constraints
+/// and constraint triggers) fired as an ordinary statement under the limit, then
+/// `COMMIT`. PostgreSQL switches the statement timer off before it commits, so deferred
+/// work left to `COMMIT` itself would run unbounded; fired by `SET CONSTRAINTS ALL
+/// IMMEDIATE` it is stopped at the deadline and the transaction rolls back. Where the
+/// schema has no such work, `COMMIT` alone: the timer would bound nothing in it.
+pub fn commit_sql(deferred: bool, limit_ms: u128) -> String {
+    if deferred {
+        format!("SET LOCAL statement_timeout = {limit_ms}; SET CONSTRAINTS ALL IMMEDIATE; COMMIT")
+    } else {
+        "COMMIT".to_owned()
+    }
 }

@@ -253,7 +253,12 @@ impl Deadline {
         }
         let span = self.stage_span(stage);
         let started = Instant::now();
-        let outcome = tokio::time::timeout_at(self.at, step.into_future())
+        // Boxed once, so the timeout and the span wrap a pointer: each wrapper would
+        // otherwise move the whole step by value, and an HTTP call's future is
+        // kilobytes (measured: three such copies were a third of what propagate added
+        // to an order's instructions in orders-service).
+        let step = Box::pin(step.into_future());
+        let outcome = tokio::time::timeout_at(self.at, step)
             .instrument(span.clone())
             .await;
         self.log.record(stage, started.elapsed());
