@@ -142,6 +142,73 @@ async fn commit_fires_deferred_work_first_only_where_the_schema_has_some() {
     );
 }
 
+#[tokio::test]
+async fn a_transaction_adds_one_utility_statement_and_each_connection_learns_its_backend_once() {
+    let (cluster, database) = own_cluster().await;
+    let mut admin = sqlx::PgConnection::connect(&database.url).await.unwrap();
+    sqlx::query("ALTER DATABASE postgres SET log_statement = 'all'")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let app = spawn_app_on(database, |_| {}).await;
+    // Orders from 4 clients at once, so the pool opens several connections.
+    let orders = (0..4).map(|client| {
+        let app = &app;
+        async move {
+            for i in 0..10 {
+                let sku = format!("SKU-{:05}", 100 + client * 10 + i);
+                assert_eq!(
+                    app.order(&sku, 1, Some(2000)).await.status(),
+                    StatusCode::CREATED
+                );
+            }
+        }
+    });
+    futures_util::future::join_all(orders).await;
+
+    // What the server received, each line prefixed with its backend's pid.
+    let log = cluster.log();
+    let statements: Vec<(&str, &str)> = log
+        .lines()
+        .filter_map(|line| {
+            let pid = line.split_once('[')?.1.split_once(']')?.0;
+            // `LOG:  statement: <sql>` (a simple query), `LOG:  execute <name>: <sql>`.
+            let (_, sql) = line.split_once(": ")?.1.split_once(": ")?;
+            Some((pid, sql))
+        })
+        .collect();
+    // Each backend of the pool ran the identifying query exactly once.
+    let mut identified: Vec<&str> = statements
+        .iter()
+        .filter(|(_, sql)| sql.contains("pg_backend_pid()"))
+        .map(|(pid, _)| *pid)
+        .collect();
+    let runs = identified.len();
+    identified.sort_unstable();
+    identified.dedup();
+    assert!(!identified.is_empty());
+    // On those backends (not the migrations' or the test's), every transaction was
+    // opened by BEGIN and the limit alone: no statement naming it.
+    let begins: Vec<&str> = statements
+        .iter()
+        .filter(|(pid, sql)| identified.contains(pid) && sql.starts_with("BEGIN"))
+        .map(|(_, sql)| *sql)
+        .collect();
+    assert_eq!(begins.len(), 40, "{begins:?}");
+    for begin in &begins {
+        let limit = begin.strip_prefix("BEGIN; SET LOCAL statement_timeout = ");
+        assert!(
+            limit.is_some_and(|ms| ms.parse::<u64>().is_ok()),
+            "the batch that opens a transaction is BEGIN and the limit, nothing else: {begin}"
+        );
+    }
+    assert_eq!(
+        runs,
+        identified.len(),
+        "a backend was identified twice: {log}"
+    );
+}
+
 /// An app on a cluster of its own where a synchronous standby that never answers makes
 /// every COMMIT wait after its commit record is written. Keep the cluster alive as long
 /// as the app.
