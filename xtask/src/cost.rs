@@ -6,8 +6,8 @@
 //! [`begin_sql`], [`commit_sql`]), three round trips each:
 //!
 //! - legacy: `BEGIN`; the statement; `COMMIT`;
-//! - propagate: `BEGIN` with the statement limit and the transaction's marker; the
-//!   statement; the limit re-set, the deferred work fired, and `COMMIT`.
+//! - propagate: `BEGIN` with the statement limit; the statement; `COMMIT` (where the schema can defer work to COMMIT, as the service
+//!   learns from the catalog, the limit re-set and that work fired before it).
 //!
 //! pgbench sends everything as simple queries (it cannot send two commands in one
 //! prepared query, as the service's batches do); the service prepares the statement.
@@ -24,7 +24,9 @@ use std::process::Command;
 
 use anyhow::Context as _;
 use deadline_propagation::db::DbConfig;
-use deadline_propagation::testing::{Access, begin_sql, commit_sql, session_options};
+use deadline_propagation::testing::{
+    Access, DEFERRED_WORK_QUERY, begin_sql, commit_sql, session_options,
+};
 use orders_service::orders::PLACE_ORDER;
 use serde::Serialize;
 use sqlx::Connection as _;
@@ -59,9 +61,6 @@ pub struct CostArgs {
 /// The limit both batches carry: what a 700 ms budget gives the first statement.
 const LIMIT_MS: u128 = 690;
 
-/// The marker the begin batch sets, of the length the service's markers have.
-const MARKER: &str = "orders-service-1f2e3d4c-5b6a";
-
 const MODES: [&str; 2] = ["legacy", "propagate"];
 
 /// One pgbench run.
@@ -91,7 +90,9 @@ struct Summary {
 
 /// The pgbench script for `mode`: the service's SQL with pgbench variables for the
 /// statement's parameters, and `\;` where the service sends two commands in one query.
-pub fn script(mode: &str) -> String {
+/// `deferred`: whether the schema can leave work to COMMIT, as the service learns it
+/// (then propagate's COMMIT fires that work first under the limit).
+pub fn script(mode: &str, deferred: bool) -> String {
     let statement = PLACE_ORDER
         .replace("$1", "('SKU-' || lpad(CAST(:sku AS text), 5, '0'))")
         .replace("$2", "1")
@@ -101,8 +102,8 @@ pub fn script(mode: &str) -> String {
     let (begin, commit) = match mode {
         "legacy" => ("BEGIN".to_owned(), "COMMIT".to_owned()),
         _ => (
-            begin_sql(Access::ReadWrite, LIMIT_MS, MARKER),
-            commit_sql(LIMIT_MS),
+            begin_sql(Access::ReadWrite, LIMIT_MS),
+            commit_sql(deferred, LIMIT_MS),
         ),
     };
     let compound = |sql: String| sql.replace("; ", " \\; ");
@@ -124,8 +125,19 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
         _ => String::new(),
     };
     let cluster = tokio::task::spawn_blocking(PgCluster::start).await??;
+    // What the service learns of the orders schema at start-up decides its COMMIT.
+    let deferred = {
+        let url = fresh_database(&cluster, "cost_schema").await?;
+        let mut conn = sqlx::PgConnection::connect(&url).await?;
+        orders_service::MIGRATOR.run(&mut conn).await?;
+        let deferred: bool = sqlx::query_scalar(DEFERRED_WORK_QUERY)
+            .fetch_one(&mut conn)
+            .await?;
+        conn.close().await?;
+        deferred
+    };
     for mode in MODES {
-        std::fs::write(out.join(format!("{mode}.sql")), script(mode))?;
+        std::fs::write(out.join(format!("{mode}.sql")), script(mode, deferred))?;
     }
     let mut runs = Vec::new();
     for repeat in 0..args.repeat {
@@ -253,11 +265,14 @@ mod tests {
 
     #[test]
     fn scripts_differ_only_in_the_batches() {
-        let (legacy, propagate) = (script("legacy"), script("propagate"));
+        let legacy = script("legacy", false);
+        let (propagate, deferring) = (script("propagate", false), script("propagate", true));
         assert!(legacy.contains("\nBEGIN;\n") && legacy.ends_with("\nCOMMIT;\n"));
-        assert!(propagate.contains("BEGIN \\; SET LOCAL statement_timeout = 690 \\; SET LOCAL"));
-        assert!(propagate.ends_with("SET CONSTRAINTS ALL IMMEDIATE \\; COMMIT;\n"));
-        for text in [&legacy, &propagate] {
+        assert_eq!(legacy, script("legacy", true));
+        assert!(propagate.contains("\nBEGIN \\; SET LOCAL statement_timeout = 690;\n"));
+        assert!(propagate.ends_with(";\nCOMMIT;\n"), "{propagate}");
+        assert!(deferring.ends_with("SET CONSTRAINTS ALL IMMEDIATE \\; COMMIT;\n"));
+        for text in [&legacy, &propagate, &deferring] {
             assert!(!text.contains('$'), "a parameter was left: {text}");
             assert!(text.contains("INSERT INTO orders"));
         }

@@ -12,10 +12,11 @@
 //! - orders-service's mode switched at run time between the two sides (`PUT
 //!   /admin/mode`): the same processes, pools and caches serve both;
 //! - after each switch a settling pause, then a segment in which the CPU time of
-//!   orders-service, catalog-service and every PostgreSQL process is read from `/proc`
-//!   at both ends (user + system; the postmaster's reaped children included, so a
-//!   backend that exits keeps its share), and the orders created from the table (its
-//!   largest id: the system of record, not the service's own count);
+//!   orders-service, catalog-service and every PostgreSQL process is read at both
+//!   ends by a [`Meter`] (a cpuacct cgroup per server, in nanoseconds, a backend that
+//!   exits keeping its share; `/proc` in clock ticks where no cgroup can be made), and
+//!   the orders created from the table (its largest id: the system of record, not the
+//!   service's own count);
 //! - pairs of segments alternate which side goes first; the figure is the median of the
 //!   pairs' ratios, first side over second (legacy / propagate), with their range;
 //! - the latency a user feels at that rate, p50 and p99 of the orders that arrived in
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::Connection as _;
 use test_support::PgCluster;
 
+use crate::meter::Meter;
 use crate::scenario::{Model, Scenario};
 use crate::stack::{Ports, ServiceEnv, Services, fresh_database};
 use crate::stats::{Request, Spread, quantile, spread};
@@ -79,12 +81,14 @@ pub struct CpuPlan {
 }
 
 impl Default for CpuPlan {
-    /// 500 orders a second (well below what two cores serve), 6 pairs of 8 s.
+    /// 500 orders a second (well below what two cores serve), 20 pairs of 3 s: short
+    /// segments, so that the machine's own drift (other tenants, frequency) is nearly
+    /// the same within a pair, and many of them for the median.
     fn default() -> Self {
         Self {
             rate: 500,
-            pairs: 6,
-            segment: Duration::from_secs(8),
+            pairs: 20,
+            segment: Duration::from_secs(3),
             settle: Duration::from_secs(1),
             warm_up: Duration::from_secs(5),
             budget_ms: 700,
@@ -127,6 +131,8 @@ pub struct CpuReport {
     pub sides: [String; 2],
     /// The run's shape.
     pub plan: CpuPlan,
+    /// Where CPU time was read: `cgroup` (cpuacct, ns) or `proc` (clock ticks).
+    pub source: String,
     /// Every segment, in the order they ran.
     pub segments: Vec<Segment>,
     /// Per pair, CPU per order of the first side over the second's: per process, and
@@ -204,70 +210,13 @@ impl CpuReport {
     }
 }
 
-/// CPU time of one process so far, in clock ticks: its own user and system time, and
-/// its reaped children's.
-fn ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command may hold spaces and parentheses: the fields start after the last `)`.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    // After the `)`: state is field 3 of proc(5), so utime (14) .. cstime (17) are 11..=14 here.
-    let sum = fields
-        .get(11..15)?
-        .iter()
-        .map(|f| f.parse::<u64>().ok())
-        .sum::<Option<u64>>()?;
-    Some(sum)
-}
-
-/// The parent of `pid`.
-fn parent(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
-/// CPU ticks of `root` and every living process below it (a server's backends).
-fn tree_ticks(root: u32) -> u64 {
-    let mut pids = vec![root];
-    let all: Vec<u32> = std::fs::read_dir("/proc")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut grew = true;
-    while grew {
-        grew = false;
-        for &pid in &all {
-            if !pids.contains(&pid) && parent(pid).is_some_and(|p| pids.contains(&p)) {
-                pids.push(pid);
-                grew = true;
-            }
-        }
-    }
-    pids.into_iter().filter_map(ticks).sum()
-}
-
-/// Clock ticks per second (`getconf CLK_TCK`; 100 on Linux as it is built).
-fn ticks_per_second() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
 /// What is read at each end of a segment.
 #[derive(Debug, Clone, Copy)]
 struct Reading {
     at_ms: u64,
     orders: u64,
-    ticks: [u64; 3],
+    /// CPU time of each process of [`PROCESSES`], ns.
+    cpu_ns: [u64; 3],
 }
 
 fn unix_ms() -> u64 {
@@ -277,19 +226,17 @@ fn unix_ms() -> u64 {
 }
 
 /// Reads the three processes' CPU and the orders created so far.
-async fn read(pids: [u32; 3], conn: &mut sqlx::PgConnection) -> anyhow::Result<Reading> {
+async fn read(meter: &Meter, conn: &mut sqlx::PgConnection) -> anyhow::Result<Reading> {
     let orders: Option<i64> = sqlx::query_scalar("SELECT max(id) FROM orders")
         .fetch_one(&mut *conn)
         .await?;
-    let [orders_pid, catalog_pid, postmaster] = pids;
+    let cpu = meter.read()?;
     Ok(Reading {
         at_ms: unix_ms(),
         orders: orders.unwrap_or(0).max(0) as u64,
-        ticks: [
-            ticks(orders_pid).context("orders-service is gone")?,
-            ticks(catalog_pid).context("catalog-service is gone")?,
-            tree_ticks(postmaster),
-        ],
+        cpu_ns: cpu
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("the meter reads three processes"))?,
     })
 }
 
@@ -335,11 +282,11 @@ pub async fn measure(
     };
     let ports = Ports::free();
     let services = Services::start(profile, ports, database_url.clone(), &env, dir).await?;
-    let pids = [
+    let meter = Meter::new(&[
         services.orders.pid(),
         services.catalog.pid(),
         cluster.postmaster_pid()?,
-    ];
+    ]);
     let mut watcher = sqlx::PgConnection::connect(&database_url).await?;
     let sides = versus.sides();
     let per_segment = plan.settle + plan.segment;
@@ -369,9 +316,9 @@ pub async fn measure(
         for (side, mode) in order {
             switch(&ports.orders_admin_url(), mode).await?;
             tokio::time::sleep(plan.settle).await;
-            let start = read(pids, &mut watcher).await?;
+            let start = read(&meter, &mut watcher).await?;
             tokio::time::sleep(plan.segment).await;
-            let end = read(pids, &mut watcher).await?;
+            let end = read(&meter, &mut watcher).await?;
             eprintln!(
                 "  cpu pair {}/{}: {side:>11}: {} orders",
                 pair + 1,
@@ -383,14 +330,16 @@ pub async fn measure(
     }
     let k6_run = k6_task.await??;
     let _ = watcher.close().await;
+    let source = meter.source();
+    drop(meter);
     services.stop();
     Ok(report(
         versus,
         plan,
+        source,
         &readings,
         &k6_run.requests,
         k6_run.exit_code,
-        ticks_per_second(),
     ))
 }
 
@@ -398,10 +347,10 @@ pub async fn measure(
 fn report(
     versus: CpuVersus,
     plan: CpuPlan,
+    source: &str,
     readings: &[(usize, &str, Reading, Reading)],
     requests: &[Request],
     k6_exit: i32,
-    hz: f64,
 ) -> CpuReport {
     let sides = versus.sides().map(|(name, _)| name.to_owned());
     let segments: Vec<Segment> = readings
@@ -409,7 +358,7 @@ fn report(
         .map(|(pair, side, start, end)| {
             let orders = end.orders.saturating_sub(start.orders);
             let per_order = |i: usize| {
-                let ms = end.ticks[i].saturating_sub(start.ticks[i]) as f64 * 1000.0 / hz;
+                let ms = end.cpu_ns[i].saturating_sub(start.cpu_ns[i]) as f64 / 1e6;
                 ms / orders.max(1) as f64
             };
             let cpu = [per_order(0), per_order(1), per_order(2)];
@@ -482,6 +431,7 @@ fn report(
         versus,
         sides,
         plan,
+        source: source.to_owned(),
         segments,
         ratios,
         per_order,
@@ -498,13 +448,13 @@ pub struct CpuArgs {
     #[arg(long, value_enum)]
     pub versus: Option<CpuVersus>,
     /// Pairs of segments.
-    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=50))]
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub pairs: u32,
     /// Orders per second.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=5000))]
     pub rate: u32,
     /// Seconds per segment.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=600))]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=600))]
     pub segment: u64,
     /// Build profile of the services.
     #[arg(long, default_value = "release", value_parser = ["release", "dev"])]
@@ -540,31 +490,77 @@ pub async fn run(args: CpuArgs) -> anyhow::Result<Vec<CpuReport>> {
         Some(v) => vec![v],
         None => vec![CpuVersus::Modes, CpuVersus::Aa],
     };
-    let mut reports = Vec::new();
-    for v in versus {
-        let dir = out.join("runs").join(format!("{v:?}").to_lowercase());
-        reports.push(measure(&args.profile, &cluster, &k6, v, plan, &dir).await?);
+    let reports = measure_all(&args.profile, &cluster, &k6, &versus, plan, &out).await?;
+    write(&out, &commit, &args.profile, &reports)?;
+    for report in &reports {
+        println!("{}", report.markdown());
     }
-    std::fs::create_dir_all(&out)?;
+    Ok(reports)
+}
+
+/// Each comparison of `versus` in turn, each on a stack of its own, logs under
+/// `out/runs/cpu-<versus>`.
+pub async fn measure_all(
+    profile: &str,
+    cluster: &PgCluster,
+    k6: &Path,
+    versus: &[CpuVersus],
+    plan: CpuPlan,
+    out: &Path,
+) -> anyhow::Result<Vec<CpuReport>> {
+    let mut reports = Vec::new();
+    for &v in versus {
+        let dir = out.join("runs").join(format!("cpu-{v:?}").to_lowercase());
+        reports.push(measure(profile, cluster, k6, v, plan, &dir).await?);
+    }
+    Ok(reports)
+}
+
+/// `cpu.json` (every segment, for whoever wants to recompute) and `cpu.md` in `out`.
+pub fn write(out: &Path, commit: &str, profile: &str, reports: &[CpuReport]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out)?;
     std::fs::write(
         out.join("cpu.json"),
         serde_json::to_string_pretty(
-            &serde_json::json!({"commit": commit, "profile": args.profile, "reports": reports}),
+            &serde_json::json!({"commit": commit, "profile": profile, "reports": reports}),
         )? + "\n",
     )?;
     let text: Vec<String> = reports.iter().map(CpuReport::markdown).collect();
     std::fs::write(
         out.join("cpu.md"),
         format!(
-            "# CPU per order\n\nCommit `{commit}`, {} build.\n\n{}",
-            args.profile,
+            "# CPU per order\n\nCommit `{commit}`, {profile} build.\n\n{}",
             text.join("\n")
         ),
     )?;
-    for report in &reports {
-        println!("{}", report.markdown());
+    Ok(())
+}
+
+/// What `cpu.json` holds, read back (the README's findings).
+#[derive(Debug, Deserialize)]
+pub struct Published {
+    /// The commit measured.
+    pub commit: String,
+    /// The comparisons.
+    pub reports: Vec<CpuReport>,
+}
+
+impl Published {
+    /// `dir/cpu.json`, if there is one.
+    pub fn read(dir: &Path) -> anyhow::Result<Option<Self>> {
+        let path = dir.join("cpu.json");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(None);
+        };
+        let published = serde_json::from_str(&text)
+            .with_context(|| format!("cannot parse {}", path.display()))?;
+        Ok(Some(published))
     }
-    Ok(reports)
+
+    /// The comparison of `versus`, if it ran.
+    pub fn report(&self, versus: CpuVersus) -> Option<&CpuReport> {
+        self.reports.iter().find(|r| r.versus == versus)
+    }
 }
 
 mod secs {
@@ -587,11 +583,12 @@ mod secs {
 mod tests {
     use super::*;
 
+    /// A reading with CPU times given in clock ticks of 10 ms.
     fn reading(at_ms: u64, orders: u64, ticks: [u64; 3]) -> Reading {
         Reading {
             at_ms,
             orders,
-            ticks,
+            cpu_ns: ticks.map(|t| t * 10_000_000),
         }
     }
 
@@ -644,7 +641,7 @@ mod tests {
             answer(2010, 1700),
             answer(2020, 2600),
         ];
-        let report = report(CpuVersus::Modes, plan, &readings, &requests, 0, 100.0);
+        let report = report(CpuVersus::Modes, plan, "proc", &readings, &requests, 0);
         let total = report.total_ratio().unwrap();
         // legacy 1.6 ms an order, propagate 1.8: 0.889 in both pairs.
         assert!((total.median - 1.6 / 1.8).abs() < 1e-9, "{total:?}");
@@ -653,20 +650,5 @@ mod tests {
         assert!((report.segments[0].p50_ms - 1.5).abs() < 1e-9);
         let difference = report.p50_difference_ms.unwrap();
         assert!((difference.median - 0.2).abs() < 1e-9, "{difference:?}");
-    }
-
-    #[test]
-    fn a_process_stat_line_gives_its_ticks_and_its_childrens() {
-        // This process: its own ticks exist and only grow.
-        let me = std::process::id();
-        let first = ticks(me).expect("this process has a stat line");
-        let mut x = 0u64;
-        for i in 0..5_000_000u64 {
-            x = x.wrapping_add(i * i);
-        }
-        assert!(x > 0);
-        assert!(ticks(me).unwrap() >= first);
-        assert_eq!(parent(me), Some(std::os::unix::process::parent_id()));
-        assert!(tree_ticks(me) >= ticks(me).unwrap());
     }
 }

@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use test_support::PgCluster;
 
 use crate::check::{self, Verdict};
+use crate::cpu::{self, CpuPlan, CpuVersus};
 use crate::prometheus::Prometheus;
 use crate::run::{self, Context, ModeRun};
 use crate::scenario::{Scenario, Side, Versus};
@@ -150,12 +151,37 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
         detail: p.clone(),
     }));
     write_results(&out, &summary, &runs, &verdicts)?;
+    if args.scenario == Scenario::Happy && args.versus == Versus::Modes {
+        // Throughput on two cores prices the load generator as much as the services;
+        // CPU per order at a fixed rate is the figure that can see a few per cent.
+        cpu_per_order(&ctx, &out, &summary.commit).await?;
+    }
     if args.profile_cpu {
         keep_flamegraphs(&out, &sides)?;
     }
     chart::draw(&out.join("chart.svg"), &summary, &runs)?;
     print_report(&summary, &verdicts, &out);
     Ok(!args.check || verdicts.iter().all(|v| v.ok))
+}
+
+/// The `happy` scenario's second instrument: CPU per order of each process, legacy
+/// against propagate and propagate against itself (the instrument's own spread), at a
+/// fixed open-loop rate on one stack switched at run time ([`cpu`]); its table is added
+/// to `summary.md`.
+async fn cpu_per_order(ctx: &Context, out: &Path, commit: &str) -> anyhow::Result<()> {
+    let versus = [CpuVersus::Modes, CpuVersus::Aa];
+    let plan = CpuPlan::default();
+    let reports = cpu::measure_all(&ctx.profile, &ctx.cluster, &ctx.k6, &versus, plan, out).await?;
+    cpu::write(out, commit, &ctx.profile, &reports)?;
+    let mut text = std::fs::read_to_string(out.join("summary.md"))?;
+    text.push_str("\n## CPU per order\n\n");
+    for report in &reports {
+        text.push_str(&report.markdown());
+        text.push('\n');
+        println!("{}", report.markdown());
+    }
+    std::fs::write(out.join("summary.md"), text)?;
+    Ok(())
 }
 
 /// Builds, finds k6, starts PostgreSQL, picks the ports.

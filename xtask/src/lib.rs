@@ -14,7 +14,8 @@
 //! dashboards' queries and the rules;
 //! [`readme`] turns the committed summaries into the result tables of the README and
 //! docs/experiment.md. [`cost`] measures the technique's cost to PostgreSQL alone, with
-//! pgbench; [`cpu`] prices it as CPU per order of each process at a fixed rate. [`partition`] cuts the link to PostgreSQL during the `partition` scenario
+//! pgbench; [`cpu`] prices it as CPU per order of each process at a fixed rate, read by
+//! a [`meter`]. [`partition`] cuts the link to PostgreSQL during the `partition` scenario
 //! and watches what the server holds meanwhile.
 //!
 //! The documentation: [`links`] checks that every relative link of every Markdown file
@@ -36,6 +37,7 @@ pub mod experiment;
 pub mod images;
 pub mod k6;
 pub mod links;
+pub mod meter;
 pub mod partition;
 pub mod prometheus;
 pub mod promql;

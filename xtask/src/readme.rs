@@ -354,10 +354,12 @@ pub fn findings(results: &Path, experiment: &str) -> anyhow::Result<String> {
             pick(|s| s.max)
         )
     };
+    let cpu = crate::cpu::Published::read(&results.join("happy"))?
+        .context("no docs/results/happy/cpu.json: publish a happy run")?;
     Ok(format!(
-        "Without a fault (the `happy` scenario) the technique's cost, as throughput \
-         propagate / legacy in adjacent runs: {} \
-         ([the cost]({experiment}#the-cost-of-the-technique)).\n\n\
+        "Without a fault (the `happy` scenario) the technique's cost: {} As throughput \
+         propagate / legacy in adjacent runs (closed loop, the load generator on the same \
+         two cores): {} ([the cost]({experiment}#the-cost-of-the-technique)).\n\n\
          From the services' metrics alone, in propagate mode: the `seed` run ({} ms of \
          catalog latency) reads *{}* (catalog calls {:.0} ms, catalog workers busy {:.2}); \
          the `saturation` run ({} ms of spinning per catalog call) *{}* (catalog workers \
@@ -365,6 +367,7 @@ pub fn findings(results: &Path, experiment: &str) -> anyhow::Result<String> {
          {} ms catalog) *{}* ({:.1} calls waiting for a slot on average, calls {:.0} ms). \
          Exporting the tokio runtime metrics: throughput on / off, {} \
          ([the three answers]({experiment}#the-three-answers-from-real-runs)).",
+        cpu_cost(&cpu),
         ratios(&happy),
         fault(&seed, "delay_ms"),
         answer(&seed),
@@ -381,6 +384,43 @@ pub fn findings(results: &Path, experiment: &str) -> anyhow::Result<String> {
         median(&queue, "catalog_call_mean_ms"),
         ratios(&cost),
     ))
+}
+
+/// The happy path's cost as CPU per order (`happy/cpu.json`): legacy / propagate, the
+/// instrument's own A/A spread, and the latency a user feels.
+fn cpu_cost(published: &crate::cpu::Published) -> String {
+    use crate::cpu::CpuVersus;
+    let spread = |s: Option<&crate::stats::Spread>| {
+        s.map_or("n/a".to_owned(), |s| {
+            format!("{:.3} ({:.3} to {:.3})", s.median, s.min, s.max)
+        })
+    };
+    let (Some(modes), Some(aa)) = (
+        published.report(CpuVersus::Modes),
+        published.report(CpuVersus::Aa),
+    ) else {
+        return "no CPU per order published.".to_owned();
+    };
+    let ratio = |r: &crate::cpu::CpuReport, key: &str| spread(r.ratios.get(key));
+    format!(
+        "CPU per order at {} orders/s (orders-service, catalog-service and PostgreSQL), \
+         legacy / propagate, median of {} pairs {}; orders-service alone {}, PostgreSQL {}; \
+         the same instrument with both sides in propagate (A/A) {}; p50 latency propagate \
+         − legacy {} (commit `{}`).",
+        modes.plan.rate,
+        modes.plan.pairs,
+        ratio(modes, "total"),
+        ratio(modes, "orders-service"),
+        ratio(modes, "PostgreSQL"),
+        ratio(aa, "total"),
+        modes
+            .p50_difference_ms
+            .map_or("n/a".to_owned(), |s| format!(
+                "{:+.2} ms ({:+.2} to {:+.2})",
+                s.median, s.min, s.max
+            )),
+        published.commit,
+    )
 }
 
 /// Links to the flamegraphs in `dir/flamegraphs/` (`<side>-<service>.svg`), by name.
