@@ -229,6 +229,12 @@ pub fn full(results: &Path, prefix: &str) -> anyhow::Result<String> {
             }
             out.push_str(&summary::markdown_table(&summary));
             out.push('\n');
+            // The happy scenario's second instrument, beside its throughput.
+            if let Some(cpu) = crate::cpu::Published::read(&results.join(&dir))? {
+                for report in &cpu.reports {
+                    writeln!(out, "{}", report.markdown())?;
+                }
+            }
         }
     }
     Ok(out)
