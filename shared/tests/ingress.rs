@@ -253,6 +253,37 @@ async fn responses_carry_server_timing_with_each_stage() {
     );
 }
 
+/// docs/design.md §3.7: every response says where its time went, a refusal before the
+/// handler too (schemathesis found the ingress's 400s without it).
+#[tokio::test]
+async fn a_refusal_at_the_ingress_carries_server_timing_too() {
+    let refusals: [&[(&str, &str)]; 3] = [
+        &[("X-Request-Timeout-Ms", "-1")],
+        &[("grpc-timeout", "1.5S")],
+        &[
+            ("X-Request-Timeout-Ms", "10"),
+            ("X-Request-Timeout-Ms", "20"),
+        ],
+    ];
+    for headers in refusals {
+        let app = app(DeadlineLayer::new(policy(500, 300)));
+        let (parts, _) = call_with(app, "/budget", headers).await;
+        assert_eq!(parts.status, StatusCode::BAD_REQUEST, "{headers:?}");
+        let timing = parts
+            .headers
+            .get("server-timing")
+            .map(|v| v.to_str().unwrap());
+        assert!(
+            timing.is_some_and(|t| t.starts_with("total;dur=")),
+            "{headers:?}: {timing:?}"
+        );
+    }
+    let app = app(DeadlineLayer::new(policy(500, 300)).honour_mode_header(true));
+    let (parts, _) = call_with(app, "/budget", &[("X-Deadline-Mode", "sideways")]).await;
+    assert_eq!(parts.status, StatusCode::BAD_REQUEST);
+    assert!(parts.headers.contains_key("server-timing"));
+}
+
 #[tokio::test]
 async fn clamps_budgets_and_expiries_are_counted() {
     let metrics = Metrics::new("test");

@@ -7,11 +7,14 @@ use std::task::{Context, Poll, ready};
 use axum::response::IntoResponse;
 use http::{HeaderName, HeaderValue, Response};
 use pin_project_lite::pin_project;
-use tokio::time::Sleep;
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
 
 use crate::deadline::{Deadline, NO_RETURN_GRACE};
 use crate::problem::Problem;
 use crate::stage::Stage;
+use crate::timing::StageLog;
 
 const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
@@ -51,7 +54,10 @@ impl<F> std::fmt::Debug for ResponseFuture<F> {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn reject(response: axum::response::Response) -> Self {
+    /// A refusal before the handler runs (a malformed header). Like every answer it
+    /// says where its time went: only `total`, since no stage ran.
+    pub(crate) fn refuse(problem: Problem, log: &StageLog, arrived: Instant) -> Self {
+        let response = with_server_timing(problem.into_response(), log, arrived.elapsed());
         Self {
             kind: Kind::Reject {
                 response: Some(response),
@@ -112,7 +118,7 @@ where
                 // still a good answer.
                 if let Poll::Ready(result) = handler.poll(cx) {
                     let response = result?.map(axum::body::Body::new);
-                    return Poll::Ready(Ok(with_server_timing(response, deadline)));
+                    return Poll::Ready(Ok(timed(response, deadline)));
                 }
                 let Some(mut sleep) = timer.as_mut().as_pin_mut() else {
                     return Poll::Pending;
@@ -137,17 +143,22 @@ where
                 } else {
                     Problem::deadline(deadline.exceeded(Stage::Ingress)).into_response()
                 };
-                Poll::Ready(Ok(with_server_timing(response, deadline)))
+                Poll::Ready(Ok(timed(response, deadline)))
             }
         }
     }
 }
 
+fn timed(response: axum::response::Response, deadline: &Deadline) -> axum::response::Response {
+    with_server_timing(response, deadline.log(), deadline.elapsed())
+}
+
 fn with_server_timing(
     mut response: axum::response::Response,
-    deadline: &Deadline,
+    log: &StageLog,
+    total: Duration,
 ) -> axum::response::Response {
-    let value = deadline.log().server_timing(deadline.elapsed());
+    let value = log.server_timing(total);
     if let Ok(value) = HeaderValue::from_str(&value) {
         response.headers_mut().append(SERVER_TIMING, value);
     }

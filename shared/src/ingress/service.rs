@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::extract::MatchedPath;
-use axum::response::IntoResponse;
 use http::{Request, Response};
+use tokio::time::Instant;
 use tower::Service;
 
 use super::future::ResponseFuture;
@@ -44,6 +44,7 @@ where
     }
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
+        let arrived = Instant::now();
         let config = &self.config;
         let log = Arc::new(config.stage_log(is_probe(&request, &config.probes)));
 
@@ -56,7 +57,7 @@ where
                 Ok(false) => {}
                 Err(invalid) => {
                     let problem = Problem::invalid_header(DEADLINE_MODE_HEADER_DISPLAY, invalid);
-                    return ResponseFuture::reject(problem.into_response());
+                    return ResponseFuture::refuse(problem, &log, arrived);
                 }
             }
         }
@@ -79,7 +80,7 @@ where
             Err(_) if mode == DeadlineMode::Observe => (None, true),
             Err(invalid) => {
                 let problem = Problem::invalid_header(invalid.header(), invalid.to_string());
-                return ResponseFuture::reject(problem.into_response());
+                return ResponseFuture::refuse(problem, &log, arrived);
             }
         };
         let (budget, clamped) = config.policy.accept(requested);
