@@ -26,9 +26,12 @@ pub struct ExperimentArgs {
     /// Runs per mode; the order alternates (legacy first, then propagate first, ...).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub repeat: u32,
-    /// Build profile of the services (`dev` for CI, which reuses the test build).
-    #[arg(long, default_value = "release", value_parser = ["release", "dev"])]
-    pub profile: String,
+    /// Build profile of the services: `dev` (the default: the tests' build, so the first
+    /// run and `cargo test` after it compile each dependency once; dependencies are
+    /// optimized, our crates are not) or `release` (the published figures). `happy`,
+    /// which prices CPU, defaults to `release`.
+    #[arg(long, value_parser = ["release", "dev"])]
+    pub profile: Option<String>,
     /// Do not run `cargo build` first.
     #[arg(long)]
     pub no_build: bool,
@@ -51,9 +54,10 @@ pub struct ExperimentArgs {
     /// The budget every order carries, ms.
     #[arg(long, default_value_t = 700)]
     pub budget: u64,
-    /// How late past the budget propagate's p99 may be, ms (debug builds need more).
-    #[arg(long, default_value_t = 50)]
-    pub margin: u64,
+    /// How late past the budget propagate's p99 may be, ms (default: 50, or 100 for a
+    /// `dev` build, whose own code is unoptimized).
+    #[arg(long)]
+    pub margin: Option<u64>,
     /// orders-service's deadline-aware admission (`CATALOG_ADMISSION`) in every run:
     /// `predict` (the default) or `off`, to measure what admission adds.
     #[arg(long, default_value = "predict", value_parser = ["predict", "off"])]
@@ -80,6 +84,23 @@ pub struct ExperimentArgs {
     /// Redraw the chart of an earlier run from DIR/timeseries.json, and run nothing.
     #[arg(long, value_name = "DIR")]
     pub replot: Option<PathBuf>,
+}
+
+impl ExperimentArgs {
+    /// The build profile: as given, else the scenario's.
+    pub fn profile(&self) -> &str {
+        match (&self.profile, self.scenario) {
+            (Some(profile), _) => profile,
+            (None, Scenario::Happy) => "release",
+            (None, _) => "dev",
+        }
+    }
+
+    /// The p99 margin: as given, else the profile's.
+    pub fn margin(&self) -> u64 {
+        self.margin
+            .unwrap_or(if self.profile() == "dev" { 100 } else { 50 })
+    }
 }
 
 /// `30s`, `2m`, `1m30s`, `500ms`.
@@ -139,12 +160,12 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
     let summary = Summary::new(
         args.scenario.name(),
         commit,
-        &args.profile,
+        args.profile(),
         serde_json::to_value(&ctx.load)?,
         sides.clone().map(|s| s.name),
         &runs,
     );
-    let mut verdicts = check::check(&summary, ctx.load.budget_ms as f64, args.margin as f64);
+    let mut verdicts = check::check(&summary, ctx.load.budget_ms as f64, args.margin() as f64);
     verdicts.extend(prometheus_problems.iter().map(|p| Verdict {
         rule: "dashboard query".into(),
         ok: false,
@@ -192,7 +213,7 @@ async fn prepare(args: &ExperimentArgs, out: &Path) -> anyhow::Result<Context> {
         } else {
             &[]
         };
-        stack::build_services_with(&args.profile, features)?;
+        stack::build_services_with(args.profile(), features)?;
     }
     let k6 = k6::ensure_k6()?;
     if out.join("runs").exists() {
@@ -201,7 +222,7 @@ async fn prepare(args: &ExperimentArgs, out: &Path) -> anyhow::Result<Context> {
     std::fs::create_dir_all(out.join("runs"))?;
     let cluster = tokio::task::spawn_blocking(PgCluster::start).await??;
     Ok(Context {
-        profile: args.profile.clone(),
+        profile: args.profile().to_owned(),
         cluster,
         ports: Ports::free(),
         k6,
@@ -209,7 +230,7 @@ async fn prepare(args: &ExperimentArgs, out: &Path) -> anyhow::Result<Context> {
             .scenario
             .load(args.duration, args.budget)
             .with_overrides(args.vus, args.rate, args.pool_slots),
-        margin_ms: args.margin,
+        margin_ms: args.margin(),
         out: out.join("runs"),
         warm_up: args.warm_up,
         admission: args.admission.clone(),
