@@ -7,7 +7,7 @@ use serde::Serialize;
 pub const SKU_COUNT: u32 = 1000;
 
 /// One catalog item, as served by `GET /catalog/{sku}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Item {
     /// `SKU-00001` ... `SKU-01000`.
     pub sku: String,

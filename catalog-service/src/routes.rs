@@ -1,22 +1,51 @@
 //! The public API: `GET /catalog/{sku}`, `/metrics`, `/healthz`.
 
 use axum::extract::{Path, State};
-use axum::routing::get;
 use axum::{Json, Router};
 use deadline_propagation::metrics::Metrics;
 use deadline_propagation::{Deadline, DeadlineLayer, DeadlinePolicy, Problem};
+use service_kit::openapi::{self, Ingress, ProblemDetails};
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::catalog::{self, Item};
 use crate::config::Config;
 use crate::faults::Faults;
 
-/// The public router. The admin API is deliberately absent: it lives on its own port.
+/// The document's frame; the paths come from the handlers (`routes!` below).
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "catalog-service",
+        description = "The downstream of orders-service: one catalog item per SKU, under the \
+                       caller's time budget (`X-Request-Timeout-Ms`). Faults are injected \
+                       through the admin API, which is not part of this document.",
+    ),
+    tags(
+        (name = "catalog", description = "Catalog items"),
+        (name = "probes", description = "Liveness"),
+    )
+)]
+struct ApiDoc;
+
+/// The public router, with its OpenAPI document at `GET /openapi.json`. The admin API is
+/// deliberately absent: it lives on its own port.
 pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
     let policy = DeadlinePolicy::from_millis(config.deadline_max_ms, config.deadline_default_ms);
-    let routes = Router::new()
-        .route("/catalog/{sku}", get(get_item))
-        .with_state(faults)
-        .route("/healthz", get(|| async { "ok" }));
+    let (routes, api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(get_item))
+        .routes(routes!(healthz))
+        .split_for_parts();
+    let ingress = Ingress {
+        mode_header: config.honour_observe,
+    };
+    let routes = routes
+        .route(
+            "/openapi.json",
+            openapi::serve(openapi::finish(api, ingress)),
+        )
+        .with_state(faults);
     // The public API takes no bodies at all.
     let routes = service_kit::json::limit_bodies(routes, 1024);
     // When orders-service observes, the catalog observes that call too instead of
@@ -28,6 +57,20 @@ pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
 }
 
 /// One catalog item, after the injected faults.
+#[utoipa::path(
+    get,
+    path = "/catalog/{sku}",
+    tag = "catalog",
+    summary = "One catalog item",
+    params(("sku" = String, Path, example = "SKU-00042",
+            description = "`SKU-00001` to `SKU-01000`; anything else is 404")),
+    responses(
+        (status = 200, description = "The item", body = Item),
+        (status = 404, description = "No such SKU", body = ProblemDetails),
+        (status = 500, description = "An injected fault (`error_rate`, admin API): `urn:problem:internal`", body = ProblemDetails),
+        (status = 503, description = "An injected refusal (`unavailable_rate`, admin API), before any work", body = ProblemDetails),
+    )
+)]
 async fn get_item(
     State(faults): State<Faults>,
     _deadline: Deadline,
@@ -37,4 +80,15 @@ async fn get_item(
     catalog::lookup(&sku)
         .map(Json)
         .ok_or_else(|| Problem::not_found(format!("no catalog item {sku:?}")))
+}
+
+/// 200 while the process runs.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "probes",
+    responses((status = 200, description = "The process runs", body = String, content_type = "text/plain"))
+)]
+async fn healthz() -> &'static str {
+    "ok"
 }

@@ -13,6 +13,7 @@ use deadline_propagation::db::{Check, Db, DbError, End};
 use deadline_propagation::{Deadline, Problem};
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
+use utoipa::ToSchema;
 
 /// The largest quantity one order may ask for.
 pub const MAX_QUANTITY: i64 = 1000;
@@ -21,10 +22,16 @@ pub const MAX_QUANTITY: i64 = 1000;
 pub const MAX_KEY_LEN: usize = 255;
 
 /// The body of `POST /api/orders`, before validation. Fields are optional here so a
-/// missing one gets a message naming it instead of a generic parse error.
-#[derive(Debug, Deserialize)]
+/// missing one gets a message naming it instead of a generic parse error; the OpenAPI
+/// document says what [`validate`](Self::validate) accepts.
+#[derive(Debug, Deserialize, ToSchema)]
+#[schema(example = json!({"sku": "SKU-00042", "quantity": 1}))]
 pub struct NewOrderRequest {
+    /// A catalog SKU: 1 to 32 letters, digits, `-` or `_`.
+    #[schema(required, value_type = String, pattern = "^[A-Za-z0-9_-]{1,32}$", example = "SKU-00042")]
     sku: Option<String>,
+    /// How many, a whole number.
+    #[schema(required, value_type = i64, minimum = 1, maximum = 1000)]
     quantity: Option<serde_json::Number>,
 }
 
@@ -56,8 +63,15 @@ impl NewOrderRequest {
         let quantity = self
             .quantity
             .ok_or_else(|| Problem::unprocessable("quantity is required"))?;
-        let quantity = quantity
-            .as_i64()
+        // JSON has one number type: `2.0` and `1e1` are whole numbers too (JSON Schema's
+        // `integer`, which the OpenAPI document promises, accepts them).
+        let whole = quantity.as_i64().or_else(|| {
+            quantity
+                .as_f64()
+                .filter(|q| q.fract() == 0.0 && q.abs() <= MAX_QUANTITY as f64)
+                .map(|q| q as i64)
+        });
+        let quantity = whole
             .filter(|q| (1..=MAX_QUANTITY).contains(q))
             .and_then(|q| i32::try_from(q).ok())
             .ok_or_else(|| {
@@ -99,7 +113,7 @@ pub fn validate_key(key: &[u8]) -> Result<String, Problem> {
 }
 
 /// A placed order, as stored and as answered.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, FromRow, ToSchema)]
 pub struct Order {
     /// Order number.
     pub id: i64,
@@ -112,6 +126,7 @@ pub struct Order {
     /// `quantity * unit_price_cents`.
     pub total_cents: i64,
     /// When it was committed.
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: DateTime<Utc>,
 }
 

@@ -312,6 +312,53 @@ async fn orders_stay_consistent_under_jitter_and_tight_budgets() {
     common::wait_for_idle_pool(&app).await;
 }
 
+/// JSON has one number type: `384.0` and `1e1` are whole numbers, and the OpenAPI
+/// document's `"type": "integer"` (JSON Schema) accepts them, so the service does too
+/// (schemathesis sent `384.0` and got 422). A fraction is still refused.
+#[tokio::test]
+async fn a_whole_number_written_with_a_fraction_or_exponent_is_a_quantity() {
+    let app = spawn_app().await;
+    let url = format!("{}/api/orders", app.base);
+    let before = app.stock("SKU-00300").await;
+    for (quantity, taken) in [("2.0", 2), ("1e1", 10), ("3E0", 3)] {
+        let response = app
+            .client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"sku":"SKU-00300","quantity":{quantity}}}"#))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::CREATED,
+            "quantity {quantity}"
+        );
+        assert_eq!(
+            json_of(response).await["quantity"],
+            taken,
+            "quantity {quantity}"
+        );
+    }
+    assert_eq!(app.stock("SKU-00300").await, before - 15);
+    for quantity in ["2.5", "1e-1", "1000.5", "1e4"] {
+        let response = app
+            .client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"sku":"SKU-00300","quantity":{quantity}}}"#))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "quantity {quantity}"
+        );
+    }
+    assert_eq!(app.stock("SKU-00300").await, before - 15);
+}
+
 #[tokio::test]
 async fn not_enough_stock_is_a_409_and_changes_nothing() {
     let app = spawn_app().await;

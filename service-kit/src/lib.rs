@@ -13,12 +13,15 @@
 //! - [`telemetry`]: logs (text or JSON) and OpenTelemetry traces over OTLP/HTTP.
 //! - [`metrics`]: the service's metric registry: the library's families plus the
 //!   process's memory and CPU and the tokio runtime's workers and queues.
+//! - [`openapi`]: what the layers add to each service's OpenAPI document (the budget
+//!   headers, their 400, the 504, `Server-Timing`), around the handlers' own answers.
 //! - [`profiling`]: `POST /admin/profile/start|stop`, a CPU flamegraph of the process (feature
 //!   `profiling`, off by default).
 
 pub mod admin;
 pub mod json;
 pub mod metrics;
+pub mod openapi;
 pub mod profiling;
 pub mod server;
 pub mod telemetry;

@@ -6,6 +6,7 @@
 //! - [`wait_until`]: wait on a condition instead of sleeping and hoping.
 //! - [`exposition`]: the Prometheus text parser ([`metric_value`] reads one sample).
 //! - [`process`]: the service binaries as child processes.
+//! - [`same_as_committed`]: a served document against its committed copy.
 //! - [`net`]: network faults on a real link (partition, one way lost, SYNs dropped,
 //!   loss, delay), removed when the test ends.
 
@@ -79,4 +80,23 @@ where
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Asserts that `served` is byte for byte the committed file at `path` (relative to the
+/// workspace root); with `UPDATE_OPENAPI=1` in the environment, writes it there instead.
+/// What clients generate their code from is then what the service really serves.
+pub fn same_as_committed(path: &str, served: &str) {
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path);
+    if std::env::var_os("UPDATE_OPENAPI").is_some_and(|v| v == "1") {
+        std::fs::write(&file, served).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+        return;
+    }
+    let committed = std::fs::read_to_string(&file).unwrap_or_default();
+    assert!(
+        committed == served,
+        "{path} is not what the service serves at /openapi.json; if the change is meant, \
+         run `UPDATE_OPENAPI=1 cargo test --test openapi` and commit the file"
+    );
 }

@@ -7,7 +7,9 @@ use deadline_propagation::{ToolBudget, ToolCall, ToolOutcome as Outcome};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use service_kit::json::JsonBody;
+use service_kit::openapi::ProblemDetails;
 use tokio_util::sync::CancellationToken;
+use utoipa::ToSchema;
 
 use super::planner::PlannedCall;
 use crate::AppState;
@@ -20,22 +22,68 @@ const MAX_MESSAGE_CHARS: usize = 4000;
 const ANSWER_RESERVE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The request body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
+#[schema(example = json!({"message": "what does SKU-00042 cost?"}))]
 pub struct ChatRequest {
+    /// What the user asks; not blank, at most 4000 characters.
+    #[schema(required, value_type = String, min_length = 1, max_length = 4000, pattern = "\\S")]
     message: Option<String>,
 }
 
 /// The answer: text plus the record of every tool call.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ChatAnswer {
+    /// The answer, from whatever the tools returned.
     answer: String,
+    /// `rules` or `llm`.
+    #[schema(value_type = String)]
     planner: &'static str,
     /// The turn's budget: `min(ASSISTANT_TURN_BUDGET_MS, the request's remaining time)`.
     turn_budget_ms: u64,
     elapsed_ms: u64,
     /// True when some call did not return a result.
     partial: bool,
+    /// Every tool call, in order.
+    #[schema(value_type = Vec<ToolCallDoc>)]
     tool_calls: Vec<ToolCallRecord>,
+}
+
+/// One tool call as answered: [`ToolCallRecord`], whose [`ToolCall`] comes from the
+/// crate, which has no OpenAPI of its own.
+#[derive(ToSchema)]
+#[schema(as = ToolCall)]
+#[allow(
+    dead_code,
+    reason = "never built: it describes the JSON of a ToolCallRecord"
+)]
+struct ToolCallDoc {
+    /// The tool's arguments, as planned.
+    arguments: Value,
+    /// `catalog_lookup` or `inventory_check`.
+    tool: String,
+    /// How it ended.
+    outcome: OutcomeDoc,
+    /// How long it ran.
+    elapsed_ms: u64,
+    /// Its result, when `outcome` is `ok`.
+    #[schema(nullable = false)]
+    result: Option<Value>,
+    /// What went wrong, otherwise.
+    #[schema(nullable = false)]
+    error: Option<String>,
+}
+
+/// [`Outcome`]'s wire names.
+#[derive(ToSchema)]
+#[schema(as = ToolOutcome)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code, reason = "never built: it describes the JSON")]
+enum OutcomeDoc {
+    Ok,
+    Error,
+    Timeout,
+    Refused,
+    Cancelled,
 }
 
 /// One call: what was asked and how it ended.
@@ -47,6 +95,22 @@ struct ToolCallRecord {
 }
 
 /// Plans and runs the tool calls one after another, as an agent loop does.
+#[utoipa::path(
+    post,
+    path = "/api/assistant/chat",
+    tag = "assistant",
+    summary = "An assistant turn under tool budgets",
+    description = "The turn gets `min(ASSISTANT_TURN_BUDGET_MS, the request's remaining time)`, \
+                   each tool call what is left of it, up to a number of calls \
+                   (docs/design.md §6). A tool that runs out of time is reported in the \
+                   answer, which is then `partial`.",
+    request_body(content = ChatRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The answer and every tool call", body = ChatAnswer),
+        (status = 422, description = "No message, a blank one, or one over 4000 characters", body = ProblemDetails),
+        (status = 502, description = "The LLM planner failed", body = ProblemDetails),
+    )
+)]
 pub async fn chat(
     State(state): State<AppState>,
     deadline: Deadline,

@@ -3,10 +3,13 @@
 mod health;
 mod orders;
 
-use axum::routing::{get, post};
 use axum::{Router, middleware};
 use deadline_propagation::{DeadlineLayer, DeadlinePolicy};
+use service_kit::openapi::{self, Ingress};
 use tokio_util::sync::CancellationToken;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::assistant;
@@ -15,7 +18,25 @@ use crate::config::Config;
 /// Request bodies above this are refused with 413 before they are read.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// The full router: API, assistant, MCP, health, metrics. `shutdown` ends MCP sessions.
+/// The document's frame; the paths come from the handlers (`routes!` below).
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "orders-service",
+        description = "Takes orders under the client's time budget (`X-Request-Timeout-Ms`): \
+                       every step gets only what is left, and an order that cannot finish in \
+                       time is answered 504 at once. The contract: docs/design.md §3.",
+    ),
+    tags(
+        (name = "orders", description = "Placing and reading orders"),
+        (name = "assistant", description = "An AI assistant's turn under tool budgets"),
+        (name = "probes", description = "Liveness and readiness"),
+    )
+)]
+struct ApiDoc;
+
+/// The full router: API, assistant, MCP, health, metrics, and the OpenAPI document of
+/// the public API at `GET /openapi.json`. `shutdown` ends MCP sessions.
 pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> Router {
     let policy = DeadlinePolicy::from_millis(config.deadline_max_ms, config.deadline_default_ms);
     let metrics = state.metrics.clone();
@@ -29,13 +50,17 @@ pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> 
             config.mcp_allowed_origins.clone(),
             shutdown,
         ));
-    let routes = Router::new()
-        .route("/api/orders", post(orders::create_order))
-        .route("/api/assistant/chat", post(assistant::chat::chat))
+    let (routes, api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(orders::create_order))
+        .routes(routes!(orders::get_order))
+        .routes(routes!(assistant::chat::chat))
+        .routes(routes!(health::readyz))
+        .routes(routes!(health::healthz))
+        .split_for_parts();
+    let document = openapi::serve(openapi::finish(api, Ingress::default()));
+    let routes = routes
         .nest_service("/mcp", mcp)
-        .route("/api/orders/{id}", get(orders::get_order))
-        .route("/readyz", get(health::readyz))
-        .route("/healthz", get(health::healthz))
+        .route("/openapi.json", document)
         .with_state(state);
     let routes = service_kit::json::limit_bodies(routes, MAX_BODY_BYTES);
     // Load balancers' probes are bounded, but their budgets are nobody's: not reported.

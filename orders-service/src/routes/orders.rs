@@ -6,6 +6,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use deadline_propagation::{Deadline, Problem};
 use service_kit::json::JsonBody;
+use service_kit::openapi::ProblemDetails;
 
 use crate::AppState;
 use crate::orders::{self, NewOrderRequest, Order, Placed};
@@ -15,6 +16,37 @@ const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// Validates, answers a replay from the table, prices the order through the catalog,
 /// asks the configured prechecks, and places it: each step under what is left of the
 /// request's budget.
+#[utoipa::path(
+    post,
+    path = "/api/orders",
+    tag = "orders",
+    summary = "Place an order",
+    description = "Prices the order through catalog-service, then writes the order and its \
+                   stock decrement in one transaction, each step under what is left of the \
+                   request's budget.",
+    params(
+        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255,
+         pattern = "^[!-~]+$",
+         description = "The same key and body return the first order (`Idempotent-Replayed: \
+                        true`), even for concurrent retries. After a 500 \
+                        `urn:problem:outcome-unknown`, retry with the same key to learn the outcome."),
+    ),
+    request_body(content = NewOrderRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The order and its stock decrement are committed", body = Order,
+         headers(
+             ("Location" = String, description = "The order's URL, `/api/orders/{id}`"),
+             ("Idempotent-Replayed" = String, description = "`true` when this is the first order of an earlier request with the same key"),
+         )),
+        (status = 400, description = "A malformed `Idempotency-Key` (`urn:problem:invalid-header`). Nothing was written", body = ProblemDetails),
+        (status = 404, description = "No such SKU in the catalog. Nothing was written", body = ProblemDetails),
+        (status = 409, description = "Not enough stock. Nothing was written", body = ProblemDetails),
+        (status = 422, description = "A field missing or out of range, or an `Idempotency-Key` reused for a different order. Nothing was written", body = ProblemDetails),
+        (status = 500, description = "`urn:problem:outcome-unknown`: the COMMIT was sent and its outcome could not be learned within 250 ms past the deadline; retry with the same `Idempotency-Key` to learn it (`urn:problem:internal` is a bug)", body = ProblemDetails),
+        (status = 502, description = "The catalog or a precheck failed. Nothing was written", body = ProblemDetails),
+        (status = 503, description = "Refused before any work: a full pool queue, a slot not free within the early-rejection threshold, a catalog call the recent latency says cannot finish in time, or the database down. Nothing was written", body = ProblemDetails),
+    )
+)]
 pub(super) async fn create_order(
     State(state): State<AppState>,
     deadline: Deadline,
@@ -48,6 +80,18 @@ pub(super) async fn create_order(
 }
 
 /// One order by id; 404 for an id that is unknown or not a number.
+#[utoipa::path(
+    get,
+    path = "/api/orders/{id}",
+    tag = "orders",
+    summary = "Read an order",
+    params(("id" = i64, Path, description = "The order's number")),
+    responses(
+        (status = 200, description = "The order", body = Order),
+        (status = 404, description = "No such order (or an id that is not a number)", body = ProblemDetails),
+        (status = 503, description = "The database is down or its pool is full", body = ProblemDetails),
+    )
+)]
 pub(super) async fn get_order(
     State(state): State<AppState>,
     deadline: Deadline,
