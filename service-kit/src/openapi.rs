@@ -272,7 +272,7 @@ fn budget_headers() -> [Value; 3] {
             "in": "header",
             "required": false,
             "description": description,
-            "schema": {"type": "string", "pattern": "^[0-9]+$", "maxLength": 256},
+            "schema": {"type": "string", "pattern": decimal_at_most(u64::MAX), "maxLength": 256},
         })
     };
     [
@@ -299,6 +299,38 @@ fn budget_headers() -> [Value; 3] {
     ]
 }
 
+/// A pattern for the decimal numbers from 0 to `bound`, leading zeros allowed. A header
+/// is a string, and JSON Schema cannot compare a string as a number, so the range is
+/// spelled out digit by digit: shorter numbers, then for each position of `bound` a
+/// smaller digit there after the same prefix, then `bound` itself. Without it a client
+/// generated from the document would send `99999999999999999999`, which the service
+/// refuses (400: above `u64::MAX`).
+fn decimal_at_most(bound: u64) -> String {
+    let digits = bound.to_string();
+    let len = digits.len();
+    let any = |n: usize| {
+        if n == 0 {
+            String::new()
+        } else {
+            format!("[0-9]{{{n}}}")
+        }
+    };
+    let mut alternatives = Vec::new();
+    if len > 1 {
+        alternatives.push(format!("[0-9]{{1,{}}}", len - 1));
+    }
+    for (at, digit) in digits.bytes().enumerate() {
+        let smaller = match digit {
+            b'0' => continue,
+            b'1' => "0".to_owned(),
+            _ => format!("[0-{}]", char::from(digit - 1)),
+        };
+        alternatives.push(format!("{}{smaller}{}", &digits[..at], any(len - at - 1)));
+    }
+    alternatives.push(digits);
+    format!("^0*(?:{})$", alternatives.join("|"))
+}
+
 fn mode_header() -> Value {
     json!({
         "name": "X-Deadline-Mode",
@@ -309,4 +341,64 @@ fn mode_header() -> Value {
                         Any other value is 400 `urn:problem:invalid-header`.",
         "schema": {"type": "string", "enum": ["observe"]},
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::decimal_at_most;
+
+    fn matches(bound: u64, text: &str) -> bool {
+        regex::Regex::new(&decimal_at_most(bound))
+            .unwrap()
+            .is_match(text)
+    }
+
+    #[test]
+    fn the_budget_pattern_stops_exactly_at_u64_max() {
+        for text in [
+            "0",
+            "000",
+            "18446744073709551615",
+            "018446744073709551615",
+            "9999999999999999999",
+        ] {
+            assert!(matches(u64::MAX, text), "{text} is at most u64::MAX");
+        }
+        for text in [
+            "18446744073709551616",
+            "18446744073709551620",
+            "19000000000000000000",
+            "99999999999999999999",
+            "",
+            "-1",
+            "1.0",
+            " 1",
+        ] {
+            assert!(
+                !matches(u64::MAX, text),
+                "{text:?} is not a number at most u64::MAX"
+            );
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn the_pattern_matches_a_number_exactly_when_it_is_at_most_the_bound(
+            bound in any::<u64>(),
+            number in any::<u128>(),
+            zeros in 0usize..3,
+        ) {
+            let text = format!("{}{number}", "0".repeat(zeros));
+            prop_assert_eq!(matches(bound, &text), number <= u128::from(bound), "{} against {}", text, bound);
+        }
+
+        #[test]
+        fn near_the_bound_too(bound in any::<u64>(), offset in -1000i128..1000) {
+            let number = i128::from(bound) + offset;
+            prop_assume!(number >= 0);
+            prop_assert_eq!(matches(bound, &number.to_string()), offset <= 0);
+        }
+    }
 }
