@@ -350,7 +350,7 @@ mod tests {
     use super::decimal_at_most;
 
     fn matches(bound: u64, text: &str) -> bool {
-        regex::Regex::new(&decimal_at_most(bound))
+        regex_automata::meta::Regex::new(&decimal_at_most(bound))
             .unwrap()
             .is_match(text)
     }
