@@ -85,15 +85,19 @@ fn expected_order(body: &serde_json::Value) -> Option<Result<NewOrder, &'static 
         Some(Value::Number(n)) => n,
         Some(_) => return None,
     };
-    Some(
-        match quantity.as_i64().filter(|q| (1..=MAX_QUANTITY).contains(q)) {
-            Some(q) => Ok(NewOrder {
-                sku: sku.clone(),
-                quantity: i32::try_from(q).expect("at most MAX_QUANTITY"),
-            }),
-            None => Err("quantity"),
-        },
-    )
+    // A whole number in range, however it is written: JSON has one number type, so
+    // `2`, `2.0` and `2e0` are the same quantity (JSON Schema's `integer`, which the
+    // OpenAPI document promises). Every integer in range is exact as an f64.
+    let whole = quantity
+        .as_f64()
+        .filter(|q| q.fract() == 0.0 && (1.0..=MAX_QUANTITY as f64).contains(q));
+    Some(match whole {
+        Some(q) => Ok(NewOrder {
+            sku: sku.clone(),
+            quantity: q as i32,
+        }),
+        None => Err("quantity"),
+    })
 }
 
 /// `validate_key` on arbitrary bytes: accepted exactly when they are 1 to 255 visible
@@ -193,6 +197,10 @@ mod tests {
             read(r#"{"sku":"A","quantity":1001}"#),
             Some(Err("quantity"))
         );
+        assert_eq!(read(r#"{"sku":"A","quantity":1.0}"#), order(1));
+        assert_eq!(read(r#"{"sku":"A","quantity":1e3}"#), order(1000));
+        assert_eq!(read(r#"{"sku":"A","quantity":1.5}"#), Some(Err("quantity")));
+        assert_eq!(read(r#"{"sku":"A","quantity":1e4}"#), Some(Err("quantity")));
         assert_eq!(read(r#"{"sku":"A/B","quantity":1}"#), Some(Err("sku")));
         assert_eq!(read(r#"{"quantity":1}"#), Some(Err("sku")));
     }
