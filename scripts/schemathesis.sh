@@ -5,11 +5,10 @@
 #
 # 1. The committed documents (docs/openapi/*.json, which the Rust tests compare with
 #    what the services serve) are checked as OpenAPI 3.1 by openapi-spec-validator.
-# 2. `cargo xtask stack` starts PostgreSQL and both services (the debug binaries
-#    `cargo test` built; built here when missing) on free ports, and schemathesis runs
-#    against each service's served `/openapi.json`: every check it has, positive and
-#    negative data, headers included, every phase but the stateful one (the API has no
-#    links to follow). What counts as a defect is in scripts/schemathesis/hooks.py;
+# 2. `cargo xtask stack` starts PostgreSQL and both services (the debug build, brought
+#    up to date first) on free ports, and schemathesis runs against each service's
+#    served `/openapi.json`: every check it has, positive and negative data, headers
+#    included, every phase but the stateful one (the API has no links to follow). What counts as a defect is in scripts/schemathesis/hooks.py;
 #    docs/testing.md#schemathesis says why.
 #
 # Uses the project-local virtualenv .venv (created if missing; nothing is installed
@@ -31,10 +30,9 @@ for document in docs/openapi/*.json; do
     .venv/bin/openapi-spec-validator --schema 3.1.0 "$document"
 done
 
-target=${CARGO_TARGET_DIR:-target}
-if [ ! -x "$target/debug/orders-service" ] || [ ! -x "$target/debug/catalog-service" ]; then
-    cargo build -p catalog-service -p orders-service
-fi
+# Always built: a binary older than the source would be attacked with the committed
+# document of another version (after `cargo test`, as in CI, this compiles nothing).
+cargo build --quiet -p catalog-service -p orders-service
 
 export SCHEMATHESIS_HOOKS=hooks
 export PYTHONPATH="$PWD/scripts/schemathesis${PYTHONPATH:+:$PYTHONPATH}"
