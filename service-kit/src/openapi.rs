@@ -347,7 +347,60 @@ fn mode_header() -> Value {
 mod tests {
     use proptest::prelude::*;
 
-    use super::decimal_at_most;
+    use super::{TYPES_BY_STATUS, decimal_at_most};
+
+    /// The document lists the problem types by hand (utoipa cannot read them out of
+    /// `Problem`), so every kind the crate can build must be one the document allows
+    /// for its status, and a table entry for it; a new kind fails here first.
+    #[tokio::test]
+    async fn every_problem_the_crate_builds_is_in_the_document() {
+        use axum::response::IntoResponse;
+        use deadline_propagation::{Problem, Stage};
+
+        let stage = Stage::named("catalog");
+        let problems = [
+            Problem::bad_request("x"),
+            Problem::invalid_header("X-Request-Timeout-Ms", "x"),
+            Problem::forbidden("x"),
+            Problem::not_found("x"),
+            Problem::conflict("x"),
+            Problem::payload_too_large("x"),
+            Problem::unsupported_media_type("x"),
+            Problem::unprocessable("x"),
+            Problem::overloaded(stage, std::time::Duration::from_secs(1), "x"),
+            Problem::unavailable(stage, "x"),
+            Problem::bad_gateway(stage, "x"),
+            Problem::internal("x"),
+            Problem::outcome_unknown(stage),
+            Problem::deadline(
+                deadline_propagation::Deadline::after(std::time::Duration::ZERO).exceeded(stage),
+            ),
+        ];
+        let schema =
+            serde_json::to_value(<super::ProblemType as utoipa::PartialSchema>::schema()).unwrap();
+        for problem in problems {
+            let response = problem.into_response();
+            let status = response.status().as_str().to_owned();
+            let body = axum::body::to_bytes(response.into_body(), 4096)
+                .await
+                .unwrap();
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let kind = body["type"].as_str().unwrap();
+            let allowed = TYPES_BY_STATUS
+                .iter()
+                .find(|(s, _)| *s == status)
+                .map(|(_, types)| *types)
+                .unwrap_or_default();
+            assert!(
+                allowed.contains(&kind),
+                "{status} {kind} is not in TYPES_BY_STATUS"
+            );
+            assert!(
+                schema["enum"].as_array().unwrap().contains(&kind.into()),
+                "{kind} is not a ProblemType"
+            );
+        }
+    }
 
     fn matches(bound: u64, text: &str) -> bool {
         regex_automata::meta::Regex::new(&decimal_at_most(bound))
