@@ -84,12 +84,13 @@ pub struct Deadline {
 impl Deadline {
     /// A deadline `budget` from now, with a log of its own.
     pub fn after(budget: Duration) -> Self {
-        Self::with_log(budget, Arc::new(StageLog::default()))
+        Self::with_log(Instant::now(), budget, Arc::new(StageLog::default()))
     }
 
-    /// A deadline `budget` from now that records its stages into `log`.
-    pub(crate) fn with_log(budget: Duration, log: Arc<StageLog>) -> Self {
-        let started = Instant::now();
+    /// A deadline `budget` after `started` that records its stages into `log`. The
+    /// ingress passes the instant the request arrived, which it also reads to time a
+    /// refusal, so a request costs one clock read.
+    pub(crate) fn with_log(started: Instant, budget: Duration, log: Arc<StageLog>) -> Self {
         Self {
             started,
             at: later_by(started, budget),

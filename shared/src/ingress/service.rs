@@ -65,7 +65,7 @@ where
             // Handlers still get a Deadline to pass around, but nothing enforces it:
             // each step waits at most the policy's fixed legacy timeout.
             let legacy_timeout = config.policy.legacy_timeout();
-            let deadline = Deadline::with_log(legacy_timeout, log)
+            let deadline = Deadline::with_log(arrived, legacy_timeout, log)
                 .with_mode(DeadlineMode::Legacy)
                 .with_legacy_timeout(legacy_timeout);
             request.extensions_mut().insert(deadline.clone());
@@ -85,7 +85,7 @@ where
         };
         let (budget, clamped) = config.policy.accept(requested);
         log.observe_inbound(budget, clamped);
-        let deadline = Deadline::with_log(budget, log)
+        let deadline = Deadline::with_log(arrived, budget, log)
             .with_mode(mode)
             .with_legacy_timeout(config.policy.legacy_timeout());
         if invalid {
