@@ -8,17 +8,9 @@ use reqwest::StatusCode;
 #[tokio::test]
 async fn the_served_document_is_the_committed_one() {
     let app = spawn_app().await;
-    let response = app
-        .client
-        .get(format!("{}/openapi.json", app.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(response.headers()["content-type"], "application/json");
-    let served = response.text().await.unwrap();
-    let document: serde_json::Value = serde_json::from_str(&served).unwrap();
-    assert_eq!(document["openapi"], "3.1.0");
+    let document =
+        test_support::served_openapi(&app.client, &app.base, "docs/openapi/orders-service.json")
+            .await;
     // The public API, and nothing of the admin port, MCP or metrics.
     let paths: Vec<&str> = document["paths"]
         .as_object()
@@ -36,7 +28,6 @@ async fn the_served_document_is_the_committed_one() {
             "/readyz"
         ]
     );
-    test_support::same_as_committed("docs/openapi/orders-service.json", &served);
 }
 
 /// The document's grammar of a budget header and the service's parser agree, at the
@@ -46,15 +37,9 @@ async fn the_served_document_is_the_committed_one() {
 #[tokio::test]
 async fn the_budget_pattern_accepts_exactly_what_the_service_accepts() {
     let app = spawn_app().await;
-    let document: serde_json::Value = app
-        .client
-        .get(format!("{}/openapi.json", app.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let document =
+        test_support::served_openapi(&app.client, &app.base, "docs/openapi/orders-service.json")
+            .await;
     let parameters = document["paths"]["/api/orders/{id}"]["get"]["parameters"]
         .as_array()
         .unwrap();

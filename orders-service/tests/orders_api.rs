@@ -319,16 +319,16 @@ async fn orders_stay_consistent_under_jitter_and_tight_budgets() {
 async fn a_whole_number_written_with_a_fraction_or_exponent_is_a_quantity() {
     let app = spawn_app().await;
     let url = format!("{}/api/orders", app.base);
-    let before = app.stock("SKU-00300").await;
-    for (quantity, taken) in [("2.0", 2), ("1e1", 10), ("3E0", 3)] {
-        let response = app
-            .client
+    let order = |quantity: &str| {
+        app.client
             .post(&url)
             .header("content-type", "application/json")
             .body(format!(r#"{{"sku":"SKU-00300","quantity":{quantity}}}"#))
             .send()
-            .await
-            .unwrap();
+    };
+    let before = app.stock("SKU-00300").await;
+    for (quantity, taken) in [("2.0", 2), ("1e1", 10), ("3E0", 3)] {
+        let response = order(quantity).await.unwrap();
         assert_eq!(
             response.status(),
             StatusCode::CREATED,
@@ -342,14 +342,7 @@ async fn a_whole_number_written_with_a_fraction_or_exponent_is_a_quantity() {
     }
     assert_eq!(app.stock("SKU-00300").await, before - 15);
     for quantity in ["2.5", "1e-1", "1000.5", "1e4"] {
-        let response = app
-            .client
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(format!(r#"{{"sku":"SKU-00300","quantity":{quantity}}}"#))
-            .send()
-            .await
-            .unwrap();
+        let response = order(quantity).await.unwrap();
         assert_eq!(
             response.status(),
             StatusCode::UNPROCESSABLE_ENTITY,

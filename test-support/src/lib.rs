@@ -6,7 +6,7 @@
 //! - [`wait_until`]: wait on a condition instead of sleeping and hoping.
 //! - [`exposition`]: the Prometheus text parser ([`metric_value`] reads one sample).
 //! - [`process`]: the service binaries as child processes.
-//! - [`same_as_committed`]: a served document against its committed copy.
+//! - [`served_openapi`]: a service's OpenAPI document, checked against its committed copy.
 //! - [`net`]: network faults on a real link (partition, one way lost, SYNs dropped,
 //!   loss, delay), removed when the test ends.
 
@@ -82,21 +82,39 @@ where
     }
 }
 
-/// Asserts that `served` is byte for byte the committed file at `path` (relative to the
-/// workspace root); with `UPDATE_OPENAPI=1` in the environment, writes it there instead.
+/// The OpenAPI document the service at `base` serves at `/openapi.json`, asserted to be
+/// `application/json`, OpenAPI 3.1 and byte for byte the committed file at `committed`
+/// (relative to the workspace root); returned for the test's own assertions. With
+/// `UPDATE_OPENAPI=1` in the environment the served document is written there instead.
 /// What clients generate their code from is then what the service really serves.
-pub fn same_as_committed(path: &str, served: &str) {
+pub async fn served_openapi(
+    client: &reqwest::Client,
+    base: &str,
+    committed: &str,
+) -> serde_json::Value {
+    let response = client
+        .get(format!("{base}/openapi.json"))
+        .send()
+        .await
+        .expect("GET /openapi.json");
+    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let served = response.text().await.expect("the document's body");
+    let document: serde_json::Value = serde_json::from_str(&served).expect("a JSON document");
+    assert_eq!(document["openapi"], "3.1.0");
+
     let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
-        .join(path);
+        .join(committed);
     if std::env::var_os("UPDATE_OPENAPI").is_some_and(|v| v == "1") {
-        std::fs::write(&file, served).unwrap_or_else(|e| panic!("writing {path}: {e}"));
-        return;
+        std::fs::write(&file, &served).unwrap_or_else(|e| panic!("writing {committed}: {e}"));
+    } else {
+        let on_disk = std::fs::read_to_string(&file).unwrap_or_default();
+        assert!(
+            on_disk == served,
+            "{committed} is not what the service serves at /openapi.json; if the change is \
+             meant, rerun this test with UPDATE_OPENAPI=1 and commit the file"
+        );
     }
-    let committed = std::fs::read_to_string(&file).unwrap_or_default();
-    assert!(
-        committed == served,
-        "{path} is not what the service serves at /openapi.json; if the change is meant, \
-         run `UPDATE_OPENAPI=1 cargo test --test openapi` and commit the file"
-    );
+    document
 }
