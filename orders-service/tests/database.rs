@@ -187,3 +187,69 @@ async fn the_limit_in_force_on_the_server_is_what_is_left_of_the_budget() {
         .unwrap_or_else(|| panic!("statement_timeout is {setting:?}"));
     assert!((300..500).contains(&ms), "statement_timeout is {ms} ms");
 }
+
+/// A transaction that ends while its caller waits runs inside the caller's future; its
+/// answer must not wake that future's own task while the task is polling it. tokio
+/// queues a task woken during its own poll again and may wake another worker to run it:
+/// a futex and two context switches per order for nothing (the happy path's cost,
+/// docs/experiment.md).
+#[tokio::test]
+async fn a_transaction_that_ends_in_time_does_not_wake_its_own_task() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::task::{Context, Wake, Waker};
+
+    /// Forwards every wake to the task's waker, counting those that come while the
+    /// transaction is being polled.
+    struct Probe {
+        task: std::sync::Mutex<Option<Waker>>,
+        polling: AtomicBool,
+        during_poll: AtomicUsize,
+    }
+    impl Wake for Probe {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            if self.polling.load(Ordering::SeqCst) {
+                self.during_poll.fetch_add(1, Ordering::SeqCst);
+            }
+            if let Some(task) = self.task.lock().unwrap().as_ref() {
+                task.wake_by_ref();
+            }
+        }
+    }
+
+    let app = spawn_app().await;
+    let deadline = deadline_in(DeadlineMode::Propagate, MS(2000));
+    for _ in 0..3 {
+        let probe = Arc::new(Probe {
+            task: std::sync::Mutex::new(None),
+            polling: AtomicBool::new(false),
+            during_poll: AtomicUsize::new(0),
+        });
+        let waker = Waker::from(probe.clone());
+        let mut transaction = std::pin::pin!(app.state.db.transaction(&deadline, |conn| {
+            Box::pin(async move {
+                sqlx::query("UPDATE inventory SET available = available WHERE sku = 'SKU-00007'")
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(deadline_propagation::db::End::Commit(()))
+            })
+        }));
+        std::future::poll_fn(|cx| {
+            *probe.task.lock().unwrap() = Some(cx.waker().clone());
+            probe.polling.store(true, Ordering::SeqCst);
+            let polled = transaction.as_mut().poll(&mut Context::from_waker(&waker));
+            probe.polling.store(false, Ordering::SeqCst);
+            polled
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            probe.during_poll.load(Ordering::SeqCst),
+            0,
+            "the transaction woke the task that was polling it"
+        );
+    }
+}
