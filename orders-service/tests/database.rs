@@ -253,3 +253,79 @@ async fn a_transaction_that_ends_in_time_does_not_wake_its_own_task() {
         );
     }
 }
+
+/// sqlx pings every connection on its way out of the pool unless told not to; the pool
+/// pings only a connection that sat idle for more than a second (as pgx's does). Such a
+/// connection whose session died meanwhile is found dead and replaced: the order goes
+/// through.
+#[tokio::test]
+async fn a_connection_idle_for_over_a_second_is_checked_before_a_transaction_meets_it() {
+    let app = spawn_app().await;
+    assert_eq!(
+        app.order("SKU-00021", 1, None).await.status(),
+        StatusCode::CREATED
+    );
+    terminate_service_sessions(&app).await;
+    // The policy is about time spent idle: this wait is the condition, not a guess.
+    tokio::time::sleep(MS(1100)).await;
+    assert_eq!(
+        app.order("SKU-00021", 1, None).await.status(),
+        StatusCode::CREATED
+    );
+}
+
+/// The price of not pinging a connection used a moment ago: when its session died in
+/// that moment, the transaction meets the dead connection. The answer is then a 503
+/// that wrote nothing (the client may retry), never a 500, and the next order goes
+/// through on a new connection.
+#[tokio::test]
+async fn a_connection_that_died_a_moment_ago_costs_at_most_a_503_that_wrote_nothing() {
+    let app = spawn_app().await;
+    assert_eq!(
+        app.order("SKU-00022", 1, None).await.status(),
+        StatusCode::CREATED
+    );
+    let (rows, stock) = (app.order_rows().await, app.stock("SKU-00022").await);
+    terminate_service_sessions(&app).await;
+    let response = app.order("SKU-00022", 1, None).await;
+    match response.status() {
+        StatusCode::CREATED => {}
+        StatusCode::SERVICE_UNAVAILABLE => {
+            assert!(response.headers().contains_key("retry-after"));
+            assert_eq!(app.order_rows().await, rows, "a 503 wrote an order");
+            assert_eq!(app.stock("SKU-00022").await, stock, "a 503 took stock");
+        }
+        other => panic!("expected 201 or 503, got {other}"),
+    }
+    assert_eq!(
+        app.order("SKU-00022", 1, None).await.status(),
+        StatusCode::CREATED
+    );
+}
+
+/// Ends every session of the service's pool on the server, and waits until they are gone.
+async fn terminate_service_sessions(app: &common::TestApp) {
+    macro_rules! service_sessions {
+        () => {
+            "FROM pg_stat_activity WHERE backend_type = 'client backend' \
+             AND pid <> pg_backend_pid() AND datname = current_database() \
+             AND application_name NOT IN ('test-side', 'deadline-side')"
+        };
+    }
+    let ended: Vec<bool> = sqlx::query_scalar(concat!(
+        "SELECT pg_terminate_backend(pid) ",
+        service_sessions!()
+    ))
+    .fetch_all(&app.side)
+    .await
+    .unwrap();
+    assert!(!ended.is_empty(), "the service had no session to end");
+    wait_until("the service's sessions are gone", MS(2000), || async {
+        let left: i64 = sqlx::query_scalar(concat!("SELECT count(*) ", service_sessions!()))
+            .fetch_one(&app.side)
+            .await
+            .unwrap();
+        left == 0
+    })
+    .await;
+}

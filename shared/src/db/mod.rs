@@ -278,6 +278,16 @@ impl DbConfig {
     }
 }
 
+/// How long a pooled connection may sit idle before it is pinged on its way out of the
+/// pool. sqlx pings every connection it hands out by default: a round trip per
+/// transaction, on both sides, for a connection that was in use a millisecond ago (and a
+/// timer armed for the wait, which wakes the runtime's driver). pgx's pool pings only
+/// connections idle for more than a second, and so does this one: a busy service pays
+/// nothing, and a connection that sat through a server restart is still found dead and
+/// replaced before a transaction meets it. (A connection that dies within the second is
+/// met by its transaction's first statement: a 503 that wrote nothing.)
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
 /// The `application_name` of the side pool's sessions (cancels, outcome checks).
 const SIDE_SESSION: &str = "deadline-side";
 
@@ -340,6 +350,15 @@ impl Db {
         // legacy by its fixed timeout.
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for < PING_AFTER_IDLE {
+                        return Ok(true);
+                    }
+                    conn.ping().await.map(|()| true)
+                })
+            })
             .connect_lazy_with(options.clone().options(config.session_bounds()));
         let side_pool = PgPoolOptions::new()
             .max_connections(2)
