@@ -396,6 +396,23 @@ impl Drop for Stopped {
     }
 }
 
+/// The backend running `query`, once `conn` sees it active.
+async fn running_statement(conn: &mut sqlx::PgConnection, query: &str) -> i32 {
+    loop {
+        let pid: Option<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE query = $1 AND state = 'active'",
+        )
+        .bind(query)
+        .fetch_optional(&mut *conn)
+        .await
+        .unwrap();
+        if let Some(pid) = pid {
+            return pid;
+        }
+        tokio::time::sleep(MS(5)).await;
+    }
+}
+
 /// The service's sessions, read on `conn` (opened while the server still took
 /// connections).
 async fn service_sessions(conn: &mut sqlx::PgConnection) -> BTreeSet<i32> {
@@ -444,18 +461,18 @@ async fn a_cancel_whose_fate_is_unknown_costs_the_connection() {
     );
     let stopped = Stopped::process(&postmaster);
 
-    // A caller that goes away mid-statement: the service cancels the statement.
+    // A caller that goes away mid-statement: the service cancels the statement. The
+    // caller leaves once the server shows the statement running (a fixed wait raced the
+    // job on a loaded machine: a caller gone before the statement was sent is another
+    // case), on the session it runs on (the pool may hold others, opened while the test
+    // waited for the service to be ready).
     let deadline = Deadline::after(MS(1000));
-    let gone = tokio::time::timeout(MS(100), sleep_on_server(&app.state.db, &deadline)).await;
-    assert!(gone.is_err(), "the caller left first");
-    // The session the statement runs on (the pool may hold others, opened while the
-    // test waited for the service to be ready).
-    let ran_on: i32 = sqlx::query_scalar(
-        "SELECT pid FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(5)' AND state = 'active'",
-    )
-    .fetch_one(&mut watch)
-    .await
-    .unwrap();
+    let ran_on: i32 = tokio::select! {
+        ended = sleep_on_server(&app.state.db, &deadline) => {
+            panic!("the call ended before the statement was seen running: {ended:?}")
+        }
+        pid = running_statement(&mut watch, "SELECT pg_sleep(5)") => pid,
+    };
     // The statement ends at its own limit (about 1 s); the cancel is still unanswered.
     let watch = tokio::sync::Mutex::new(watch);
     wait_until("the statement has ended", MS(3000), || async {
