@@ -36,17 +36,21 @@ done
 # The sessions carry the service's startup options, as in `cargo xtask cost`.
 PGOPTIONS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["session_options"])' "$OUT/cost/summary.json")
 export PGOPTIONS
-backend_total() {  # runs $1.sql $2 times on a new connection; prints its backend's total
-    local before file=""
+backend_total() {  # runs $1.sql $2 times; prints the total of the backend that ran them
+    local before new
     before=$(ls "$OUT"/cg.*.out 2>/dev/null || true)
     pgbench -n -M simple -c 1 -t "$2" -h 127.0.0.1 -p "$PORT" -U postgres \
         -f "$OUT/cost/$1.sql" cost >/dev/null
-    for _ in $(seq 1 100); do  # the backend writes its file as it exits
-        file=$(ls "$OUT"/cg.*.out | grep -vxF -e "$before" -e "" | head -1 || true)
-        [ -n "$file" ] && grep -qE '^(summary|totals):' "$file" && break
+    # pgbench opens two sessions (a first one to look around); each backend writes its
+    # file as it exits. The one that ran the transactions has the largest total.
+    for _ in $(seq 1 100); do
+        new=$(ls "$OUT"/cg.*.out | grep -vxF -e "$before" -e "" || true)
+        [ "$(echo "$new" | grep -c .)" -ge 2 ] && break
         sleep 0.1
     done
-    grep -E '^(summary|totals):' "$file" | head -1 | awk '{print $2}'
+    for file in $new; do
+        grep -E '^(summary|totals):' "$file" | head -1 | awk '{print $2}'
+    done | sort -n | tail -1
 }
 for mode in legacy propagate legacy propagate; do
     a=$(backend_total "$mode" "$N1"); b=$(backend_total "$mode" "$N2")
