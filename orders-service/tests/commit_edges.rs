@@ -459,6 +459,15 @@ async fn a_cancel_whose_fate_is_unknown_costs_the_connection() {
         side, 0,
         "the side pool already has a session: a cancel would be answered"
     );
+    // sqlx returns a connection to the pool from a task of its own, after a round trip
+    // (it pings the connection on release): until then the pool would open a new one,
+    // which the stopped postmaster never answers (the call ends 503 `db_pool`).
+    wait_until(
+        "the order's connection is back in the pool",
+        MS(3000),
+        || async { app.state.db.in_use() == 0 },
+    )
+    .await;
     let stopped = Stopped::process(&postmaster);
 
     // A caller that goes away mid-statement: the service cancels the statement. The
