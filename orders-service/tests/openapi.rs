@@ -12,12 +12,7 @@ async fn the_served_document_is_the_committed_one() {
         test_support::served_openapi(&app.client, &app.base, "docs/openapi/orders-service.json")
             .await;
     // The public API, and nothing of the admin port, MCP or metrics.
-    let paths: Vec<&str> = document["paths"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
+    let paths = test_support::openapi_paths(&document);
     assert_eq!(
         paths,
         [

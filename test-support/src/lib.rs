@@ -82,6 +82,17 @@ where
     }
 }
 
+/// The paths a served OpenAPI document lists, in its order (what the services' tests
+/// hold against the routes they mean to publish).
+pub fn openapi_paths(document: &serde_json::Value) -> Vec<&str> {
+    document["paths"]
+        .as_object()
+        .expect("the document has paths")
+        .keys()
+        .map(String::as_str)
+        .collect()
+}
+
 /// The OpenAPI document the service at `base` serves at `/openapi.json`, asserted to be
 /// `application/json`, OpenAPI 3.1 and byte for byte the committed file at `committed`
 /// (relative to the workspace root); returned for the test's own assertions. With
