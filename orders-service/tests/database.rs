@@ -188,6 +188,105 @@ async fn the_limit_in_force_on_the_server_is_what_is_left_of_the_budget() {
     assert!((300..500).contains(&ms), "statement_timeout is {ms} ms");
 }
 
+/// The limit a transaction sends stays in force on its session for the next ones whose
+/// budgets are alike (no statement per transaction), so what the server applies depends
+/// on what came before on that session. Whatever came before (longer or shorter budgets,
+/// commits and rollbacks), the limit in force, read from the server inside the
+/// transaction, is never later than what that transaction had left, and at most a
+/// sixteenth earlier. One connection, so every transaction meets the one before.
+#[tokio::test]
+async fn the_limit_in_force_is_never_later_than_what_is_left_whatever_ran_before_on_the_session() {
+    use deadline_propagation::db::End;
+
+    let app = spawn_app_with(|config| config.db_pool_max_connections = 1).await;
+    let db = &app.state.db;
+    // (budget ms, commit) in an order that leaves each kind of limit behind.
+    let steps = [
+        (2000, true),
+        (300, true),
+        (300, true),
+        (2000, false),
+        (300, true),
+        (2000, true),
+        (1900, true),
+        (250, false),
+        (2000, true),
+    ];
+    for (budget, commit) in steps {
+        let started = Instant::now();
+        let deadline = Deadline::after(MS(budget));
+        let ms: String = db
+            .transaction(&deadline, move |conn| {
+                Box::pin(async move {
+                    let ms = sqlx::query_scalar(
+                        "SELECT setting FROM pg_settings WHERE name = 'statement_timeout'",
+                    )
+                    .fetch_one(conn)
+                    .await?;
+                    Ok(if commit {
+                        End::Commit(ms)
+                    } else {
+                        End::Rollback(ms)
+                    })
+                })
+            })
+            .await
+            .unwrap();
+        let ms: u64 = ms.parse().unwrap();
+        let took = started.elapsed().as_millis() as u64;
+        // What was left at BEGIN lies between budget - took and budget, less the margin
+        // the server is given (10 ms).
+        let latest = budget - 10;
+        let earliest = (budget - 10).saturating_sub(took);
+        assert!(
+            ms <= latest,
+            "budget {budget} ms: the server's limit {ms} ms is later than what was left"
+        );
+        assert!(
+            ms >= earliest - earliest / 16,
+            "budget {budget} ms: the server's limit {ms} ms is far earlier than the {earliest} ms left"
+        );
+    }
+}
+
+/// A propagate transaction leaves its limit on its session; a legacy transaction on that
+/// session, after a switch at run time, must still run as code without the technique:
+/// no server-side limit at all. One connection, so the legacy transaction meets it.
+#[tokio::test]
+async fn a_legacy_transaction_does_not_run_under_a_limit_propagate_left_on_its_session() {
+    let app = spawn_app_with(|config| config.db_pool_max_connections = 1).await;
+    assert_eq!(
+        app.order("SKU-00023", 1, Some(300)).await.status(),
+        StatusCode::CREATED
+    );
+    let switched = app
+        .client
+        .put(format!("{}/admin/mode", app.admin))
+        .json(&serde_json::json!({"mode": "legacy"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(switched.status(), StatusCode::OK);
+    let deadline = deadline_in(DeadlineMode::Legacy, MS(300));
+    let read = app
+        .state
+        .db
+        .read(&deadline, |conn| {
+            Box::pin(async move {
+                sqlx::query_scalar::<_, String>(
+                    "SELECT setting FROM pg_settings, pg_sleep(0.6) WHERE name = 'statement_timeout'",
+                )
+                .fetch_one(conn)
+                .await
+            })
+        })
+        .await;
+    match read {
+        Ok(setting) => assert_eq!(setting, "0", "legacy ran under a limit"),
+        Err(err) => panic!("a legacy statement was cut: {err:?}"),
+    }
+}
+
 /// A transaction that ends while its caller waits runs inside the caller's future; its
 /// answer must not wake that future's own task while the task is polling it. tokio
 /// queues a task woken during its own poll again and may wake another worker to run it:

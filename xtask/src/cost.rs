@@ -6,8 +6,14 @@
 //! [`begin_sql`], [`commit_sql`]), three round trips each:
 //!
 //! - legacy: `BEGIN`; the statement; `COMMIT`;
-//! - propagate: `BEGIN` with the statement limit; the statement; `COMMIT` (where the schema can defer work to COMMIT, as the service
-//!   learns from the catalog, the limit re-set and that work fired before it).
+//! - propagate: what the service sends when budgets are alike (every order here has the
+//!   same): the session's limit is sent by a session's first transaction and is in
+//!   force for the next ones, so `BEGIN` alone; the statement; `COMMIT` (where the schema
+//!   can defer work to COMMIT, as the service learns from the catalog, the limit re-set
+//!   and that work fired before it);
+//! - propagate-each: the same with the limit sent by every transaction, as when each
+//!   budget differs from the last on its session by more than the limit's tolerance
+//!   (a sixteenth; see `shared/src/db/limit.rs`): the bound on what it can cost.
 //!
 //! pgbench sends everything as simple queries (it cannot send two commands in one
 //! prepared query, as the service's batches do); the service prepares the statement.
@@ -15,8 +21,8 @@
 //! the measured cost is, if anything, smaller than the real one.
 //!
 //! Each run gets a fresh database (a database bloated by the previous run would bias
-//! the second mode), the order alternates between repeats, and the figure is the ratio
-//! of the medians with the per-repeat ratios beside it. Results: `summary.json`,
+//! the next mode), the order rotates between repeats, and each figure is the ratio of
+//! the medians to legacy's, with the per-repeat ratios beside it. Results: `summary.json`,
 //! `summary.md`, both pgbench scripts and every pgbench output.
 
 use std::path::PathBuf;
@@ -58,10 +64,10 @@ pub struct CostArgs {
     pub session_bounds: String,
 }
 
-/// The limit both batches carry: what a 700 ms budget gives the first statement.
-const LIMIT_MS: u128 = 690;
+/// The limit the batches carry: what a 700 ms budget gives the first statement.
+const LIMIT_MS: u64 = 690;
 
-const MODES: [&str; 2] = ["legacy", "propagate"];
+const MODES: [&str; 3] = ["legacy", "propagate", "propagate-each"];
 
 /// One pgbench run.
 #[derive(Debug, Serialize)]
@@ -86,6 +92,11 @@ struct Summary {
     ratio: f64,
     /// propagate / legacy within each repeat.
     ratio_per_repeat: Option<Spread>,
+    propagate_each_tps: Option<Spread>,
+    /// Median propagate-each over median legacy.
+    each_ratio: f64,
+    /// propagate-each / legacy within each repeat.
+    each_ratio_per_repeat: Option<Spread>,
 }
 
 /// The pgbench script for `mode`: the service's SQL with pgbench variables for the
@@ -101,8 +112,12 @@ pub fn script(mode: &str, deferred: bool) -> String {
         .replace("$5", "NULL");
     let (begin, commit) = match mode {
         "legacy" => ("BEGIN".to_owned(), "COMMIT".to_owned()),
+        "propagate" => (
+            begin_sql(Access::ReadWrite, None),
+            commit_sql(deferred, LIMIT_MS),
+        ),
         _ => (
-            begin_sql(Access::ReadWrite, LIMIT_MS),
+            begin_sql(Access::ReadWrite, Some(LIMIT_MS)),
             commit_sql(deferred, LIMIT_MS),
         ),
     };
@@ -141,10 +156,8 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
     }
     let mut runs = Vec::new();
     for repeat in 0..args.repeat {
-        let order = match repeat % 2 {
-            0 => MODES,
-            _ => [MODES[1], MODES[0]],
-        };
+        let mut order = MODES;
+        order.rotate_left(repeat as usize % MODES.len());
         for mode in order {
             let database = format!("cost_{repeat}_{mode}");
             let url = fresh_database(&cluster, &database).await?;
@@ -194,13 +207,20 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
             .map(|r| r.tps)
             .collect()
     };
-    let (legacy, propagate) = (tps("legacy"), tps("propagate"));
-    let per_repeat: Vec<f64> = legacy.iter().zip(&propagate).map(|(l, p)| p / l).collect();
-    let (legacy_tps, propagate_tps) = (spread(&legacy), spread(&propagate));
-    let ratio = match (&legacy_tps, &propagate_tps) {
-        (Some(l), Some(p)) => p.median / l.median,
-        _ => f64::NAN,
+    let legacy = tps("legacy");
+    let legacy_tps = spread(&legacy);
+    let against_legacy = |mode: &str| {
+        let side = tps(mode);
+        let per_repeat: Vec<f64> = legacy.iter().zip(&side).map(|(l, p)| p / l).collect();
+        let side = spread(&side);
+        let ratio = match (&legacy_tps, &side) {
+            (Some(l), Some(p)) => p.median / l.median,
+            _ => f64::NAN,
+        };
+        (side, ratio, spread(&per_repeat))
     };
+    let (propagate_tps, ratio, ratio_per_repeat) = against_legacy("propagate");
+    let (propagate_each_tps, each_ratio, each_ratio_per_repeat) = against_legacy("propagate-each");
     let summary = Summary {
         commit,
         session_options: options,
@@ -210,7 +230,10 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
         legacy_tps,
         propagate_tps,
         ratio,
-        ratio_per_repeat: spread(&per_repeat),
+        ratio_per_repeat,
+        propagate_each_tps,
+        each_ratio,
+        each_ratio_per_repeat,
     };
     std::fs::write(
         out.join("summary.json"),
@@ -241,12 +264,15 @@ fn markdown(s: &Summary) -> String {
     };
     format!(
         "# The order transaction alone, pgbench\n\nCommit `{}`, {} clients, {} s per run, \
-         {} run(s) per mode (median, min–max); sessions' options: `{}`.\n\n| | legacy | propagate | propagate / legacy |\n\
-         | --- | --- | --- | --- |\n| transactions/s | {} | {} | {:.3} (per repeat: {}) |\n",
+         {} run(s) per mode (median, min–max); sessions' options: `{}`. propagate: the \
+         session's limit in force reused (budgets alike); propagate-each: a limit sent by \
+         every transaction.\n\n| transactions/s | legacy | propagate | propagate-each |\n\
+         | --- | --- | --- | --- |\n| median (min–max) | {} | {} | {} |\n\
+         | / legacy | | {:.3} (per repeat: {}) | {:.3} (per repeat: {}) |\n",
         s.commit,
         s.clients,
         s.seconds,
-        s.runs.len() / 2,
+        s.runs.len() / MODES.len(),
         if s.session_options.is_empty() {
             "none"
         } else {
@@ -254,8 +280,11 @@ fn markdown(s: &Summary) -> String {
         },
         cell(&s.legacy_tps, 0),
         cell(&s.propagate_tps, 0),
+        cell(&s.propagate_each_tps, 0),
         s.ratio,
         cell(&s.ratio_per_repeat, 3),
+        s.each_ratio,
+        cell(&s.each_ratio_per_repeat, 3),
     )
 }
 
@@ -267,12 +296,18 @@ mod tests {
     fn scripts_differ_only_in_the_batches() {
         let legacy = script("legacy", false);
         let (propagate, deferring) = (script("propagate", false), script("propagate", true));
+        let each = script("propagate-each", false);
         assert!(legacy.contains("\nBEGIN;\n") && legacy.ends_with("\nCOMMIT;\n"));
         assert_eq!(legacy, script("legacy", true));
-        assert!(propagate.contains("\nBEGIN \\; SET LOCAL statement_timeout = 690;\n"));
-        assert!(propagate.ends_with(";\nCOMMIT;\n"), "{propagate}");
+        assert_eq!(
+            propagate, legacy,
+            "a limit in force is reused: no statement"
+        );
+        assert!(each.contains("\nBEGIN \\; SET statement_timeout = 690;\n"));
+        assert!(each.ends_with(";\nCOMMIT;\n"), "{each}");
+        assert!(deferring.contains("\nBEGIN;\n"));
         assert!(deferring.ends_with("SET CONSTRAINTS ALL IMMEDIATE \\; COMMIT;\n"));
-        for text in [&legacy, &propagate, &deferring] {
+        for text in [&legacy, &propagate, &each, &deferring] {
             assert!(!text.contains('$'), "a parameter was left: {text}");
             assert!(text.contains("INSERT INTO orders"));
         }

@@ -1,5 +1,6 @@
-//! [`Backends`]: which server process (backend) carries each pooled connection, learned
-//! once per connection, so that a statement can be cancelled on the server without a
+//! [`Backends`]: which server process (backend) carries each pooled connection, and the
+//! `statement_timeout` in force on it ([`SessionLimit`]), learned once per connection, so
+//! that a statement can be cancelled on the server, and a limit reused, without a
 //! statement added to every transaction.
 //!
 //! # Why not a marker per transaction
@@ -29,10 +30,12 @@
 //! id went to a new session is never cancelled in its place.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use sqlx::postgres::{PgConnection, PgStatement};
 use sqlx::{Executor as _, SqlSafeStr as _, Statement as _};
+
+use super::limit::SessionLimit;
 
 /// The backend's process id and start, in microseconds since the epoch (an integer, so
 /// the cancel can compare it exactly).
@@ -56,11 +59,22 @@ pub(super) struct Backend {
     pub(super) started_us: i64,
 }
 
-/// The backends of a pool's connections, by the address of each connection's cached
+/// What is known of one pooled connection's server session.
+#[derive(Clone, Debug)]
+pub(super) struct Session {
+    /// Where a cancel is sent.
+    pub(super) backend: Backend,
+    /// The limit in force on it.
+    pub(super) limit: Arc<SessionLimit>,
+}
+
+type Known = HashMap<usize, (PgStatement, Session)>;
+
+/// The sessions of a pool's connections, by the address of each connection's cached
 /// [`IDENTIFY`] statement.
 #[derive(Debug)]
 pub(super) struct Backends {
-    known: Mutex<HashMap<usize, (PgStatement, Backend)>>,
+    known: Mutex<Known>,
     /// Entries kept at most: connections that closed leave theirs behind, so past this
     /// many the map starts again (each live connection is then learned once more).
     capacity: usize,
@@ -75,27 +89,32 @@ impl Backends {
         }
     }
 
-    /// The backend of `conn`: known already (no I/O), or learned now (one round trip
-    /// to prepare [`IDENTIFY`] the first time, one to run it).
-    pub(super) async fn of(&self, conn: &mut PgConnection) -> Result<Backend, sqlx::Error> {
+    /// The session of `conn`: known already (no I/O), or learned now (one round trip
+    /// to prepare [`IDENTIFY`] the first time, one to run it). A session learned now
+    /// starts with its limit unknown: it may be a new one, or one learned again after
+    /// its entry was lost (evicted statement, map started again) with a limit in force.
+    pub(super) async fn of(&self, conn: &mut PgConnection) -> Result<Session, sqlx::Error> {
         let statement = conn.prepare(IDENTIFY.into_sql_str()).await?;
         let key = statement.columns().as_ptr() as usize;
-        if let Some((_, backend)) = self.lock().get(&key) {
-            return Ok(*backend);
+        if let Some((_, session)) = self.lock().get(&key) {
+            return Ok(session.clone());
         }
         let (pid, started_us) = sqlx::query_as::<_, (i32, i64)>(IDENTIFY)
             .fetch_one(&mut *conn)
             .await?;
-        let backend = Backend { pid, started_us };
+        let session = Session {
+            backend: Backend { pid, started_us },
+            limit: Arc::new(SessionLimit::unknown()),
+        };
         let mut known = self.lock();
         if known.len() >= self.capacity {
             known.clear();
         }
-        known.insert(key, (statement, backend));
-        Ok(backend)
+        known.insert(key, (statement, session.clone()));
+        Ok(session)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, (PgStatement, Backend)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
         self.known.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::backend::{Backend, Backends, CANCEL, IN_TRANSACTION};
+use super::limit::{Change, SessionLimit};
 use super::sql::{Access, begin_sql, commit_sql};
 use super::{Check, DbError, End, Statements, classify};
 use crate::deadline::Deadline;
@@ -77,6 +78,9 @@ pub(super) struct Job {
     pub(super) backends: Arc<Backends>,
     /// This transaction's backend, once its connection is known (cancels aim at it).
     pub(super) backend: OnceLock<Backend>,
+    /// The limit this transaction sent, if the one in force did not serve: in force on
+    /// the session once it commits, undone once it rolls back.
+    pub(super) limit_sent: OnceLock<Change>,
     /// Cancelled when the caller's future is dropped.
     pub(super) stop: CancellationToken,
     /// Whether the schema can leave work to COMMIT (then it is fired before it).
@@ -268,11 +272,14 @@ impl Job {
         if self.stop.is_cancelled() {
             return Some(answer); // The caller left while we waited for the pool.
         }
-        if let Err(failure) = self.identify(conn).await {
-            answer.send(|| Err(failure()));
-            return None;
-        }
-        if let Err(failure) = self.begin(conn).await {
+        let limit = match self.identify(conn).await {
+            Ok(limit) => limit,
+            Err(failure) => {
+                answer.send(|| Err(failure()));
+                return None;
+            }
+        };
+        if let Err(failure) = self.begin(conn, &limit).await {
             answer.send(|| Err(failure()));
             return None;
         }
@@ -315,15 +322,15 @@ impl Job {
     /// transaction but a connection's first. A connection whose backend could not be
     /// learned in time, or whose caller left meanwhile, is closed: a statement cut
     /// halfway leaves it out of step, and nothing else would stop its backend.
-    async fn identify(&self, conn: &mut Conn) -> Result<(), Failure<'_>> {
+    async fn identify(&self, conn: &mut Conn) -> Result<Arc<SessionLimit>, Failure<'_>> {
         let learned = tokio::select! {
             learned = timeout_at(self.deadline.instant(), self.backends.of(conn)) => learned.ok(),
             () = self.stop.cancelled() => None,
         };
         match learned {
-            Some(Ok(backend)) => {
-                let _ = self.backend.set(backend);
-                Ok(())
+            Some(Ok(session)) => {
+                let _ = self.backend.set(session.backend);
+                Ok(session.limit)
             }
             Some(Err(err)) => {
                 conn.close_on_drop();
@@ -336,9 +343,14 @@ impl Job {
         }
     }
 
-    /// `BEGIN` with this transaction's limit, in one round trip.
-    async fn begin(&self, conn: &mut Conn) -> Result<(), Failure<'_>> {
-        let sql = begin_sql(self.access, server_limit(self.deadline.remaining()));
+    /// `BEGIN`, with this transaction's limit where the one in force on the session
+    /// does not serve it, in one round trip.
+    async fn begin(&self, conn: &mut Conn, limit: &Arc<SessionLimit>) -> Result<(), Failure<'_>> {
+        let change = limit.plan(server_limit(self.deadline.remaining()));
+        let sql = begin_sql(self.access, change.as_ref().map(Change::ms));
+        if let Some(change) = change {
+            let _ = self.limit_sent.set(change);
+        }
         let begun = {
             let batch = sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut **conn);
             self.guarded(batch, CLEANUP_GRACE).await
@@ -472,7 +484,12 @@ impl Job {
         match sent {
             // Committed, even if a cancel arrived after the commit record (PostgreSQL
             // holds interrupts from there on and completes the COMMIT).
-            Guarded::Finished { output: Ok(_), .. } => answer.send(|| Ok(value)),
+            Guarded::Finished { output: Ok(_), .. } => {
+                if let Some(change) = self.limit_sent.get() {
+                    change.committed();
+                }
+                answer.send(|| Ok(value));
+            }
             Guarded::Finished {
                 output: Err(err), ..
             } if proves_rollback(&err) => {
@@ -546,7 +563,12 @@ impl Job {
             )
             .await;
             match sent {
-                Ok(Ok(_)) => return,
+                Ok(Ok(_)) => {
+                    if let Some(change) = self.limit_sent.get() {
+                        change.rolled_back();
+                    }
+                    return;
+                }
                 Ok(Err(sqlx::Error::Database(err))) if err.code().as_deref() == Some("57014") => {}
                 _ => break,
             }
@@ -596,10 +618,12 @@ fn proves_rollback(err: &sqlx::Error) -> bool {
 
 /// The server-side limit for a step with `left` of the budget: a little less, so the
 /// server stops first, and at least 1 ms (0 would mean "no limit").
-fn server_limit(left: Duration) -> u128 {
-    left.saturating_sub(SERVER_MARGIN)
+fn server_limit(left: Duration) -> u64 {
+    let ms = left
+        .saturating_sub(SERVER_MARGIN)
         .max(Duration::from_millis(1))
-        .as_millis()
+        .as_millis();
+    u64::try_from(ms).unwrap_or(u64::MAX / 2)
 }
 
 /// Counts a request waiting for a connection, also when its future is dropped.

@@ -1,6 +1,9 @@
 //! The legacy and observe paths of [`Db`]: a transaction as code without the
 //! technique writes it, for the before/after comparison and a safe rollout.
 
+use sqlx::Connection as _;
+use sqlx::postgres::PgConnection;
+
 use super::{Db, DbError, End, Statements, classify};
 use crate::deadline::Deadline;
 use crate::stage::Stage;
@@ -19,10 +22,17 @@ impl Db {
         let observed = observe.then_some(deadline);
         let unbounded = Deadline::after(deadline.legacy_timeout());
         let started = tokio::time::Instant::now();
-        let begun = tokio::time::timeout(deadline.legacy_timeout(), self.pool.begin()).await;
-        let mut tx = begun
+        let acquired = tokio::time::timeout(deadline.legacy_timeout(), self.pool.acquire()).await;
+        let mut conn = acquired
             .unwrap_or(Err(sqlx::Error::PoolTimedOut))
             .map_err(|err| classify(err, &unbounded, Stage::DbPool))?;
+        self.without_limit(&mut conn)
+            .await
+            .map_err(|err| classify(err, &unbounded, Stage::Db))?;
+        let mut tx = conn
+            .begin()
+            .await
+            .map_err(|err| classify(err, &unbounded, Stage::Db))?;
         let mut counted = false;
         if let Some(deadline) = observed {
             let reason = if started.elapsed() > self.config.acquire_timeout {
@@ -45,6 +55,21 @@ impl Db {
             Err(err) => return Err(classify(err, &unbounded, Stage::Db)),
         };
         Ok(value)
+    }
+
+    /// Resets a session that may carry a limit a propagate transaction left (see
+    /// `limit.rs`) to the server's own, outside any transaction, so the legacy
+    /// transaction runs as code without the technique would. Known sessions with the
+    /// server's own value cost no I/O; each session is reset at most once per switch.
+    async fn without_limit(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        let session = self.backends.of(conn).await?;
+        if session.limit.needs_reset() {
+            sqlx::raw_sql("SET statement_timeout = DEFAULT")
+                .execute(&mut *conn)
+                .await?;
+            session.limit.was_reset();
+        }
+        Ok(())
     }
 }
 

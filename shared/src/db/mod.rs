@@ -25,18 +25,21 @@
 //! 1. `db_pool`: waits for a pooled connection for at most the remaining time and at
 //!    most the pool's acquire timeout (the early-rejection threshold: a saturated or
 //!    unreachable database is a quick 503, not a slow 504);
-//! 2. `db`: sends `BEGIN` and `SET LOCAL statement_timeout` to what is left *after*
-//!    that wait, in one round trip of utility statements (a connection's first
-//!    transaction first learns which server process carries it, once); a budget that
-//!    the wait used up starts no statement at all;
+//! 2. `db`: sends `BEGIN`, with `SET statement_timeout` to what is left *after* that
+//!    wait where the limit in force on the session does not fit it (`limit.rs`), in
+//!    one round trip of utility statements (a connection's first transaction first
+//!    learns which server process carries it, once); a budget that the wait used up
+//!    starts no statement at all;
 //! 3. runs the body's statements: the server stops a statement that waits on a lock or
 //!    runs long at the deadline (SQLSTATE 57014, mapped to 504 `db`);
 //! 4. commits or rolls back, as the body says.
 //!
-//! No limit is set per connection: the mode switches at run time, and a connection
-//! serves requests of every mode. What a per-connection backstop would catch, a
-//! transaction left open, cannot happen: the task that owns the connection closes it,
-//! rather than return it, when the body panics or a statement will not end.
+//! The limit is the session's, kept while it fits: a `SET LOCAL` in every transaction
+//! was a few per cent of the database's CPU. The mode switches at run time and a
+//! connection serves requests of every mode, so a legacy transaction first resets a
+//! session the technique may have touched. What a per-connection backstop would catch,
+//! a transaction left open, cannot happen: the task that owns the connection closes
+//! it, rather than return it, when the body panics or a statement will not end.
 //!
 //! # Why each transaction is a job that is never dropped halfway
 //!
@@ -64,6 +67,7 @@ mod backend;
 mod error;
 mod job;
 mod legacy;
+mod limit;
 pub(crate) mod schema;
 pub(crate) mod sql;
 
@@ -341,9 +345,10 @@ impl Db {
     /// ```
     pub fn connect_lazy(url: &str, config: DbConfig) -> Result<Self, sqlx::Error> {
         let options: PgConnectOptions = url.parse()?;
-        // No per-connection deadline limits: the mode can switch at run time, and a
-        // connection outlives many requests of either mode. Each propagate transaction
-        // sets its own limit; legacy sets none, as code without the technique would.
+        // No deadline limit in the startup options: the mode can switch at run time,
+        // and a connection outlives many requests of either mode. A propagate
+        // transaction sets the session's limit where the one in force does not fit
+        // (`limit.rs`); legacy resets it, as code without the technique would run.
         // What every session carries are the bounds for a silent network (see
         // `DbConfig`), the same in every mode. The pool's own acquire limit stays
         // sqlx's: propagate bounds each acquire by `min(acquire_timeout, remaining)`,
@@ -549,6 +554,7 @@ impl Db {
             access,
             backends: self.backends.clone(),
             backend: OnceLock::new(),
+            limit_sent: OnceLock::new(),
             stop: stop.clone(),
             deferred: self.deferred.possible(),
             cancel_unsettled: AtomicBool::new(false),

@@ -13,19 +13,24 @@ pub enum Access {
     ReadOnly,
 }
 
-/// The batch that opens a transaction: `BEGIN` and the statement limit, in one round
-/// trip of utility statements.
+/// The batch that opens a transaction: `BEGIN`, and the statement limit where the one
+/// in force on the session does not serve (`limit_ms`; see `limit.rs`), in one round
+/// trip of utility statements. The limit is the session's (no `LOCAL`): in force after
+/// COMMIT for the next transaction whose budget is alike, undone by ROLLBACK.
 ///
 /// `statement_timeout` also bounds lock waits (a statement waiting on a lock is still
 /// running), so no `lock_timeout` is set beside it. Nothing names the transaction: a
 /// cancel finds its backend by the connection (see `backend.rs`).
-pub fn begin_sql(access: Access, limit_ms: u128) -> String {
+pub fn begin_sql(access: Access, limit_ms: Option<u64>) -> String {
     let mode = match access {
         Access::ReadWrite => "",
         Access::ReadOnly => " READ ONLY",
     };
-    // A simple query takes no bind parameters; the value is an integer.
-    format!("BEGIN{mode}; SET LOCAL statement_timeout = {limit_ms}")
+    match limit_ms {
+        // A simple query takes no bind parameters; the value is an integer.
+        Some(limit_ms) => format!("BEGIN{mode}; SET statement_timeout = {limit_ms}"),
+        None => format!("BEGIN{mode}"),
+    }
 }
 
 /// The batch that commits. Where the schema can leave work to COMMIT (`deferred`, see
@@ -34,8 +39,9 @@ pub fn begin_sql(access: Access, limit_ms: u128) -> String {
 /// `COMMIT`. PostgreSQL switches the statement timer off before it commits, so deferred
 /// work left to `COMMIT` itself would run unbounded; fired by `SET CONSTRAINTS ALL
 /// IMMEDIATE` it is stopped at the deadline and the transaction rolls back. Where the
-/// schema has no such work, `COMMIT` alone: the timer would bound nothing in it.
-pub fn commit_sql(deferred: bool, limit_ms: u128) -> String {
+/// schema has no such work, `COMMIT` alone: the timer would bound nothing in it. This
+/// limit is `LOCAL`: it ends with the transaction, and the session's stays in force.
+pub fn commit_sql(deferred: bool, limit_ms: u64) -> String {
     if deferred {
         format!("SET LOCAL statement_timeout = {limit_ms}; SET CONSTRAINTS ALL IMMEDIATE; COMMIT")
     } else {
