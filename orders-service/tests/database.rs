@@ -133,14 +133,7 @@ async fn the_database_limits_follow_the_mode_in_force_not_the_one_at_start_up() 
     // Started in propagate (the default), switched to legacy: legacy now runs as code
     // without the technique, with no server-side limit left over from start-up.
     let app = spawn_app_with(|config| config.deadline_max_ms = 300).await;
-    let switched = app
-        .client
-        .put(format!("{}/admin/mode", app.admin))
-        .json(&serde_json::json!({"mode": "legacy"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(switched.status(), StatusCode::OK);
+    app.switch_mode("legacy").await;
     let deadline = deadline_in(DeadlineMode::Legacy, MS(300));
     let slept = app
         .state
@@ -259,14 +252,7 @@ async fn a_legacy_transaction_does_not_run_under_a_limit_propagate_left_on_its_s
         app.order("SKU-00023", 1, Some(300)).await.status(),
         StatusCode::CREATED
     );
-    let switched = app
-        .client
-        .put(format!("{}/admin/mode", app.admin))
-        .json(&serde_json::json!({"mode": "legacy"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(switched.status(), StatusCode::OK);
+    app.switch_mode("legacy").await;
     let deadline = deadline_in(DeadlineMode::Legacy, MS(300));
     let read = app
         .state

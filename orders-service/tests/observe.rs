@@ -62,14 +62,7 @@ async fn observe_refuses_nowhere_in_the_chain_counts_at_every_hop_and_propagate_
     assert!(counted >= 1.0, "catalog-service ingress: {counted}");
 
     // Propagate, switched through the admin API: the same order is a 504 within the budget.
-    let switched = app
-        .client
-        .put(format!("{}/admin/mode", app.admin))
-        .json(&json!({"mode": "propagate"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(switched.status(), StatusCode::OK);
+    app.switch_mode("propagate").await;
     let rows = app.order_rows().await;
     let (status, took, body) = timed_order(&app).await;
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");

@@ -221,6 +221,22 @@ impl TestApp {
             .into()
     }
 
+    /// Switches the mode at run time through the admin API, as an operator does.
+    pub async fn switch_mode(&self, mode: &str) {
+        let switched = self
+            .client
+            .put(format!("{}/admin/mode", self.admin))
+            .json(&json!({"mode": mode}))
+            .send()
+            .await
+            .expect("admin request sent");
+        assert_eq!(
+            switched.status(),
+            reqwest::StatusCode::OK,
+            "switching to {mode}"
+        );
+    }
+
     pub async fn order_rows(&self) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM orders")
             .fetch_one(&self.side)
