@@ -159,7 +159,7 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
         let mut order = MODES;
         order.rotate_left(repeat as usize % MODES.len());
         for mode in order {
-            let database = format!("cost_{repeat}_{mode}");
+            let database = format!("cost_{repeat}_{}", mode.replace('-', "_"));
             let url = fresh_database(&cluster, &database).await?;
             let mut conn = sqlx::PgConnection::connect(&url).await?;
             orders_service::MIGRATOR.run(&mut conn).await?;
