@@ -111,7 +111,7 @@ pub fn script(mode: &str, deferred: bool) -> String {
         .replace("$4", "100")
         .replace("$5", "NULL");
     let (begin, commit) = match mode {
-        "legacy" => ("BEGIN".to_owned(), "COMMIT".to_owned()),
+        "legacy" => ("BEGIN".into(), "COMMIT".into()),
         "propagate" => (
             begin_sql(Access::ReadWrite, None),
             commit_sql(deferred, LIMIT_MS),
@@ -121,7 +121,7 @@ pub fn script(mode: &str, deferred: bool) -> String {
             commit_sql(deferred, LIMIT_MS),
         ),
     };
-    let compound = |sql: String| sql.replace("; ", " \\; ");
+    let compound = |sql: std::borrow::Cow<str>| sql.replace("; ", " \\; ");
     format!(
         "\\set sku random(1, 1000)\n{};\n{};\n{};\n",
         compound(begin),

@@ -8,23 +8,23 @@
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::FutureExt as _;
+use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgDatabaseError, PgPool, PgSeverity};
-use sqlx::{AssertSqlSafe, Postgres};
 use tokio::sync::oneshot;
-use tokio::time::{Instant, timeout, timeout_at};
+use tokio::time::{Instant, Sleep, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::backend::{Backend, Backends, CANCEL, IN_TRANSACTION};
 use super::limit::{Change, SessionLimit};
-use super::sql::{Access, begin_sql, commit_sql};
+use super::sql::{Access, batch, begin_sql, commit_sql};
 use super::{Check, DbError, End, Statements, classify};
 use crate::deadline::Deadline;
 use crate::metrics::DbMetrics;
@@ -272,6 +272,9 @@ impl Job {
         if self.stop.is_cancelled() {
             return Some(answer); // The caller left while we waited for the pool.
         }
+        // One timer at the deadline for every step of the transaction: each step waits
+        // on it in turn, so it is registered with the runtime once, not once a step.
+        let mut alarm = pin!(tokio::time::sleep_until(self.deadline.instant()));
         let limit = match self.identify(conn).await {
             Ok(limit) => limit,
             Err(failure) => {
@@ -279,13 +282,14 @@ impl Job {
                 return None;
             }
         };
-        if let Err(failure) = self.begin(conn, &limit).await {
+        if let Err(failure) = self.begin(conn, &limit, alarm.as_mut()).await {
             answer.send(|| Err(failure()));
             return None;
         }
         let ran = {
             let statements = body(conn);
-            self.guarded(statements, CLEANUP_GRACE).await
+            self.guarded(statements, CLEANUP_GRACE, alarm.as_mut())
+                .await
         };
         let (output, cancelled) = match ran {
             Guarded::Finished { output, cancelled } => (output, cancelled),
@@ -314,7 +318,7 @@ impl Job {
             self.rollback(conn).await;
             return None;
         }
-        self.commit(conn, value, check, answer).await;
+        self.commit(conn, value, check, answer, alarm).await;
         None
     }
 
@@ -345,15 +349,20 @@ impl Job {
 
     /// `BEGIN`, with this transaction's limit where the one in force on the session
     /// does not serve it, in one round trip.
-    async fn begin(&self, conn: &mut Conn, limit: &Arc<SessionLimit>) -> Result<(), Failure<'_>> {
+    async fn begin(
+        &self,
+        conn: &mut Conn,
+        limit: &Arc<SessionLimit>,
+        alarm: Pin<&mut Sleep>,
+    ) -> Result<(), Failure<'_>> {
         let change = limit.plan(server_limit(self.deadline.remaining()));
         let sql = begin_sql(self.access, change.as_ref().map(Change::ms));
         if let Some(change) = change {
             let _ = self.limit_sent.set(change);
         }
         let begun = {
-            let batch = sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut **conn);
-            self.guarded(batch, CLEANUP_GRACE).await
+            let sent = batch(sql).execute(&mut **conn);
+            self.guarded(sent, CLEANUP_GRACE, alarm).await
         };
         let exceeded: Failure<'_> = Box::new(|| self.deadline.exceeded(Stage::Db).into());
         match begun {
@@ -381,8 +390,8 @@ impl Job {
         }
     }
 
-    /// Runs `statement` to its end. If the deadline passes or the caller goes away
-    /// first, the statement is cancelled on the server, again every [`RECANCEL_EVERY`]
+    /// Runs `statement` to its end. If the deadline passes (`alarm`) or the caller goes
+    /// away first, the statement is cancelled on the server, again every [`RECANCEL_EVERY`]
     /// until it comes back (the body may start another statement after a cancel found
     /// the backend idle), and read to its end anyway, so the connection stays in step.
     /// Only if even that takes until `give_up_after` past the first cancel is the
@@ -391,12 +400,13 @@ impl Job {
         &self,
         statement: F,
         give_up_after: Duration,
+        alarm: Pin<&mut Sleep>,
     ) -> Guarded<F::Output> {
         let mut statement = pin!(statement);
         tokio::select! {
             biased;
             output = &mut statement => return Guarded::Finished { output, cancelled: false },
-            () = tokio::time::sleep_until(self.deadline.instant()) => {}
+            () = alarm => {}
             () = self.stop.cancelled() => {}
         }
         let give_up = Instant::now() + give_up_after;
@@ -464,6 +474,7 @@ impl Job {
         value: T,
         check: Option<Check>,
         mut answer: Answer<'_, T>,
+        alarm: Pin<&mut Sleep>,
     ) {
         let left = self.deadline.remaining();
         // From the COMMIT on, its outcome is this job's to tell, so the answer is claimed
@@ -477,9 +488,9 @@ impl Job {
         let sql = commit_sql(self.deferred, server_limit(left));
         let _no_return = self.deadline.point_of_no_return();
         let sent = {
-            let batch = sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut **conn);
+            let sent = batch(sql).execute(&mut **conn);
             // Cancelled at the deadline, its outcome awaited for the grace at most.
-            self.guarded(batch, COMMIT_GRACE).await
+            self.guarded(sent, COMMIT_GRACE, alarm).await
         };
         match sent {
             // Committed, even if a cancel arrived after the commit record (PostgreSQL

@@ -4,6 +4,8 @@
 //! set_config(...)` would cost both). Kept apart from the task that sends them so that
 //! a benchmark (`testing::begin_sql`) can time exactly these statements with pgbench.
 
+use std::borrow::Cow;
+
 /// Read-write or read-only: whether the transaction is opened `READ ONLY`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
@@ -21,15 +23,16 @@ pub enum Access {
 /// `statement_timeout` also bounds lock waits (a statement waiting on a lock is still
 /// running), so no `lock_timeout` is set beside it. Nothing names the transaction: a
 /// cancel finds its backend by the connection (see `backend.rs`).
-pub fn begin_sql(access: Access, limit_ms: Option<u64>) -> String {
-    let mode = match access {
-        Access::ReadWrite => "",
-        Access::ReadOnly => " READ ONLY",
+pub fn begin_sql(access: Access, limit_ms: Option<u64>) -> Cow<'static, str> {
+    let begin = match access {
+        Access::ReadWrite => "BEGIN",
+        Access::ReadOnly => "BEGIN READ ONLY",
     };
     match limit_ms {
         // A simple query takes no bind parameters; the value is an integer.
-        Some(limit_ms) => format!("BEGIN{mode}; SET statement_timeout = {limit_ms}"),
-        None => format!("BEGIN{mode}"),
+        Some(limit_ms) => format!("{begin}; SET statement_timeout = {limit_ms}").into(),
+        // The usual case: no text to build.
+        None => begin.into(),
     }
 }
 
@@ -41,10 +44,19 @@ pub fn begin_sql(access: Access, limit_ms: Option<u64>) -> String {
 /// IMMEDIATE` it is stopped at the deadline and the transaction rolls back. Where the
 /// schema has no such work, `COMMIT` alone: the timer would bound nothing in it. This
 /// limit is `LOCAL`: it ends with the transaction, and the session's stays in force.
-pub fn commit_sql(deferred: bool, limit_ms: u64) -> String {
+pub fn commit_sql(deferred: bool, limit_ms: u64) -> Cow<'static, str> {
     if deferred {
         format!("SET LOCAL statement_timeout = {limit_ms}; SET CONSTRAINTS ALL IMMEDIATE; COMMIT")
+            .into()
     } else {
-        "COMMIT".to_owned()
+        "COMMIT".into()
+    }
+}
+
+/// Runs one of the batches above as a simple query (a text made here is checked SQL).
+pub(super) fn batch(sql: Cow<'static, str>) -> sqlx::RawSql {
+    match sql {
+        Cow::Borrowed(sql) => sqlx::raw_sql(sql),
+        Cow::Owned(sql) => sqlx::raw_sql(sqlx::AssertSqlSafe(sql)),
     }
 }
