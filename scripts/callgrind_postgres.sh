@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# PostgreSQL's own instructions per order transaction, legacy against propagate: a
+# PostgreSQL's own instructions per order transaction, legacy against propagate (the
+# session's limit reused, as with alike budgets) and propagate-each (a limit sent by
+# every transaction, the bound on what it can cost): a
 # throwaway server under callgrind (every backend it forks is counted, each into a file
 # of its own), and pgbench sending each mode's transaction as `cargo xtask cost` writes
 # it, over one connection, N1 and then N2 times; the difference of the two backends'
@@ -19,7 +21,7 @@ PORT=${PORT:-25499}
 BIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
 rm -rf "$OUT" && mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-# The two transactions, exactly as `cargo xtask cost` sends them (one second of it).
+# The transactions, exactly as `cargo xtask cost` sends them (one second of it).
 cargo xtask cost --repeat 1 --seconds 1 --out "$OUT/cost" >/dev/null
 chown -R postgres "$OUT"
 runuser -u postgres -- "$BIN/initdb" -D "$OUT/data" -A trust -U postgres >/dev/null
@@ -52,7 +54,7 @@ backend_total() {  # runs $1.sql $2 times; prints the total of the backend that 
         grep -E '^(summary|totals):' "$file" | head -1 | awk '{print $2}'
     done | sort -n | tail -1
 }
-for mode in legacy propagate legacy propagate; do
+for mode in legacy propagate propagate-each legacy propagate propagate-each; do
     a=$(backend_total "$mode" "$N1"); b=$(backend_total "$mode" "$N2")
     echo "$mode: $(( (b - a) / (N2 - N1) )) instructions per transaction"
 done

@@ -154,12 +154,13 @@ impl StageLog {
 /// from integers: every response carries a few, and formatting them as floats cost
 /// more than the rest of the header.
 #[cfg(feature = "axum")]
-struct Tenths(u128);
+struct Tenths(u64);
 
 #[cfg(feature = "axum")]
 impl Tenths {
     fn of(d: Duration) -> Self {
-        Self((d.as_nanos() + 50_000) / 100_000)
+        let tenths = (d.as_nanos() + 50_000) / 100_000;
+        Self(u64::try_from(tenths).unwrap_or(u64::MAX))
     }
 }
 

@@ -99,9 +99,9 @@ impl Backends {
         if let Some((_, session)) = self.lock().get(&key) {
             return Ok(session.clone());
         }
-        let (pid, started_us) = sqlx::query_as::<_, (i32, i64)>(IDENTIFY)
-            .fetch_one(&mut *conn)
-            .await?;
+        // Once per connection: boxed, so that the usual path's future stays small.
+        let (pid, started_us) =
+            Box::pin(sqlx::query_as::<_, (i32, i64)>(IDENTIFY).fetch_one(&mut *conn)).await?;
         let session = Session {
             backend: Backend { pid, started_us },
             limit: Arc::new(SessionLimit::unknown()),

@@ -410,6 +410,18 @@ impl Job {
             () = self.stop.cancelled() => {}
         }
         let give_up = Instant::now() + give_up_after;
+        // The cancel path is boxed: it is rare, and sqlx's futures are large, so left
+        // inline they would make every step's future (moved by value as the happy path
+        // runs) as large as the cancel's.
+        Box::pin(self.cancel_until_ended(statement, give_up)).await
+    }
+
+    /// [`guarded`](Self::guarded) past the deadline: cancels until the statement ends.
+    async fn cancel_until_ended<F: Future>(
+        &self,
+        mut statement: Pin<&mut F>,
+        give_up: Instant,
+    ) -> Guarded<F::Output> {
         loop {
             // The statement is read while the cancel is on its way; a cancel in flight is
             // awaited even when the statement ends first, so none is left behind.
@@ -512,7 +524,8 @@ impl Job {
             } => {
                 tracing::warn!(error = %err, "the connection failed during COMMIT");
                 conn.close_on_drop();
-                let learned = self.learn_outcome(check).await;
+                // Boxed, as the cancel path is: rare, and large.
+                let learned = Box::pin(self.learn_outcome(check)).await;
                 answer.send(|| learned.map(|()| value));
             }
             Guarded::Abandoned => {
