@@ -249,7 +249,7 @@ async fn the_limit_in_force_is_never_later_than_what_is_left_whatever_ran_before
 async fn a_legacy_transaction_does_not_run_under_a_limit_propagate_left_on_its_session() {
     let app = spawn_app_with(|config| config.db_pool_max_connections = 1).await;
     assert_eq!(
-        app.order("SKU-00023", 1, Some(300)).await.status(),
+        app.order("SKU-00023", 1, Some(500)).await.status(),
         StatusCode::CREATED
     );
     app.switch_mode("legacy").await;
