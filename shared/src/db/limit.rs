@@ -8,10 +8,9 @@
 //! per order transaction (parsing the statement, the utility portal, the settings
 //! stack, and at the end of the transaction a walk over every setting), and 4 to 6 % of
 //! pgbench's throughput in runs here (docs/experiment.md#the-cost-of-the-technique). A
-//! limit set
-//! for the session stays in force after COMMIT, so the next transaction on that
-//! session, whose budget is alike (most requests carry the same budget, or the ingress
-//! default), sends none.
+//! limit set for the session stays in force after COMMIT, so the next transaction on
+//! that session, whose budget is alike (most requests carry the same budget, or the
+//! ingress default), sends none.
 //!
 //! # What a limit in force promises
 //!
