@@ -647,6 +647,8 @@ fn server_limit(left: Duration) -> u64 {
         .saturating_sub(SERVER_MARGIN)
         .max(Duration::from_millis(1))
         .as_millis();
+    // A budget is clamped to seconds at the ingress, so this never saturates; were it
+    // to, the value stays clear of the `u64::MAX` that `limit.rs` keeps for "unknown".
     u64::try_from(ms).unwrap_or(u64::MAX / 2)
 }
 
