@@ -1,7 +1,7 @@
 //! [`Job`]: one transaction on a task that owns its connection (see the module docs of
 //! [`db`](super) for why).
 //!
-//! The job answers its caller through a oneshot channel as soon as the answer is known,
+//! The job answers its caller through their [`Handoff`] as soon as the answer is known,
 //! then finishes its cleanup: the cancelled statement's error read, `ROLLBACK` sent, the
 //! connection back in the pool in step with the server (or closed, when that cannot be
 //! made sure of).
@@ -10,16 +10,16 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::FutureExt as _;
+use futures_util::task::AtomicWaker;
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgDatabaseError, PgPool, PgSeverity};
-use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep, timeout, timeout_at};
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::backend::{Backend, Backends, CANCEL, IN_TRANSACTION};
@@ -66,7 +66,7 @@ const CANCEL_TIMEOUT: Duration = Duration::from_millis(500);
 const OUTCOME_POLL: Duration = Duration::from_millis(5);
 
 /// Everything one transaction needs, moved onto its task.
-pub(super) struct Job {
+pub(super) struct Job<T> {
     pub(super) pool: PgPool,
     /// Cancels, and learns outcomes, on connections of its own.
     pub(super) side_pool: PgPool,
@@ -81,29 +81,50 @@ pub(super) struct Job {
     /// The limit this transaction sent, if the one in force did not serve: in force on
     /// the session once it commits, undone once it rolls back.
     pub(super) limit_sent: OnceLock<Change>,
-    /// Cancelled when the caller's future is dropped.
-    pub(super) stop: CancellationToken,
     /// Whether the schema can leave work to COMMIT (then it is fired before it).
     pub(super) deferred: bool,
     /// A cancel was sent whose outcome is unknown: the connection must not be reused.
     pub(super) cancel_unsettled: AtomicBool,
-    /// Who answers the caller, and how far the job got (shared with the caller).
-    pub(super) handoff: Arc<Handoff>,
+    /// Who answers the caller, the answer, how far the job got, and whether the caller
+    /// has stopped waiting (shared with the caller).
+    pub(super) handoff: Arc<Handoff<T>>,
 }
 
-/// What the caller and its job share. Exactly one of them answers: the job, when it
-/// knows the outcome in time, or the caller, at the deadline, when it does not. The one
-/// that claims the answer first counts it and records its stage time; the other stays
-/// silent. The job claims it before it sends COMMIT, so a COMMIT's outcome is always
-/// the job's to tell, and a caller at its deadline then waits for it.
-#[derive(Debug, Default)]
-pub(super) struct Handoff {
+/// What the caller and its job share, in one allocation. Exactly one of them answers:
+/// the job, when it knows the outcome in time, or the caller, at the deadline, when it
+/// does not. The one that claims the answer first counts it and records its stage time;
+/// the other stays silent. The job claims it before it sends COMMIT, so a COMMIT's
+/// outcome is always the job's to tell, and a caller at its deadline then waits for it.
+///
+/// Why not a channel and a cancellation token: a transaction that ends in time is
+/// polled by its caller (`Detach` in `mod.rs`), so its answer is read right after the
+/// poll that wrote it and needs no waker of its own; and only the caller ever stops the
+/// job, once. A oneshot channel, a `CancellationToken` (a mutex behind every clone,
+/// drop and wait) and the claim each made an allocation and their own bookkeeping on
+/// every order; this is one allocation and a few atomics.
+pub(super) struct Handoff<T> {
     answered: AtomicBool,
     /// When the job had its connection: the `db` stage began (unset: still `db_pool`).
     connected_at: OnceLock<Instant>,
+    /// The answer, from the job that claimed it to the caller that reads it.
+    answer: Mutex<Option<Result<T, DbError>>>,
+    /// The caller has gone (its future dropped) or answered at its deadline.
+    stopped: AtomicBool,
+    /// The job's task, woken when the caller stops.
+    job_waker: AtomicWaker,
 }
 
-impl Handoff {
+impl<T> Handoff<T> {
+    pub(super) fn new() -> Self {
+        Self {
+            answered: AtomicBool::new(false),
+            connected_at: OnceLock::new(),
+            answer: Mutex::new(None),
+            stopped: AtomicBool::new(false),
+            job_waker: AtomicWaker::new(),
+        }
+    }
+
     /// Takes the answer for whoever calls first; `false` for every later call.
     pub(super) fn claim(&self) -> bool {
         !self.answered.swap(true, Ordering::AcqRel)
@@ -124,6 +145,50 @@ impl Handoff {
             deadline.log().record(Stage::Db, started.elapsed());
         }
     }
+
+    /// The answer, once the job has given it (the caller reads it after each poll).
+    pub(super) fn take_answer(&self) -> Option<Result<T, DbError>> {
+        lock(&self.answer).take()
+    }
+
+    /// The job's answer; only the one that claimed it gives it.
+    fn give_answer(&self, result: Result<T, DbError>) {
+        *lock(&self.answer) = Some(result);
+    }
+
+    /// Tells the job that nobody waits for its answer any more: it stops its statement
+    /// on the server and cleans up by itself.
+    pub(super) fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.job_waker.wake();
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the caller has stopped.
+    fn stopped(&self) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(|cx| {
+            if self.is_stopped() {
+                return Poll::Ready(());
+            }
+            self.job_waker.register(cx.waker());
+            // Checked again: a stop between the first check and the registration woke
+            // whoever was registered before.
+            if self.is_stopped() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+    }
+}
+
+/// The slot's lock. A panic while it is held cannot leave a half-written answer (it
+/// holds an `Option`, replaced whole), so a poisoned lock is used as it is.
+fn lock<T>(slot: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 type Conn = PoolConnection<Postgres>;
@@ -131,16 +196,13 @@ type Conn = PoolConnection<Postgres>;
 /// A failed step's error, made only if it is the answer: making it counts a deadline
 /// (`deadline_exceeded_total`), which must happen once per request, by whoever answers.
 type Failure<'a> = Box<dyn FnOnce() -> DbError + Send + 'a>;
-type Responder<T> = oneshot::Sender<Result<T, DbError>>;
-
-/// The caller's reply. It is sent only if the job claims the answer (see [`Handoff`]);
+/// The caller's reply. It is given only if the job claims the answer (see [`Handoff`]);
 /// the result is made only then, so a deadline the caller has already answered is not
-/// counted twice. Sending writes the `db` stage's time into the request's log: the
+/// counted twice. Giving it writes the `db` stage's time into the request's log: the
 /// handler builds its response (and `Server-Timing`) as soon as the answer arrives,
 /// while this task may still be rolling back or returning the connection.
 struct Answer<'a, T> {
-    reply: Responder<T>,
-    handoff: &'a Handoff,
+    handoff: &'a Handoff<T>,
     deadline: &'a Deadline,
     claimed: bool,
 }
@@ -159,7 +221,7 @@ impl<T> Answer<'_, T> {
         }
         self.handoff.record_db(self.deadline);
         // A caller that has gone reads nothing; there is no one to tell.
-        drop(self.reply.send(result()));
+        self.handoff.give_answer(result());
     }
 }
 
@@ -172,21 +234,19 @@ enum Guarded<O> {
     Abandoned,
 }
 
-impl Job {
-    /// Runs the whole transaction and answers on `reply` (at most once, and only if the
-    /// caller has not answered itself at its deadline).
-    pub(super) async fn run<T, B: Statements<T>>(self, body: B, reply: Responder<T>) {
-        // The steps are boxed before they are wrapped (span, unwind guard): a wrapper
-        // moves what it wraps by value, and a transaction's future is kilobytes, so
-        // this future stays small and each wrapper moves a pointer.
-        let waited = Box::pin(self.acquire());
-        let acquired =
-            Instrument::instrument(waited, self.deadline.stage_span(Stage::DbPool)).await;
+impl<T: Send> Job<T> {
+    /// Runs the whole transaction and answers through the handoff (at most once, and
+    /// only if the caller has not answered itself at its deadline).
+    pub(super) async fn run<B: Statements<T>>(self, body: B) {
+        let acquired = self
+            .acquire()
+            .instrument(self.deadline.stage_span(Stage::DbPool))
+            .await;
         let mut conn = match acquired {
             Ok(conn) => conn,
             Err(err) => {
                 if self.handoff.claim() {
-                    drop(reply.send(Err(err())));
+                    self.handoff.give_answer(Err(err()));
                 }
                 return;
             }
@@ -197,11 +257,12 @@ impl Job {
         let _ = self.handoff.connected_at.set(Instant::now());
         let span = self.deadline.stage_span(Stage::Db);
         let answer = Answer {
-            reply,
             handoff: &self.handoff,
             deadline: &self.deadline,
             claimed: false,
         };
+        // Boxed before it is wrapped (span, unwind guard): a wrapper moves what it wraps
+        // by value, so each moves a pointer.
         let transacted = Box::pin(self.transact(&mut conn, body, answer));
         // A body that panics mid-transaction must not hand its connection back with the
         // transaction open (holding its locks, for the next request to run in): the
@@ -240,7 +301,12 @@ impl Job {
         let _waiting = self.metrics.as_ref().map(Pending::enter);
         let started = Instant::now();
         let until = deadline.instant().min(started + self.acquire_timeout);
-        let acquired = timeout_at(until, self.pool.acquire()).await;
+        // sqlx's wait for a connection is a future of kilobytes (it holds a whole
+        // connect). Moved by value, it was copied with every future that held it; boxed
+        // the usual way, once from the stack into the box. Written into a box allocated
+        // first, it is made where it stays.
+        let waited = Box::write(Box::new_uninit(), self.pool.acquire());
+        let acquired = timeout_at(until, Box::into_pin(waited)).await;
         deadline.log().record(Stage::DbPool, started.elapsed());
         let conn = match acquired {
             Ok(Ok(conn)) => conn,
@@ -263,13 +329,13 @@ impl Job {
 
     /// `BEGIN`, the body, then `COMMIT` or `ROLLBACK`. Returns the answer if nothing
     /// decided it (the caller left, or the statements were abandoned).
-    async fn transact<'a, T, B: Statements<T>>(
+    async fn transact<'a, B: Statements<T>>(
         &'a self,
         conn: &mut Conn,
         body: B,
         answer: Answer<'a, T>,
     ) -> Option<Answer<'a, T>> {
-        if self.stop.is_cancelled() {
+        if self.handoff.is_stopped() {
             return Some(answer); // The caller left while we waited for the pool.
         }
         // One timer at the deadline for every step of the transaction: each step waits
@@ -312,7 +378,7 @@ impl Job {
                 return None;
             }
         };
-        if cancelled || self.stop.is_cancelled() {
+        if cancelled || self.handoff.is_stopped() {
             // Too late, or nobody to tell: nothing is written.
             answer.send(|| Err(self.deadline.exceeded(Stage::Db).into()));
             self.rollback(conn).await;
@@ -329,7 +395,7 @@ impl Job {
     async fn identify(&self, conn: &mut Conn) -> Result<Arc<SessionLimit>, Failure<'_>> {
         let learned = tokio::select! {
             learned = timeout_at(self.deadline.instant(), self.backends.of(conn)) => learned.ok(),
-            () = self.stop.cancelled() => None,
+            () = self.handoff.stopped() => None,
         };
         match learned {
             Some(Ok(session)) => {
@@ -364,7 +430,9 @@ impl Job {
             let sent = batch(sql).execute(&mut **conn);
             self.guarded(sent, CLEANUP_GRACE, alarm).await
         };
-        let exceeded: Failure<'_> = Box::new(|| self.deadline.exceeded(Stage::Db).into());
+        // Made only on the way out: a boxed closure is an allocation, and the happy path
+        // needs none.
+        let exceeded = || -> Failure<'_> { Box::new(|| self.deadline.exceeded(Stage::Db).into()) };
         match begun {
             Guarded::Finished {
                 output: Ok(_),
@@ -375,7 +443,7 @@ impl Job {
                 cancelled: true,
             } => {
                 self.rollback(conn).await;
-                Err(exceeded)
+                Err(exceeded())
             }
             Guarded::Finished {
                 output: Err(err), ..
@@ -385,7 +453,7 @@ impl Job {
             }
             Guarded::Abandoned => {
                 conn.close_on_drop();
-                Err(exceeded)
+                Err(exceeded())
             }
         }
     }
@@ -407,7 +475,7 @@ impl Job {
             biased;
             output = &mut statement => return Guarded::Finished { output, cancelled: false },
             () = alarm => {}
-            () = self.stop.cancelled() => {}
+            () = self.handoff.stopped() => {}
         }
         let give_up = Instant::now() + give_up_after;
         // The cancel path is boxed: it is rare, and sqlx's futures are large, so left
@@ -480,7 +548,7 @@ impl Job {
     /// stops at the deadline and rolls back);
     /// cancelled at the deadline (which still aborts it before the commit record); its
     /// outcome awaited, and answered only as the server or the table tells it.
-    async fn commit<T>(
+    async fn commit(
         &self,
         conn: &mut Conn,
         value: T,

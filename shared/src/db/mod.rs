@@ -81,8 +81,6 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Connection, migrate::Migrator};
-use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::deadline::Deadline;
@@ -535,16 +533,10 @@ impl Db {
             DeadlineMode::Propagate => {}
         }
         self.refresh_schema();
-        let (reply, mut answer) = oneshot::channel();
-        let stop = CancellationToken::new();
-        let handoff = Arc::new(Handoff::default());
-        // Dropping this future (client gone, tool cancelled) cancels the token: the job
-        // then stops its statement on the server and cleans up by itself, answering
-        // nobody.
-        let _leave = Leave {
-            handoff: handoff.clone(),
-            stop: stop.clone(),
-        };
+        let handoff = Arc::new(Handoff::new());
+        // Dropping this future (client gone, tool cancelled) stops the job: it then
+        // stops its statement on the server and cleans up by itself, answering nobody.
+        let _leave = Leave(handoff.clone());
         let job = Job {
             pool: self.pool.clone(),
             side_pool: self.side_pool.clone(),
@@ -555,7 +547,6 @@ impl Db {
             backends: self.backends.clone(),
             backend: OnceLock::new(),
             limit_sent: OnceLock::new(),
-            stop: stop.clone(),
             deferred: self.deferred.possible(),
             cancel_unsettled: AtomicBool::new(false),
             handoff: handoff.clone(),
@@ -564,7 +555,7 @@ impl Db {
         // wake-up of another worker on the happy path. Should this future end (an answer
         // came before the cleanup, the deadline, a caller gone), the job is handed to a
         // task of its own and finishes there.
-        let mut job = Detach::new(job.run(body, reply).in_current_span());
+        let mut job = Detach::new(job.run(body).in_current_span());
         // The job answers as soon as it knows. At the deadline, if it has not, the caller
         // answers 504 itself, at once, naming the stage the job is in: the job may be
         // waiting on a server the network has cut off, and nothing it could still learn
@@ -573,36 +564,36 @@ impl Db {
         // outcome: then the caller waits for it, within the COMMIT's grace.)
         tokio::select! {
             biased;
-            result = answer_of(&mut job, &mut answer) => return result,
+            result = answer_of(&mut job, &handoff) => return result,
             () = tokio::time::sleep_until(deadline.instant()) => {}
         }
         if handoff.claim() {
-            stop.cancel();
+            handoff.stop();
             handoff.record_db(deadline);
             return Err(deadline.exceeded(handoff.stage()).into());
         }
         // The job always answers once it has claimed; no answer means it panicked.
-        answer_of(&mut job, &mut answer).await
+        answer_of(&mut job, &handoff).await
     }
 }
 
 /// The job's answer, read as the job runs inside the caller's future: the job is polled
 /// here, so its answer can only arrive during that poll, and is read right after it.
-/// Nothing waits on the channel itself. A waker left there would be this very task's,
+/// Nothing waits on the answer itself: a waker left there would be this very task's,
 /// woken by the job's answer while the task runs; tokio queues a task woken during its
 /// own poll again, and may wake another worker to run it, for nothing (a futex and two
 /// context switches per order, measured with `perf`'s scheduler events).
 fn answer_of<'a, T>(
     job: &'a mut Detach,
-    answer: &'a mut oneshot::Receiver<Result<T, DbError>>,
+    handoff: &'a Handoff<T>,
 ) -> impl Future<Output = Result<T, DbError>> + 'a {
     std::future::poll_fn(move |cx| {
         let ended = Pin::new(&mut *job).poll(cx).is_ready();
-        match answer.try_recv() {
-            Ok(result) => Poll::Ready(result),
-            Err(oneshot::error::TryRecvError::Empty) if !ended => Poll::Pending,
+        match handoff.take_answer() {
+            Some(result) => Poll::Ready(result),
+            None if !ended => Poll::Pending,
             // A job that ended without answering panicked.
-            Err(_) => Poll::Ready(crashed()),
+            None => Poll::Ready(crashed()),
         }
     })
 }
@@ -655,15 +646,12 @@ impl Drop for Detach {
 
 /// Dropped with the caller's future: claims the answer (nobody is left to read one, and
 /// a request that was not answered is not counted) and tells the job to stop.
-struct Leave {
-    handoff: Arc<Handoff>,
-    stop: CancellationToken,
-}
+struct Leave<T>(Arc<Handoff<T>>);
 
-impl Drop for Leave {
+impl<T> Drop for Leave<T> {
     fn drop(&mut self) {
-        self.handoff.claim();
-        self.stop.cancel();
+        self.0.claim();
+        self.0.stop();
     }
 }
 
