@@ -2,6 +2,7 @@
 //! what observe mode would have refused, and the mode in force. [`DeadlineMetrics`] is
 //! what the core reports to ([`Report`]).
 
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -72,6 +73,11 @@ pub(crate) struct DeadlineMetrics {
     inbound: Family<ServiceLabel, Histogram, fn() -> Histogram>,
     clamped: Family<ServiceLabel, Counter>,
     remaining: Family<ServiceStage, Histogram, fn() -> Histogram>,
+    /// `remaining`'s series by stage, found without hashing their labels: a request
+    /// observes one at each stage it starts, and the family's lookup (SipHash of the
+    /// label set under its lock) cost more than the observation. A handful of stages,
+    /// so a scan; written once per stage, on its first observation.
+    remaining_at: Arc<RwLock<Vec<(Stage, Histogram)>>>,
     exceeded: Family<ServiceStage, Counter>,
     would_refuse: Family<StageReason, Counter>,
     mode: Family<ServiceMode, Gauge>,
@@ -84,6 +90,7 @@ impl DeadlineMetrics {
             inbound: Family::new_with_constructor(latency_histogram),
             clamped: Family::default(),
             remaining: Family::new_with_constructor(latency_histogram),
+            remaining_at: Arc::default(),
             exceeded: Family::default(),
             would_refuse: Family::default(),
             mode: Family::default(),
@@ -173,9 +180,20 @@ impl Report for DeadlineMetrics {
     }
 
     fn stage_started(&self, stage: Stage, remaining: Duration) {
-        self.remaining
-            .get_or_create(&self.stage_label(stage))
-            .observe(remaining.as_secs_f64());
+        let seconds = remaining.as_secs_f64();
+        {
+            let known = self.remaining_at.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some((_, series)) = known.iter().find(|(known, _)| *known == stage) {
+                series.observe(seconds);
+                return;
+            }
+        }
+        let series = self.remaining.get_or_create_owned(&self.stage_label(stage));
+        series.observe(seconds);
+        let mut known = self.remaining_at.write().unwrap_or_else(PoisonError::into_inner);
+        if !known.iter().any(|(known, _)| *known == stage) {
+            known.push((stage, series));
+        }
     }
 
     fn exceeded(&self, stage: Stage) {
