@@ -15,7 +15,6 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::FutureExt as _;
-use futures_util::task::AtomicWaker;
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgDatabaseError, PgPool, PgSeverity};
@@ -102,6 +101,11 @@ pub(super) struct Job<T> {
 /// job, once. A oneshot channel, a `CancellationToken` (a mutex behind every clone,
 /// drop and wait) and the claim each made an allocation and their own bookkeeping on
 /// every order; this is one allocation and a few atomics.
+///
+/// The stop has no waker. The caller sets it only as it stops polling the job: just
+/// before it hands the job to a task of its own, whose first poll reads it. Nothing
+/// ever waits for it to change while the caller still polls, and a waker would only
+/// wake the caller's own task in the middle of its poll (the cost `answer_of` avoids).
 pub(super) struct Handoff<T> {
     answered: AtomicBool,
     /// When the job had its connection: the `db` stage began (unset: still `db_pool`).
@@ -110,8 +114,6 @@ pub(super) struct Handoff<T> {
     answer: Mutex<Option<Result<T, DbError>>>,
     /// The caller has gone (its future dropped) or answered at its deadline.
     stopped: AtomicBool,
-    /// The job's task, woken when the caller stops.
-    job_waker: AtomicWaker,
 }
 
 impl<T> Handoff<T> {
@@ -121,7 +123,6 @@ impl<T> Handoff<T> {
             connected_at: OnceLock::new(),
             answer: Mutex::new(None),
             stopped: AtomicBool::new(false),
-            job_waker: AtomicWaker::new(),
         }
     }
 
@@ -157,25 +158,18 @@ impl<T> Handoff<T> {
     }
 
     /// Tells the job that nobody waits for its answer any more: it stops its statement
-    /// on the server and cleans up by itself.
+    /// on the server and cleans up by itself. Only as the caller stops polling the job.
     pub(super) fn stop(&self) {
         self.stopped.store(true, Ordering::Release);
-        self.job_waker.wake();
     }
 
     fn is_stopped(&self) -> bool {
         self.stopped.load(Ordering::Acquire)
     }
 
-    /// Resolves once the caller has stopped.
+    /// Ready once the caller has stopped, as the job is polled (no waker: see above).
     fn stopped(&self) -> impl Future<Output = ()> + '_ {
-        std::future::poll_fn(|cx| {
-            if self.is_stopped() {
-                return Poll::Ready(());
-            }
-            self.job_waker.register(cx.waker());
-            // Checked again: a stop between the first check and the registration woke
-            // whoever was registered before.
+        std::future::poll_fn(|_| {
             if self.is_stopped() {
                 Poll::Ready(())
             } else {

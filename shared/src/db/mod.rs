@@ -534,9 +534,6 @@ impl Db {
         }
         self.refresh_schema();
         let handoff = Arc::new(Handoff::new());
-        // Dropping this future (client gone, tool cancelled) stops the job: it then
-        // stops its statement on the server and cleans up by itself, answering nobody.
-        let _leave = Leave(handoff.clone());
         let job = Job {
             pool: self.pool.clone(),
             side_pool: self.side_pool.clone(),
@@ -554,8 +551,10 @@ impl Db {
         // The job runs inside this future while the caller waits for it: no task and no
         // wake-up of another worker on the happy path. Should this future end (an answer
         // came before the cleanup, the deadline, a caller gone), the job is handed to a
-        // task of its own and finishes there.
-        let mut job = Detach::new(job.run(body).in_current_span());
+        // task of its own and finishes there; if the caller has not answered (client
+        // gone, tool cancelled), the job stops its statement on the server and cleans up
+        // by itself, answering nobody.
+        let mut job = Detach::new(job.run(body).in_current_span(), handoff.clone());
         // The job answers as soon as it knows. At the deadline, if it has not, the caller
         // answers 504 itself, at once, naming the stage the job is in: the job may be
         // waiting on a server the network has cut off, and nothing it could still learn
@@ -567,8 +566,8 @@ impl Db {
             result = answer_of(&mut job, &handoff) => return result,
             () = tokio::time::sleep_until(deadline.instant()) => {}
         }
+        // The job stops as this future ends (`Detach`), handed to a task of its own.
         if handoff.claim() {
-            handoff.stop();
             handoff.record_db(deadline);
             return Err(deadline.exceeded(handoff.stage()).into());
         }
@@ -584,7 +583,7 @@ impl Db {
 /// own poll again, and may wake another worker to run it, for nothing (a futex and two
 /// context switches per order, measured with `perf`'s scheduler events).
 fn answer_of<'a, T>(
-    job: &'a mut Detach,
+    job: &'a mut Detach<T>,
     handoff: &'a Handoff<T>,
 ) -> impl Future<Output = Result<T, DbError>> + 'a {
     std::future::poll_fn(move |cx| {
@@ -609,30 +608,43 @@ fn crashed<T>() -> Result<T, DbError> {
 /// task. Why it matters: a spawned task is queued where another worker may steal it,
 /// so each spawn may wake a parked worker (a futex and two context switches); on the
 /// happy path that was most of the technique's cost in orders-service's own CPU.
-struct Detach(Option<Pin<Box<dyn Future<Output = ()> + Send>>>);
+///
+/// Dropped with the caller's future, it first claims the answer (nobody is left to
+/// read one, and a request that was not answered is not counted) and stops the job,
+/// then hands the job on: the stop is set before anyone else can poll the job, so the
+/// job reads it on its next poll and needs no waker for it (see `Handoff::stopped`).
+struct Detach<T> {
+    job: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    handoff: Arc<Handoff<T>>,
+}
 
-impl Detach {
-    fn new(job: impl Future<Output = ()> + Send + 'static) -> Self {
-        Self(Some(Box::pin(job)))
+impl<T> Detach<T> {
+    fn new(job: impl Future<Output = ()> + Send + 'static, handoff: Arc<Handoff<T>>) -> Self {
+        Self {
+            job: Some(Box::pin(job)),
+            handoff,
+        }
     }
 }
 
-impl Future for Detach {
+impl<T> Future for Detach<T> {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let Some(job) = self.0.as_mut() else {
+        let Some(job) = self.job.as_mut() else {
             return Poll::Ready(());
         };
         ready!(job.as_mut().poll(cx));
-        self.0 = None;
+        self.job = None;
         Poll::Ready(())
     }
 }
 
-impl Drop for Detach {
+impl<T> Drop for Detach<T> {
     fn drop(&mut self) {
-        let Some(job) = self.0.take() else { return };
+        self.handoff.claim();
+        self.handoff.stop();
+        let Some(job) = self.job.take() else { return };
         // A job that panicked is not polled again; outside a runtime (one shutting
         // down) there is nowhere to finish it, and dropping it closes its connection.
         if std::thread::panicking() {
@@ -641,17 +653,6 @@ impl Drop for Detach {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             drop(runtime.spawn(job));
         }
-    }
-}
-
-/// Dropped with the caller's future: claims the answer (nobody is left to read one, and
-/// a request that was not answered is not counted) and tells the job to stop.
-struct Leave<T>(Arc<Handoff<T>>);
-
-impl<T> Drop for Leave<T> {
-    fn drop(&mut self) {
-        self.0.claim();
-        self.0.stop();
     }
 }
 
