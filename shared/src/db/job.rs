@@ -23,7 +23,7 @@ use tracing::Instrument;
 
 use super::backend::{Backend, Backends, CANCEL, IN_TRANSACTION};
 use super::limit::{Change, SessionLimit};
-use super::sql::{Access, batch, begin_sql, commit_sql};
+use super::sql::{Access, begin_sql, commit_sql, run_batch};
 use super::{Check, DbError, End, Statements, classify};
 use crate::deadline::Deadline;
 use crate::metrics::DbMetrics;
@@ -421,7 +421,7 @@ impl<T: Send> Job<T> {
             let _ = self.limit_sent.set(change);
         }
         let begun = {
-            let sent = batch(sql).execute(&mut **conn);
+            let sent = run_batch(&mut **conn, sql);
             self.guarded(sent, CLEANUP_GRACE, alarm).await
         };
         // Made only on the way out: a boxed closure is an allocation, and the happy path
@@ -562,7 +562,7 @@ impl<T: Send> Job<T> {
         let sql = commit_sql(self.deferred, server_limit(left));
         let _no_return = self.deadline.point_of_no_return();
         let sent = {
-            let sent = batch(sql).execute(&mut **conn);
+            let sent = run_batch(&mut **conn, sql);
             // Cancelled at the deadline, its outcome awaited for the grace at most.
             self.guarded(sent, COMMIT_GRACE, alarm).await
         };

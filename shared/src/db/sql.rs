@@ -53,10 +53,23 @@ pub fn commit_sql(deferred: bool, limit_ms: u64) -> Cow<'static, str> {
     }
 }
 
-/// Runs one of the batches above as a simple query (a text made here is checked SQL).
-pub(super) fn batch(sql: Cow<'static, str>) -> sqlx::RawSql {
-    match sql {
+/// Runs one of the batches above as a simple query (a text made here is checked SQL)
+/// and reads its replies to the end, failing with the first error, as `execute` does.
+/// The replies are read from sqlx's stream directly: `execute` wraps that stream in
+/// two more boxed layers (a filter and a collect), two allocations and their polls for
+/// every `BEGIN` and `COMMIT`, which count on the happy path.
+pub(super) async fn run_batch(
+    conn: &mut sqlx::PgConnection,
+    sql: Cow<'static, str>,
+) -> Result<(), sqlx::Error> {
+    use futures_util::TryStreamExt as _;
+    use sqlx::Executor as _;
+
+    let batch = match sql {
         Cow::Borrowed(sql) => sqlx::raw_sql(sql),
         Cow::Owned(sql) => sqlx::raw_sql(sqlx::AssertSqlSafe(sql)),
-    }
+    };
+    let mut replies = conn.fetch_many(batch);
+    while replies.try_next().await?.is_some() {}
+    Ok(())
 }

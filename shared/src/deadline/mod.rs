@@ -257,8 +257,10 @@ impl Deadline {
         // Boxed once, so the timeout and the span wrap a pointer: each wrapper would
         // otherwise move the whole step by value, and an HTTP call's future is
         // kilobytes (measured: three such copies were a third of what propagate added
-        // to an order's instructions in orders-service).
-        let step = Box::pin(step.into_future());
+        // to an order's instructions in orders-service). Written into a box allocated
+        // first, the step is made where it stays (`Box::pin` would make it, then copy
+        // it in).
+        let step = Box::into_pin(Box::write(Box::new_uninit(), step.into_future()));
         let outcome = tokio::time::timeout_at(self.at, step)
             .instrument(span.clone())
             .await;
