@@ -182,7 +182,8 @@ impl<T> Handoff<T> {
 /// The slot's lock. A panic while it is held cannot leave a half-written answer (it
 /// holds an `Option`, replaced whole), so a poisoned lock is used as it is.
 fn lock<T>(slot: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 type Conn = PoolConnection<Postgres>;

@@ -182,7 +182,10 @@ impl Report for DeadlineMetrics {
     fn stage_started(&self, stage: Stage, remaining: Duration) {
         let seconds = remaining.as_secs_f64();
         {
-            let known = self.remaining_at.read().unwrap_or_else(PoisonError::into_inner);
+            let known = self
+                .remaining_at
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
             if let Some((_, series)) = known.iter().find(|(known, _)| *known == stage) {
                 series.observe(seconds);
                 return;
@@ -190,7 +193,10 @@ impl Report for DeadlineMetrics {
         }
         let series = self.remaining.get_or_create_owned(&self.stage_label(stage));
         series.observe(seconds);
-        let mut known = self.remaining_at.write().unwrap_or_else(PoisonError::into_inner);
+        let mut known = self
+            .remaining_at
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         if !known.iter().any(|(known, _)| *known == stage) {
             known.push((stage, series));
         }
