@@ -422,7 +422,7 @@ impl<T: Send> Job<T> {
             let _ = self.limit_sent.set(change);
         }
         let begun = {
-            let sent = run_batch(&mut **conn, sql);
+            let sent = run_batch(conn, sql);
             self.guarded(sent, CLEANUP_GRACE, alarm).await
         };
         // Made only on the way out: a boxed closure is an allocation, and the happy path
@@ -563,7 +563,7 @@ impl<T: Send> Job<T> {
         let sql = commit_sql(self.deferred, server_limit(left));
         let _no_return = self.deadline.point_of_no_return();
         let sent = {
-            let sent = run_batch(&mut **conn, sql);
+            let sent = run_batch(conn, sql);
             // Cancelled at the deadline, its outcome awaited for the grace at most.
             self.guarded(sent, COMMIT_GRACE, alarm).await
         };
