@@ -98,9 +98,9 @@ pub(super) struct Job<T> {
 /// Why not a channel and a cancellation token: a transaction that ends in time is
 /// polled by its caller (`Detach` in `mod.rs`), so its answer is read right after the
 /// poll that wrote it and needs no waker of its own; and only the caller ever stops the
-/// job, once. A oneshot channel, a `CancellationToken` (a mutex behind every clone,
-/// drop and wait) and the claim each made an allocation and their own bookkeeping on
-/// every order; this is one allocation and a few atomics.
+/// job, once. A oneshot channel and a `CancellationToken` (a mutex behind every clone,
+/// drop and wait) would each add an allocation and its bookkeeping to every order;
+/// this is one allocation and a few atomics.
 ///
 /// The stop has no waker. The caller sets it only as it stops polling the job: just
 /// before it hands the job to a task of its own, whose first poll reads it. Nothing
@@ -297,9 +297,9 @@ impl<T: Send> Job<T> {
         let started = Instant::now();
         let until = deadline.instant().min(started + self.acquire_timeout);
         // sqlx's wait for a connection is a future of kilobytes (it holds a whole
-        // connect). Moved by value, it was copied with every future that held it; boxed
-        // the usual way, once from the stack into the box. Written into a box allocated
-        // first, it is made where it stays.
+        // connect). Moved by value, every future that holds it would copy it, and
+        // `Box::pin` copies it once from the stack into the box; written into a box
+        // allocated first, it is made where it stays.
         let waited = Box::write(Box::new_uninit(), self.pool.acquire());
         let acquired = timeout_at(until, Box::into_pin(waited)).await;
         deadline.log().record(Stage::DbPool, started.elapsed());
