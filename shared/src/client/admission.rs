@@ -117,10 +117,10 @@ struct Sample {
 
 /// The last [`WINDOW`] calls, kept in the order the estimate walks them: by call time,
 /// a call that finished before one cut at the same time, and otherwise in the order
-/// they were recorded. Every call of a downstream records one, so recording is an
-/// insertion into a sorted window and a walk along it: sorting a copy of the window
-/// each time cost about 20,000 instructions per call (callgrind), more than the rest
-/// of the call's bookkeeping together.
+/// they were recorded. Every call of a downstream records one and recomputes the
+/// estimate, in every mode, so recording is an insertion into a window kept sorted and
+/// a walk along it: a sorted copy of the window per call is about 20,000 instructions
+/// (callgrind), more than the rest of the call's bookkeeping together.
 #[derive(Debug)]
 struct Window {
     /// At most [`WINDOW`] calls, in the estimate's order.
@@ -146,7 +146,9 @@ impl Window {
                 self.sorted.remove(at);
             }
         }
-        // After every call of the same time and kind: the order a stable sort keeps.
+        // A call cut at the same time as one finished was still running then, so it
+        // sorts after it; among calls of the same time and kind, the newest goes last
+        // (the order a stable sort of the calls as recorded gives).
         let key = (sample.took, sample.censored);
         let at = self
             .sorted
@@ -264,7 +266,8 @@ impl Admission {
 /// The first call time by which, by the weighted Kaplan–Meier estimate, a share
 /// `quantile` of calls have finished; [`CENSORED_FACTOR`] times the longest cut when no
 /// time reaches it (see the module's "Censored calls"). Each sample is weighted by how
-/// recently its call started. `sorted` comes in [`Window`]'s order.
+/// recently its call started. `sorted` is at most [`WINDOW`] calls, in [`Window`]'s
+/// order.
 fn weighted_quantile<'a, I>(sorted: I, quantile: f64) -> Duration
 where
     I: Iterator<Item = &'a Sample> + Clone,
@@ -277,6 +280,7 @@ where
         (-age / HALF_LIFE.as_secs_f64()).exp2()
     };
     // Each weight once, on the stack: a window holds at most `WINDOW` calls.
+    debug_assert!(sorted.clone().count() <= WINDOW);
     let mut weights = [0.0; WINDOW];
     let mut at_risk = 0.0;
     for (slot, sample) in weights.iter_mut().zip(sorted.clone()) {
