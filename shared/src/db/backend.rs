@@ -31,9 +31,12 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use sqlx::postgres::{PgConnection, PgStatement};
 use sqlx::{Executor as _, SqlSafeStr as _, Statement as _};
+
+use tokio::time::Instant;
 
 use super::limit::SessionLimit;
 
@@ -66,6 +69,26 @@ pub(super) struct Session {
     pub(super) backend: Backend,
     /// The limit in force on it.
     pub(super) limit: Arc<SessionLimit>,
+    /// When a transaction last began on it.
+    pub(super) last_use: Arc<LastUse>,
+}
+
+/// When a session last began a transaction of the technique's, so that a connection
+/// taken from the pool without sqlx's check is pinged when it may have sat idle for
+/// long (`job.rs`). It counts from the start of that transaction, not its end: an
+/// overestimate of the time idle, so a connection is pinged too often, never too
+/// rarely. Transactions of the other modes do not renew it, which errs the same way.
+#[derive(Debug)]
+pub(super) struct LastUse(Mutex<Instant>);
+
+impl LastUse {
+    /// How long since the last use, `now` becoming the last use.
+    pub(super) fn renew(&self, now: Instant) -> Duration {
+        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let since = now.saturating_duration_since(*last);
+        *last = now;
+        since
+    }
 }
 
 type Known = HashMap<usize, (PgStatement, Session)>;
@@ -105,6 +128,8 @@ impl Backends {
         let session = Session {
             backend: Backend { pid, started_us },
             limit: Arc::new(SessionLimit::unknown()),
+            // It has just answered a query.
+            last_use: Arc::new(LastUse(Mutex::new(Instant::now()))),
         };
         let mut known = self.lock();
         if known.len() >= self.capacity {

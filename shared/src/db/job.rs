@@ -15,16 +15,16 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::FutureExt as _;
-use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgDatabaseError, PgPool, PgSeverity};
-use tokio::time::{Instant, Sleep, timeout, timeout_at};
+use sqlx::{Connection as _, Postgres};
+use tokio::time::{Instant, timeout, timeout_at};
 use tracing::Instrument;
 
-use super::backend::{Backend, Backends, CANCEL, IN_TRANSACTION};
+use super::backend::{Backend, Backends, CANCEL, IN_TRANSACTION, Session};
 use super::limit::{Change, SessionLimit};
 use super::sql::{Access, begin_sql, commit_sql, run_batch};
-use super::{Check, DbError, End, Statements, classify};
+use super::{Check, DbError, End, PING_AFTER_IDLE, Statements, classify};
 use crate::deadline::Deadline;
 use crate::metrics::DbMetrics;
 use crate::stage::Stage;
@@ -102,17 +102,21 @@ pub(super) struct Job<T> {
 /// drop and wait) would each add an allocation and its bookkeeping to every order;
 /// this is one allocation and a few atomics.
 ///
-/// The stop has no waker. The caller sets it only as it stops polling the job: just
-/// before it hands the job to a task of its own, whose first poll reads it. Nothing
-/// ever waits for it to change while the caller still polls, and a waker would only
-/// wake the caller's own task in the middle of its poll (the cost `answer_of` avoids).
+/// The stop is the job's deadline too: the caller sets it when its own timer at the
+/// deadline fires, so the job arms no timer of its own (one registered with the
+/// runtime per order, for a deadline the caller already watches). The stop has no
+/// waker. The caller sets it only just before the job is polled again: at its
+/// deadline, before it polls the job once more for an answer the job has claimed (a
+/// COMMIT on the wire), or as it stops polling the job and hands it to a task of its
+/// own, whose first poll reads it. A waker would only wake the caller's own task in
+/// the middle of its poll (the cost `answer_of` avoids).
 pub(super) struct Handoff<T> {
     answered: AtomicBool,
     /// When the job had its connection: the `db` stage began (unset: still `db_pool`).
     connected_at: OnceLock<Instant>,
     /// The answer, from the job that claimed it to the caller that reads it.
     answer: Mutex<Option<Result<T, DbError>>>,
-    /// The caller has gone (its future dropped) or answered at its deadline.
+    /// The caller has gone (its future dropped), or its deadline passed.
     stopped: AtomicBool,
 }
 
@@ -157,8 +161,9 @@ impl<T> Handoff<T> {
         *lock(&self.answer) = Some(result);
     }
 
-    /// Tells the job that nobody waits for its answer any more: it stops its statement
-    /// on the server and cleans up by itself. Only as the caller stops polling the job.
+    /// Tells the job that its deadline passed or nobody waits for its answer any more:
+    /// it stops its statement on the server. Only just before the job is polled again
+    /// (see above).
     pub(super) fn stop(&self) {
         self.stopped.store(true, Ordering::Release);
     }
@@ -237,8 +242,8 @@ impl<T: Send> Job<T> {
             .acquire()
             .instrument(self.deadline.stage_span(Stage::DbPool))
             .await;
-        let mut conn = match acquired {
-            Ok(conn) => conn,
+        let (mut conn, session) = match acquired {
+            Ok(taken) => taken,
             Err(err) => {
                 if self.handoff.claim() {
                     self.handoff.give_answer(Err(err()));
@@ -258,7 +263,7 @@ impl<T: Send> Job<T> {
         };
         // Boxed before it is wrapped (span, unwind guard): a wrapper moves what it wraps
         // by value, so each moves a pointer.
-        let transacted = Box::pin(self.transact(&mut conn, body, answer));
+        let transacted = Box::pin(self.transact(&mut conn, session, body, answer));
         // A body that panics mid-transaction must not hand its connection back with the
         // transaction open (holding its locks, for the next request to run in): the
         // panic is caught here, where the connection is still ours to close. The caller
@@ -282,10 +287,10 @@ impl<T: Send> Job<T> {
         }
     }
 
-    /// Stage `db_pool`: a connection within `min(acquire timeout, remaining)`. A failure
-    /// comes as the means to make its error, so that it is counted only if it is the
-    /// answer.
-    async fn acquire(&self) -> Result<Conn, Failure<'_>> {
+    /// Stage `db_pool`: a connection within `min(acquire timeout, remaining)`, with its
+    /// session when that is known already. A failure comes as the means to make its
+    /// error, so that it is counted only if it is the answer.
+    async fn acquire(&self) -> Result<(Conn, Option<Session>), Failure<'_>> {
         let deadline = &self.deadline;
         deadline
             .log()
@@ -296,15 +301,21 @@ impl<T: Send> Job<T> {
         let _waiting = self.metrics.as_ref().map(Pending::enter);
         let started = Instant::now();
         let until = deadline.instant().min(started + self.acquire_timeout);
-        // sqlx's wait for a connection is a future of kilobytes (it holds a whole
-        // connect). Moved by value, every future that holds it would copy it, and
-        // `Box::pin` copies it once from the stack into the box; written into a box
-        // allocated first, it is made where it stays.
-        let waited = Box::write(Box::new_uninit(), self.pool.acquire());
-        let acquired = timeout_at(until, Box::into_pin(waited)).await;
+        let acquired = match self.take_idle(started, until).await {
+            Some((conn, session)) => Ok(Ok((conn, Some(session)))),
+            None => {
+                // sqlx's wait for a connection is a future of kilobytes (it holds a whole
+                // connect). Moved by value, every future that holds it would copy it, and
+                // `Box::pin` copies it once from the stack into the box; written into a
+                // box allocated first, it is made where it stays.
+                let waited = Box::write(Box::new_uninit(), self.pool.acquire());
+                let acquired = timeout_at(until, Box::into_pin(waited)).await;
+                acquired.map(|acquired| acquired.map(|conn| (conn, None)))
+            }
+        };
         deadline.log().record(Stage::DbPool, started.elapsed());
-        let conn = match acquired {
-            Ok(Ok(conn)) => conn,
+        let taken = match acquired {
+            Ok(Ok(taken)) => taken,
             Ok(Err(err)) => return Err(Box::new(move || classify(err, deadline, Stage::DbPool))),
             Err(_) if deadline.is_expired() => {
                 return Err(Box::new(|| deadline.exceeded(Stage::DbPool).into()));
@@ -319,7 +330,35 @@ impl<T: Send> Job<T> {
         if deadline.remaining() < MIN_STEP {
             return Err(Box::new(|| deadline.exceeded(Stage::DbPool).into()));
         }
-        Ok(conn)
+        Ok(taken)
+    }
+
+    /// A connection the pool holds idle, taken at once: no timer, and none of sqlx's
+    /// wait (its semaphore, its close listener, its own timeout), which cost about
+    /// 4,000 instructions of every order when a connection was waiting anyway.
+    ///
+    /// sqlx's check on a connection's way out of the pool (a ping when it sat idle for
+    /// over a second, `mod.rs`) does not run on this path, so it is made here, from
+    /// the session's last use (`LastUse`). A connection that fails it, or whose
+    /// session cannot be learned in time, is closed (a step cut halfway leaves it out
+    /// of step), and the pool's wait, which checks what it hands out, finds another.
+    async fn take_idle(&self, now: Instant, until: Instant) -> Option<(Conn, Session)> {
+        let mut conn = self.pool.try_acquire()?;
+        let checked = timeout_at(until, async {
+            let session = self.backends.of(&mut conn).await?;
+            if session.last_use.renew(now) > PING_AFTER_IDLE {
+                conn.ping().await?;
+            }
+            Ok::<_, sqlx::Error>(session)
+        })
+        .await;
+        match checked {
+            Ok(Ok(session)) => Some((conn, session)),
+            _ => {
+                conn.close_on_drop();
+                None
+            }
+        }
     }
 
     /// `BEGIN`, the body, then `COMMIT` or `ROLLBACK`. Returns the answer if nothing
@@ -327,30 +366,27 @@ impl<T: Send> Job<T> {
     async fn transact<'a, B: Statements<T>>(
         &'a self,
         conn: &mut Conn,
+        session: Option<Session>,
         body: B,
         answer: Answer<'a, T>,
     ) -> Option<Answer<'a, T>> {
         if self.handoff.is_stopped() {
             return Some(answer); // The caller left while we waited for the pool.
         }
-        // One timer at the deadline for every step of the transaction: each step waits
-        // on it in turn, so it is registered with the runtime once, not once a step.
-        let mut alarm = pin!(tokio::time::sleep_until(self.deadline.instant()));
-        let limit = match self.identify(conn).await {
+        let limit = match self.identify(conn, session).await {
             Ok(limit) => limit,
             Err(failure) => {
                 answer.send(|| Err(failure()));
                 return None;
             }
         };
-        if let Err(failure) = self.begin(conn, &limit, alarm.as_mut()).await {
+        if let Err(failure) = self.begin(conn, &limit).await {
             answer.send(|| Err(failure()));
             return None;
         }
         let ran = {
             let statements = body(conn);
-            self.guarded(statements, CLEANUP_GRACE, alarm.as_mut())
-                .await
+            self.guarded(statements, CLEANUP_GRACE).await
         };
         let (output, cancelled) = match ran {
             Guarded::Finished { output, cancelled } => (output, cancelled),
@@ -379,21 +415,34 @@ impl<T: Send> Job<T> {
             self.rollback(conn).await;
             return None;
         }
-        self.commit(conn, value, check, answer, alarm).await;
+        self.commit(conn, value, check, answer).await;
         None
     }
 
-    /// The connection's backend, so a cancel can reach it: known (no I/O) for every
-    /// transaction but a connection's first. A connection whose backend could not be
-    /// learned in time, or whose caller left meanwhile, is closed: a statement cut
-    /// halfway leaves it out of step, and nothing else would stop its backend.
-    async fn identify(&self, conn: &mut Conn) -> Result<Arc<SessionLimit>, Failure<'_>> {
-        let learned = tokio::select! {
-            learned = timeout_at(self.deadline.instant(), self.backends.of(conn)) => learned.ok(),
-            () = self.handoff.stopped() => None,
+    /// The connection's backend, so a cancel can reach it: known already when the
+    /// connection was taken idle, else looked up (no I/O) for every transaction but a
+    /// connection's first. A connection whose backend could not be learned in time, or
+    /// whose caller left meanwhile, is closed: a statement cut halfway leaves it out of
+    /// step, and nothing else would stop its backend.
+    async fn identify(
+        &self,
+        conn: &mut Conn,
+        known: Option<Session>,
+    ) -> Result<Arc<SessionLimit>, Failure<'_>> {
+        // A connection the pool's wait handed out: its use is renewed here.
+        let waited_for = known.is_none();
+        let learned = match known {
+            Some(session) => Some(Ok(session)),
+            None => tokio::select! {
+                learned = self.backends.of(conn) => Some(learned),
+                () = self.handoff.stopped() => None,
+            },
         };
         match learned {
             Some(Ok(session)) => {
+                if waited_for {
+                    session.last_use.renew(Instant::now());
+                }
                 let _ = self.backend.set(session.backend);
                 Ok(session.limit)
             }
@@ -410,12 +459,7 @@ impl<T: Send> Job<T> {
 
     /// `BEGIN`, with this transaction's limit where the one in force on the session
     /// does not serve it, in one round trip.
-    async fn begin(
-        &self,
-        conn: &mut Conn,
-        limit: &Arc<SessionLimit>,
-        alarm: Pin<&mut Sleep>,
-    ) -> Result<(), Failure<'_>> {
+    async fn begin(&self, conn: &mut Conn, limit: &Arc<SessionLimit>) -> Result<(), Failure<'_>> {
         let change = limit.plan(server_limit(self.deadline.remaining()));
         let sql = begin_sql(self.access, change.as_ref().map(Change::ms));
         if let Some(change) = change {
@@ -423,7 +467,7 @@ impl<T: Send> Job<T> {
         }
         let begun = {
             let sent = run_batch(conn, sql);
-            self.guarded(sent, CLEANUP_GRACE, alarm).await
+            self.guarded(sent, CLEANUP_GRACE).await
         };
         // Made only on the way out: a boxed closure is an allocation, and the happy path
         // needs none.
@@ -453,23 +497,21 @@ impl<T: Send> Job<T> {
         }
     }
 
-    /// Runs `statement` to its end. If the deadline passes (`alarm`) or the caller goes
-    /// away first, the statement is cancelled on the server, again every [`RECANCEL_EVERY`]
-    /// until it comes back (the body may start another statement after a cancel found
-    /// the backend idle), and read to its end anyway, so the connection stays in step.
-    /// Only if even that takes until `give_up_after` past the first cancel is the
-    /// connection abandoned.
+    /// Runs `statement` to its end. If the caller stops first (its deadline passed, or
+    /// it went away: see [`Handoff`]), the statement is cancelled on the server, again
+    /// every [`RECANCEL_EVERY`] until it comes back (the body may start another
+    /// statement after a cancel found the backend idle), and read to its end anyway, so
+    /// the connection stays in step. Only if even that takes until `give_up_after` past
+    /// the first cancel is the connection abandoned.
     async fn guarded<F: Future>(
         &self,
         statement: F,
         give_up_after: Duration,
-        alarm: Pin<&mut Sleep>,
     ) -> Guarded<F::Output> {
         let mut statement = pin!(statement);
         tokio::select! {
             biased;
             output = &mut statement => return Guarded::Finished { output, cancelled: false },
-            () = alarm => {}
             () = self.handoff.stopped() => {}
         }
         let give_up = Instant::now() + give_up_after;
@@ -549,7 +591,6 @@ impl<T: Send> Job<T> {
         value: T,
         check: Option<Check>,
         mut answer: Answer<'_, T>,
-        alarm: Pin<&mut Sleep>,
     ) {
         let left = self.deadline.remaining();
         // From the COMMIT on, its outcome is this job's to tell, so the answer is claimed
@@ -565,7 +606,7 @@ impl<T: Send> Job<T> {
         let sent = {
             let sent = run_batch(conn, sql);
             // Cancelled at the deadline, its outcome awaited for the grace at most.
-            self.guarded(sent, COMMIT_GRACE, alarm).await
+            self.guarded(sent, COMMIT_GRACE).await
         };
         match sent {
             // Committed, even if a cancel arrived after the commit record (PostgreSQL

@@ -288,6 +288,9 @@ impl DbConfig {
 /// nothing, and a connection that sat through a server restart is still found dead and
 /// replaced before a transaction meets it. (A connection that dies within the second is
 /// met by its transaction's first statement: a 503 that wrote nothing.)
+///
+/// A connection that a transaction takes idle from the pool, without sqlx's wait, is
+/// checked the same way by its job (`job.rs`, `take_idle`).
 const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
 /// The `application_name` of the side pool's sessions (cancels, outcome checks).
@@ -566,7 +569,9 @@ impl Db {
             result = answer_of(&mut job, &handoff) => return result,
             () = tokio::time::sleep_until(deadline.instant()) => {}
         }
-        // The job stops as this future ends (`Detach`), handed to a task of its own.
+        // This timer is the job's deadline too: the job cancels its statement on its next
+        // poll, here below or on a task of its own once this future ends (`Detach`).
+        handoff.stop();
         if handoff.claim() {
             handoff.record_db(deadline);
             return Err(deadline.exceeded(handoff.stage()).into());
