@@ -335,6 +335,39 @@ async fn a_lost_commit_without_a_check_promises_nothing() {
     assert_eq!(stock, 100_000_000 - 1, "the commit happened");
 }
 
+/// A COMMIT still on the wire at the deadline is cancelled there (the caller's timer
+/// stops the transaction's job, which arms none of its own). Past its commit record a
+/// cancel cannot undo the COMMIT: PostgreSQL stops waiting for the standby, warns that
+/// the transaction committed locally, and answers. So the answer comes within the
+/// COMMIT's grace of the deadline, and it is the truth: committed.
+#[tokio::test]
+async fn a_commit_still_waiting_at_the_deadline_is_cancelled_there() {
+    let (_cluster, app) = app_whose_commits_wait().await;
+    let deadline = Deadline::after(MS(500));
+    let started = Instant::now();
+    let commit = app.state.db.transaction(&deadline, |conn| {
+        Box::pin(async move {
+            sqlx::query("UPDATE inventory SET available = available - 1 WHERE sku = 'SKU-00037'")
+                .execute(&mut *conn)
+                .await?;
+            Ok(End::Commit(()))
+        })
+    });
+    // Uncancelled, this COMMIT would wait for the standby for ever.
+    let result = tokio::time::timeout(MS(5000), commit)
+        .await
+        .expect("the COMMIT was not cancelled at the deadline");
+    let took = started.elapsed();
+    assert!(result.is_ok(), "expected the commit, got {result:?}");
+    // The deadline, the COMMIT's grace (250 ms), and a loaded machine's slack.
+    assert!(took <= MS(500 + 250 + 100), "answered after {took:?}");
+    let stock: i32 = sqlx::query_scalar("SELECT available FROM inventory WHERE sku = 'SKU-00037'")
+        .fetch_one(&app.side)
+        .await
+        .unwrap();
+    assert_eq!(stock, 100_000_000 - 1, "the commit happened");
+}
+
 #[tokio::test]
 async fn a_statement_begun_after_the_deadline_does_not_run_on() {
     let app = spawn_app().await;
