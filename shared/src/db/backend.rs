@@ -35,7 +35,6 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnection, PgStatement};
 use sqlx::{Executor as _, SqlSafeStr as _, Statement as _};
-
 use tokio::time::Instant;
 
 use super::limit::SessionLimit;
