@@ -312,14 +312,7 @@ async fn a_connection_lost_during_commit_is_answered_with_what_the_table_says() 
 async fn a_lost_commit_without_a_check_promises_nothing() {
     let (_cluster, app) = app_whose_commits_wait().await;
     let deadline = Deadline::after(MS(2000));
-    let commit = app.state.db.transaction(&deadline, |conn| {
-        Box::pin(async move {
-            sqlx::query("UPDATE inventory SET available = available - 1 WHERE sku = 'SKU-00036'")
-                .execute(&mut *conn)
-                .await?;
-            Ok(End::Commit(()))
-        })
-    });
+    let commit = take_one(&app, &deadline, "SKU-00036");
     let (result, ()) = tokio::join!(commit, lose_the_waiting_commit(&app));
     // The stock was taken (the commit record was written), and without a way to read
     // that back the only true answer is that the outcome is unknown: never "nothing
@@ -328,11 +321,11 @@ async fn a_lost_commit_without_a_check_promises_nothing() {
         matches!(result, Err(DbError::OutcomeUnknown)),
         "expected outcome-unknown, got {result:?}"
     );
-    let stock: i32 = sqlx::query_scalar("SELECT available FROM inventory WHERE sku = 'SKU-00036'")
-        .fetch_one(&app.side)
-        .await
-        .unwrap();
-    assert_eq!(stock, 100_000_000 - 1, "the commit happened");
+    assert_eq!(
+        app.stock("SKU-00036").await,
+        100_000_000 - 1,
+        "the commit happened"
+    );
 }
 
 /// A COMMIT still on the wire at the deadline is cancelled there (the caller's timer
@@ -345,14 +338,7 @@ async fn a_commit_still_waiting_at_the_deadline_is_cancelled_there() {
     let (_cluster, app) = app_whose_commits_wait().await;
     let deadline = Deadline::after(MS(500));
     let started = Instant::now();
-    let commit = app.state.db.transaction(&deadline, |conn| {
-        Box::pin(async move {
-            sqlx::query("UPDATE inventory SET available = available - 1 WHERE sku = 'SKU-00037'")
-                .execute(&mut *conn)
-                .await?;
-            Ok(End::Commit(()))
-        })
-    });
+    let commit = take_one(&app, &deadline, "SKU-00037");
     // Uncancelled, this COMMIT would wait for the standby for ever.
     let result = tokio::time::timeout(MS(5000), commit)
         .await
@@ -361,11 +347,27 @@ async fn a_commit_still_waiting_at_the_deadline_is_cancelled_there() {
     assert!(result.is_ok(), "expected the commit, got {result:?}");
     // The deadline, the COMMIT's grace (250 ms), and a loaded machine's slack.
     assert!(took <= MS(500 + 250 + 100), "answered after {took:?}");
-    let stock: i32 = sqlx::query_scalar("SELECT available FROM inventory WHERE sku = 'SKU-00037'")
-        .fetch_one(&app.side)
+    assert_eq!(
+        app.stock("SKU-00037").await,
+        100_000_000 - 1,
+        "the commit happened"
+    );
+}
+
+/// One unit of `sku`'s stock taken in a transaction under `deadline`, committed.
+async fn take_one(app: &TestApp, deadline: &Deadline, sku: &'static str) -> Result<(), DbError> {
+    app.state
+        .db
+        .transaction(deadline, move |conn| {
+            Box::pin(async move {
+                sqlx::query("UPDATE inventory SET available = available - 1 WHERE sku = $1")
+                    .bind(sku)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(End::Commit(()))
+            })
+        })
         .await
-        .unwrap();
-    assert_eq!(stock, 100_000_000 - 1, "the commit happened");
 }
 
 #[tokio::test]
