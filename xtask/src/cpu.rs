@@ -19,6 +19,10 @@
 //!   service's own count);
 //! - pairs of segments alternate which side goes first; the figure is the median of the
 //!   pairs' ratios, first side over second (legacy / propagate), with their range;
+//! - beside the stack, a control (`cpu/reference.rs`): a second catalog-service the
+//!   instrument calls itself at the same rate in both sides. Its CPU per call is the
+//!   machine's speed in that segment, and each pair's ratio divided by the control's is
+//!   the ratio with that speed taken out (`adjusted`), published beside the raw one;
 //! - the latency a user feels at that rate, p50 and p99 of the orders that arrived in
 //!   each segment, from k6's request log.
 //!
@@ -39,6 +43,9 @@ use crate::meter::Meter;
 use crate::scenario::{Model, Scenario};
 use crate::stack::{Ports, ServiceEnv, Services, fresh_database};
 use crate::stats::{Request, Spread, quantile, spread};
+use reference::Reference;
+
+mod reference;
 
 /// What the two sides of a CPU run are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
@@ -120,6 +127,10 @@ pub struct Segment {
     pub p99_ms: f64,
     /// Answers other than 201 among them.
     pub not_created: u64,
+    /// The control's CPU per call in the segment, ms (NaN when it answered none; 0 in
+    /// runs made before there was a control).
+    #[serde(default)]
+    pub reference_ms_per_call: f64,
 }
 
 /// A CPU run: its plan, its segments, and the figures.
@@ -135,10 +146,14 @@ pub struct CpuReport {
     pub source: String,
     /// Every segment, in the order they ran.
     pub segments: Vec<Segment>,
-    /// Per pair, CPU per order of the first side over the second's: per process, and
-    /// `total`.
+    /// Per pair, CPU per order of the first side over the second's: per process,
+    /// `total`, and `reference` (the control's CPU per call: 1 but for the machine).
     pub ratios: BTreeMap<String, Spread>,
-    /// Per side, CPU per order, ms: per process and `total`.
+    /// Per pair, the ratio divided by the control's: the machine's speed taken out.
+    /// Per process and `total`; empty in runs made before there was a control.
+    #[serde(default)]
+    pub adjusted: BTreeMap<String, Spread>,
+    /// Per side, CPU per order, ms: per process, `total`, and `reference` (per call).
     pub per_order: BTreeMap<String, BTreeMap<String, Spread>>,
     /// Per side, p50 and p99 latency, ms.
     pub latency: BTreeMap<String, BTreeMap<String, Spread>>,
@@ -154,6 +169,11 @@ impl CpuReport {
         self.ratios.get("total").copied()
     }
 
+    /// The median ratio of all three processes, the machine's speed taken out.
+    pub fn adjusted_ratio(&self) -> Option<Spread> {
+        self.adjusted.get("total").copied()
+    }
+
     /// A Markdown table of the report.
     pub fn markdown(&self) -> String {
         let [a, b] = &self.sides;
@@ -163,14 +183,17 @@ impl CpuReport {
                 .and_then(|m| m.get(what))
                 .map_or(f64::NAN, |s| s.median)
         };
-        let ratio = |what: &str| {
-            self.ratios.get(what).map_or("n/a".to_owned(), |s| {
+        let shown = |s: Option<&Spread>| {
+            s.map_or("n/a".to_owned(), |s| {
                 format!("{:.3} ({:.3} to {:.3})", s.median, s.min, s.max)
             })
         };
         let mut out = format!(
             "CPU per order at {} orders/s, open loop ({} pairs of {} s, {} then {} alternating; \
-             median of the pairs, min to max):\n\n| CPU per order, ms | {a} | {b} | {a} / {b} |\n| --- | ---: | ---: | --- |\n",
+             median of the pairs, min to max; the last column divides each pair's ratio by \
+             the control's, a catalog-service called directly at the same rate):\n\n\
+             | CPU per order, ms | {a} | {b} | {a} / {b} | {a} / {b}, the machine's speed taken out |\n\
+             | --- | ---: | ---: | --- | --- |\n",
             self.plan.rate,
             self.plan.pairs,
             self.plan.segment.as_secs_f64(),
@@ -183,12 +206,19 @@ impl CpuReport {
             .chain([("all three", "total")])
         {
             out.push_str(&format!(
-                "| {name} | {:.3} | {:.3} | {} |\n",
+                "| {name} | {:.3} | {:.3} | {} | {} |\n",
                 median(a, key),
                 median(b, key),
-                ratio(key)
+                shown(self.ratios.get(key)),
+                shown(self.adjusted.get(key)),
             ));
         }
+        out.push_str(&format!(
+            "| the control, ms per call | {:.3} | {:.3} | {} | |\n",
+            median(a, "reference"),
+            median(b, "reference"),
+            shown(self.ratios.get("reference")),
+        ));
         let latency = |side: &str, q: &str| {
             self.latency
                 .get(side)
@@ -196,7 +226,7 @@ impl CpuReport {
                 .map_or(f64::NAN, |s| s.median)
         };
         out.push_str(&format!(
-            "| latency p50 / p99, ms | {:.2} / {:.2} | {:.2} / {:.2} | p50 {b} − {a}: {} |\n",
+            "| latency p50 / p99, ms | {:.2} / {:.2} | {:.2} / {:.2} | p50 {b} − {a}: {} | |\n",
             latency(a, "p50"),
             latency(a, "p99"),
             latency(b, "p50"),
@@ -217,6 +247,10 @@ struct Reading {
     orders: u64,
     /// CPU time of each process of [`PROCESSES`], ns.
     cpu_ns: [u64; 3],
+    /// The control's CPU time, ns.
+    reference_ns: u64,
+    /// Calls the control has answered.
+    reference_calls: u64,
 }
 
 fn unix_ms() -> u64 {
@@ -225,18 +259,26 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Reads the three processes' CPU and the orders created so far.
-async fn read(meter: &Meter, conn: &mut sqlx::PgConnection) -> anyhow::Result<Reading> {
+/// Reads the three processes' CPU and the orders created so far, and the control's
+/// CPU and calls (the meter's fourth process).
+async fn read(
+    meter: &Meter,
+    reference: &Reference,
+    conn: &mut sqlx::PgConnection,
+) -> anyhow::Result<Reading> {
     let orders: Option<i64> = sqlx::query_scalar("SELECT max(id) FROM orders")
         .fetch_one(&mut *conn)
         .await?;
-    let cpu = meter.read()?;
+    let reference_calls = reference.answered();
+    let [orders_ns, catalog_ns, postgres_ns, reference_ns] = meter.read()?[..] else {
+        anyhow::bail!("the meter reads four processes");
+    };
     Ok(Reading {
         at_ms: unix_ms(),
         orders: orders.unwrap_or(0).max(0) as u64,
-        cpu_ns: cpu
-            .try_into()
-            .map_err(|_| anyhow::anyhow!("the meter reads three processes"))?,
+        cpu_ns: [orders_ns, catalog_ns, postgres_ns],
+        reference_ns,
+        reference_calls,
     })
 }
 
@@ -282,10 +324,12 @@ pub async fn measure(
     };
     let ports = Ports::free();
     let services = Services::start(profile, ports, database_url.clone(), &env, dir).await?;
+    let reference = Reference::start(profile, dir, plan.rate).await?;
     let meter = Meter::new(&[
         services.orders.pid(),
         services.catalog.pid(),
         cluster.postmaster_pid()?,
+        reference.pid(),
     ]);
     let mut watcher = sqlx::PgConnection::connect(&database_url).await?;
     let sides = versus.sides();
@@ -316,9 +360,9 @@ pub async fn measure(
         for (side, mode) in order {
             switch(&ports.orders_admin_url(), mode).await?;
             tokio::time::sleep(plan.settle).await;
-            let start = read(&meter, &mut watcher).await?;
+            let start = read(&meter, &reference, &mut watcher).await?;
             tokio::time::sleep(plan.segment).await;
-            let end = read(&meter, &mut watcher).await?;
+            let end = read(&meter, &reference, &mut watcher).await?;
             eprintln!(
                 "  cpu pair {}/{}: {side:>11}: {} orders",
                 pair + 1,
@@ -332,6 +376,7 @@ pub async fn measure(
     let _ = watcher.close().await;
     let source = meter.source();
     drop(meter);
+    drop(reference);
     services.stop();
     Ok(report(
         versus,
@@ -362,6 +407,13 @@ fn report(
                 ms / orders.max(1) as f64
             };
             let cpu = [per_order(0), per_order(1), per_order(2)];
+            let calls = end.reference_calls.saturating_sub(start.reference_calls);
+            let reference_ms = end.reference_ns.saturating_sub(start.reference_ns) as f64 / 1e6;
+            let reference_ms_per_call = if calls == 0 {
+                f64::NAN
+            } else {
+                reference_ms / calls as f64
+            };
             let arrived: Vec<&Request> = requests
                 .iter()
                 .filter(|r| r.arrival_ms >= start.at_ms && r.arrival_ms < end.at_ms)
@@ -380,6 +432,7 @@ fn report(
                 p50_ms: quantile(&times, 0.5).unwrap_or(f64::NAN),
                 p99_ms: quantile(&times, 0.99).unwrap_or(f64::NAN),
                 not_created: arrived.iter().filter(|r| r.status != 201).count() as u64,
+                reference_ms_per_call,
             }
         })
         .collect();
@@ -387,19 +440,35 @@ fn report(
     let pairs: Vec<(&Segment, &Segment)> = (0..plan.pairs as usize)
         .filter_map(|p| Some((of(p, &sides[0])?, of(p, &sides[1])?)))
         .collect();
-    let keys: Vec<&str> = PROCESSES.iter().copied().chain(["total"]).collect();
+    let keys: Vec<&str> = PROCESSES
+        .iter()
+        .copied()
+        .chain(["total", "reference"])
+        .collect();
     let value = |s: &Segment, key: &str| match PROCESSES.iter().position(|p| *p == key) {
         Some(i) => s.cpu_ms_per_order[i],
+        None if key == "reference" => s.reference_ms_per_call,
         None => s.total_ms_per_order,
     };
+    let ratio = |(a, b): &(&Segment, &Segment), key: &str| value(a, key) / value(b, key);
     let mut ratios = BTreeMap::new();
+    let mut adjusted = BTreeMap::new();
     for key in &keys {
-        let values: Vec<f64> = pairs
-            .iter()
-            .map(|(a, b)| value(a, key) / value(b, key))
-            .collect();
+        let values: Vec<f64> = pairs.iter().map(|pair| ratio(pair, key)).collect();
         if let Some(s) = spread(&values) {
             ratios.insert((*key).to_owned(), s);
+        }
+        if *key == "reference" {
+            continue;
+        }
+        // A ratio that is not finite (a control that answered nothing) is left out.
+        let values: Vec<f64> = pairs
+            .iter()
+            .map(|pair| ratio(pair, key) / ratio(pair, "reference"))
+            .filter(|r| r.is_finite())
+            .collect();
+        if let Some(s) = spread(&values) {
+            adjusted.insert((*key).to_owned(), s);
         }
     }
     let mut per_order = BTreeMap::new();
@@ -434,6 +503,7 @@ fn report(
         source: source.to_owned(),
         segments,
         ratios,
+        adjusted,
         per_order,
         latency,
         p50_difference_ms: spread(&differences),
@@ -448,7 +518,7 @@ pub struct CpuArgs {
     #[arg(long, value_enum)]
     pub versus: Option<CpuVersus>,
     /// Pairs of segments.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100))]
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub pairs: u32,
     /// Orders per second.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=5000))]
@@ -583,12 +653,15 @@ mod secs {
 mod tests {
     use super::*;
 
-    /// A reading with CPU times given in clock ticks of 10 ms.
+    /// A reading with CPU times given in clock ticks of 10 ms, the control's at 1 ms a
+    /// call on a machine of full speed.
     fn reading(at_ms: u64, orders: u64, ticks: [u64; 3]) -> Reading {
         Reading {
             at_ms,
             orders,
             cpu_ns: ticks.map(|t| t * 10_000_000),
+            reference_ns: at_ms * 1_000_000,
+            reference_calls: at_ms,
         }
     }
 
@@ -650,5 +723,76 @@ mod tests {
         assert!((report.segments[0].p50_ms - 1.5).abs() < 1e-9);
         let difference = report.p50_difference_ms.unwrap();
         assert!((difference.median - 0.2).abs() < 1e-9, "{difference:?}");
+        // The control ran at the same speed throughout: nothing to take out.
+        assert!((report.ratios["reference"].median - 1.0).abs() < 1e-9);
+        assert!((report.adjusted_ratio().unwrap().median - 1.6 / 1.8).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_machine_s_speed_is_taken_out_by_the_control_s_ratio() {
+        let plan = CpuPlan {
+            pairs: 2,
+            ..CpuPlan::default()
+        };
+        // Both sides cost 1 ms an order, but the machine runs 25 % slower in the first
+        // pair's legacy segment and in the second pair's propagate segment: everything,
+        // the control too, takes 1.25 times the CPU there.
+        let slow = |mut r: Reading, start: Reading| {
+            r.reference_ns = start.reference_ns + (r.reference_ns - start.reference_ns) * 5 / 4;
+            r
+        };
+        let at = |ms, orders, ticks| reading(ms, orders, ticks);
+        let p0l = at(0, 0, [0, 0, 0]);
+        let p1p = at(4000, 2000, [225, 0, 0]);
+        let readings = [
+            (0, "legacy", p0l, slow(at(1000, 1000, [125, 0, 0]), p0l)),
+            (
+                0,
+                "propagate",
+                at(2000, 1000, [125, 0, 0]),
+                at(3000, 2000, [225, 0, 0]),
+            ),
+            (1, "propagate", p1p, slow(at(5000, 3000, [350, 0, 0]), p1p)),
+            (
+                1,
+                "legacy",
+                at(6000, 3000, [350, 0, 0]),
+                at(7000, 4000, [450, 0, 0]),
+            ),
+        ];
+        let report = report(CpuVersus::Modes, plan, "proc", &readings, &[], 0);
+        let raw = report.ratios["orders-service"];
+        assert!(
+            (raw.min - 0.8).abs() < 1e-9 && (raw.max - 1.25).abs() < 1e-9,
+            "{raw:?}"
+        );
+        let adjusted = report.adjusted["orders-service"];
+        assert!((adjusted.min - 1.0).abs() < 1e-9, "{adjusted:?}");
+        assert!((adjusted.max - 1.0).abs() < 1e-9, "{adjusted:?}");
+        assert!((report.segments[0].reference_ms_per_call - 1.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_control_that_answered_nothing_leaves_the_pair_out_of_the_adjusted_ratio() {
+        let plan = CpuPlan {
+            pairs: 1,
+            ..CpuPlan::default()
+        };
+        let mut end = reading(1000, 1000, [100, 0, 0]);
+        end.reference_calls = 0;
+        end.reference_ns = 0;
+        let readings = [
+            (0, "legacy", reading(0, 0, [0, 0, 0]), end),
+            (
+                0,
+                "propagate",
+                reading(2000, 1000, [100, 0, 0]),
+                reading(3000, 2000, [200, 0, 0]),
+            ),
+        ];
+        let report = report(CpuVersus::Modes, plan, "proc", &readings, &[], 0);
+        assert!((report.total_ratio().unwrap().median - 1.0).abs() < 1e-9);
+        assert!(report.segments[0].reference_ms_per_call.is_nan());
+        assert!(report.adjusted_ratio().is_none(), "{:?}", report.adjusted);
     }
 }

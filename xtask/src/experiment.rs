@@ -72,6 +72,11 @@ pub struct ExperimentArgs {
     /// flamegraphs beside the chart.
     #[arg(long)]
     pub profile_cpu: bool,
+    /// Pairs of segments (3 s each, in both comparisons) of the `happy` scenario's CPU
+    /// per order. Each comparison takes about 8 s a pair.
+    #[arg(long, default_value_t = CpuPlan::default().pairs,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub cpu_pairs: u32,
     /// Fail (exit 1) when an acceptance rule does not hold.
     #[arg(long)]
     pub check: bool,
@@ -175,7 +180,7 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
     if args.scenario == Scenario::Happy && args.versus == Versus::Modes {
         // Throughput on two cores prices the load generator as much as the services;
         // CPU per order at a fixed rate is the figure that can see a few per cent.
-        cpu_per_order(&ctx, &out, &summary.commit).await?;
+        cpu_per_order(&ctx, &out, &summary.commit, args.cpu_pairs).await?;
     }
     if args.profile_cpu {
         keep_flamegraphs(&out, &sides)?;
@@ -189,9 +194,12 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
 /// against propagate and propagate against itself (the instrument's own spread), at a
 /// fixed open-loop rate on one stack switched at run time ([`cpu`]); its table is added
 /// to `summary.md`.
-async fn cpu_per_order(ctx: &Context, out: &Path, commit: &str) -> anyhow::Result<()> {
+async fn cpu_per_order(ctx: &Context, out: &Path, commit: &str, pairs: u32) -> anyhow::Result<()> {
     let versus = [CpuVersus::Modes, CpuVersus::Aa];
-    let plan = CpuPlan::default();
+    let plan = CpuPlan {
+        pairs,
+        ..CpuPlan::default()
+    };
     let reports = cpu::measure_all(&ctx.profile, &ctx.cluster, &ctx.k6, &versus, plan, out).await?;
     cpu::write(out, commit, &ctx.profile, &reports)?;
     let mut text = std::fs::read_to_string(out.join("summary.md"))?;

@@ -408,16 +408,20 @@ fn cpu_cost(published: &crate::cpu::Published) -> String {
         return "no CPU per order published.".to_owned();
     };
     let ratio = |r: &crate::cpu::CpuReport, key: &str| spread(r.ratios.get(key));
+    let adjusted = |r: &crate::cpu::CpuReport, key: &str| spread(r.adjusted.get(key));
     format!(
         "CPU per order at {} orders/s (orders-service, catalog-service and PostgreSQL), \
-         legacy / propagate, median of {} pairs {}; orders-service alone {}, PostgreSQL {}; \
-         the same instrument with both sides in propagate (A/A) {}; p50 latency propagate \
-         − legacy {} (commit `{}`).",
+         legacy / propagate, median of {} pairs with the machine's speed taken out by a \
+         control process {} (as read, {}); orders-service alone {}, PostgreSQL {}; the same \
+         instrument with both sides in propagate (A/A) {} (as read, {}); p50 latency \
+         propagate − legacy {} (commit `{}`).",
         modes.plan.rate,
         modes.plan.pairs,
+        adjusted(modes, "total"),
         ratio(modes, "total"),
-        ratio(modes, "orders-service"),
-        ratio(modes, "PostgreSQL"),
+        adjusted(modes, "orders-service"),
+        adjusted(modes, "PostgreSQL"),
+        adjusted(aa, "total"),
         ratio(aa, "total"),
         modes
             .p50_difference_ms
