@@ -363,6 +363,14 @@ pub async fn measure(
             let start = read(&meter, &reference, &mut watcher).await?;
             tokio::time::sleep(plan.segment).await;
             let end = read(&meter, &reference, &mut watcher).await?;
+            // Without the control's calls the segment's speed is unknown: a broken run,
+            // not one whose adjusted ratio quietly leaves pairs out.
+            anyhow::ensure!(
+                end.reference_calls > start.reference_calls,
+                "the control answered no call in pair {}: see {}",
+                pair + 1,
+                dir.join("reference.log").display()
+            );
             eprintln!(
                 "  cpu pair {}/{}: {side:>11}: {} orders",
                 pair + 1,

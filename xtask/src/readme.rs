@@ -170,7 +170,7 @@ pub fn brief(results: &Path, prefix: &str) -> anyhow::Result<String> {
         out,
         "\n{}; [all figures]({prefix}/goodput/summary.md), command `{}`.",
         provenance(&summary),
-        command(&summary, "goodput", false),
+        command(&summary, "goodput", false, None),
     )?;
     Ok(out)
 }
@@ -210,6 +210,12 @@ pub fn full(results: &Path, prefix: &str) -> anyhow::Result<String> {
                 continue;
             };
             let flamegraphs = flamegraphs(&results.join(&dir), &format!("{prefix}/{dir}"))?;
+            // The happy scenario's second instrument, beside its throughput.
+            let cpu = crate::cpu::Published::read(&results.join(&dir))?;
+            let cpu_pairs = cpu
+                .as_ref()
+                .and_then(|cpu| cpu.reports.first())
+                .map(|report| report.plan.pairs);
             writeln!(out, "### {title}\n")?;
             writeln!(out, "{}\n", headline(&summary))?;
             writeln!(
@@ -217,7 +223,7 @@ pub fn full(results: &Path, prefix: &str) -> anyhow::Result<String> {
                 "{}; [summary]({prefix}/{dir}/summary.md), [chart]({prefix}/{dir}/chart.svg), \
                  command `{}`.{}\n",
                 provenance(&summary),
-                command(&summary, &dir, !flamegraphs.is_empty()),
+                command(&summary, &dir, !flamegraphs.is_empty(), cpu_pairs),
                 clients(&summary),
             )?;
             if !flamegraphs.is_empty() {
@@ -229,8 +235,7 @@ pub fn full(results: &Path, prefix: &str) -> anyhow::Result<String> {
             }
             out.push_str(&summary::markdown_table(&summary));
             out.push('\n');
-            // The happy scenario's second instrument, beside its throughput.
-            if let Some(cpu) = crate::cpu::Published::read(&results.join(&dir))? {
+            if let Some(cpu) = cpu {
                 for report in &cpu.reports {
                     writeln!(out, "{}", report.markdown())?;
                 }
@@ -489,8 +494,9 @@ fn clients(summary: &Summary) -> String {
     }
 }
 
-/// The command that publishes the run in `docs/results/<dir>`.
-fn command(summary: &Summary, dir: &str, profiled: bool) -> String {
+/// The command that publishes the run in `docs/results/<dir>`, with the pairs of its
+/// CPU per order when they were not the default.
+fn command(summary: &Summary, dir: &str, profiled: bool, cpu_pairs: Option<u32>) -> String {
     let mut options = String::new();
     if dir.ends_with("-admission-off") {
         options.push_str(" --admission off");
@@ -509,6 +515,9 @@ fn command(summary: &Summary, dir: &str, profiled: bool) -> String {
     }
     if profiled {
         options.push_str(" --profile-cpu");
+    }
+    if let Some(pairs) = cpu_pairs.filter(|&p| p != crate::cpu::CpuPlan::default().pairs) {
+        options.push_str(&format!(" --cpu-pairs {pairs}"));
     }
     format!(
         "cargo xtask experiment {} --repeat {} --duration {}s{options} --out docs/results/{dir}",
@@ -832,10 +841,12 @@ mod tests {
         );
         assert!(!line.contains("metrics alone"), "{line}");
         assert_eq!(
-            command(&cost, "happy-runtime-metrics", false),
+            command(&cost, "happy-runtime-metrics", false, None),
             "cargo xtask experiment happy --repeat 1 --duration 20s --versus runtime-metrics \
              --out docs/results/happy-runtime-metrics"
         );
-        assert!(command(&seed, "seed", true).contains(" --profile-cpu --out"));
+        assert!(command(&seed, "seed", true, None).contains(" --profile-cpu --out"));
+        assert!(command(&seed, "seed", false, Some(60)).contains(" --cpu-pairs 60 --out"));
+        assert!(!command(&seed, "seed", false, Some(20)).contains("--cpu-pairs"));
     }
 }
