@@ -1,7 +1,7 @@
 //! The instrument's control: a second catalog-service that the instrument calls itself,
 //! at a fixed rate, with the same call whatever the mode.
 //!
-//! Why it is there: on a shared machine the CPU one order costs moves by about ±15 %
+//! Why it is there: on a shared machine the CPU one order costs moves by up to ±15 %
 //! from one three-second segment to the next, and every process moves with it. Over the
 //! 200 segments of an A/A run, orders-service's CPU per order followed catalog-service's
 //! with a correlation of 0.98, and PostgreSQL's with 0.95. It is the machine that runs
