@@ -749,23 +749,32 @@ mod tests {
             r.reference_ns = start.reference_ns + (r.reference_ns - start.reference_ns) * 5 / 4;
             r
         };
-        let at = |ms, orders, ticks| reading(ms, orders, ticks);
-        let p0l = at(0, 0, [0, 0, 0]);
-        let p1p = at(4000, 2000, [225, 0, 0]);
+        let p0l = reading(0, 0, [0, 0, 0]);
+        let p1p = reading(4000, 2000, [225, 0, 0]);
         let readings = [
-            (0, "legacy", p0l, slow(at(1000, 1000, [125, 0, 0]), p0l)),
+            (
+                0,
+                "legacy",
+                p0l,
+                slow(reading(1000, 1000, [125, 0, 0]), p0l),
+            ),
             (
                 0,
                 "propagate",
-                at(2000, 1000, [125, 0, 0]),
-                at(3000, 2000, [225, 0, 0]),
+                reading(2000, 1000, [125, 0, 0]),
+                reading(3000, 2000, [225, 0, 0]),
             ),
-            (1, "propagate", p1p, slow(at(5000, 3000, [350, 0, 0]), p1p)),
+            (
+                1,
+                "propagate",
+                p1p,
+                slow(reading(5000, 3000, [350, 0, 0]), p1p),
+            ),
             (
                 1,
                 "legacy",
-                at(6000, 3000, [350, 0, 0]),
-                at(7000, 4000, [450, 0, 0]),
+                reading(6000, 3000, [350, 0, 0]),
+                reading(7000, 4000, [450, 0, 0]),
             ),
         ];
         let report = report(CpuVersus::Modes, plan, "proc", &readings, &[], 0);
