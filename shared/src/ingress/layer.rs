@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use tower::Layer;
 
-use super::anchor::Anchor;
 use super::service::DeadlineService;
 use crate::deadline::{DeadlinePolicy, LiveMode};
 use crate::mode::DeadlineMode;
@@ -38,8 +37,6 @@ pub(crate) struct IngressConfig {
     /// Routes whose requests are not reported (see [`DeadlineLayer::probes`]).
     pub(crate) probes: Vec<&'static str>,
     pub(crate) report: Reporter,
-    /// Keeps a timer ahead of the requests' deadlines, so arming theirs wakes nobody.
-    pub(crate) anchor: Arc<Anchor>,
 }
 
 impl IngressConfig {
@@ -63,7 +60,6 @@ impl DeadlineLayer {
                 honour_mode_header: false,
                 probes: Vec::new(),
                 report: None,
-                anchor: Arc::default(),
             }),
         }
     }

@@ -13,12 +13,10 @@
 //! which would make hyper drop the connection, and it keeps the inner error type.
 //!
 //! Laid out like tower's `timeout`: `layer` holds the configuration, `service` does
-//! the per-request work, `future` races the handler against the deadline; `anchor` keeps
-//! a timer ahead of the deadlines so that arming theirs wakes nobody; `extract`
+//! the per-request work, `future` races the handler against the deadline; `extract`
 //! hands the deadline to handlers, and `metrics` (feature `metrics`) measures every
 //! request and serves `GET /metrics`.
 
-mod anchor;
 mod extract;
 mod future;
 mod layer;

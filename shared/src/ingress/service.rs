@@ -20,7 +20,7 @@ use crate::stage::Stage;
 #[derive(Clone, Debug)]
 pub struct DeadlineService<S> {
     inner: S,
-    pub(super) config: Arc<IngressConfig>,
+    config: Arc<IngressConfig>,
 }
 
 impl<S> DeadlineService<S> {
@@ -95,8 +95,6 @@ where
         // The server span (opened by the HTTP middleware) declares this field.
         tracing::Span::current().record("deadline.budget_ms", budget.as_millis() as u64);
         request.extensions_mut().insert(deadline.clone());
-        // So that arming this request's timers wakes nobody (anchor.rs).
-        config.anchor.hold(arrived, deadline.instant());
         if mode == DeadlineMode::Observe {
             return ResponseFuture::observed(self.inner.call(request), deadline);
         }
