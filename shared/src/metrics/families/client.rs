@@ -9,11 +9,10 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use super::exemplar::{LatencyHistogram, latency_histogram_with_exemplars, observe_traced};
-use super::{DeadlineMetrics, latency_histogram};
+use super::{DeadlineMetrics, Histogram, latency_histogram};
 use crate::metrics::names::{
     HTTP_CLIENT_ADMISSION_PROBES_TOTAL, HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL,
     HTTP_CLIENT_ATTEMPTS_TOTAL, HTTP_CLIENT_HEDGE_DELAY_SECONDS,

@@ -9,10 +9,9 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use super::latency_histogram;
+use super::{Histogram, latency_histogram};
 use crate::metrics::names::{
     DEADLINE_CLAMPED_TOTAL, DEADLINE_EXCEEDED_TOTAL, DEADLINE_INBOUND_BUDGET_SECONDS,
     DEADLINE_MODE, DEADLINE_REMAINING_SECONDS, DEADLINE_WOULD_REFUSE_TOTAL, registered,
@@ -72,6 +71,10 @@ pub(crate) struct DeadlineMetrics {
     service: &'static str,
     inbound: Family<ServiceLabel, Histogram, fn() -> Histogram>,
     clamped: Family<ServiceLabel, Counter>,
+    /// The two series above, this service's only ones, held so that a request does not
+    /// look them up in their family (SipHash of the label set under a lock).
+    inbound_series: Histogram,
+    clamped_series: Counter,
     remaining: Family<ServiceStage, Histogram, fn() -> Histogram>,
     /// `remaining`'s series by stage, found without hashing their labels: a request
     /// observes one at each stage it starts, and the family's lookup (SipHash of the
@@ -85,10 +88,15 @@ pub(crate) struct DeadlineMetrics {
 
 impl DeadlineMetrics {
     pub(crate) fn register(registry: &mut Registry, service: &'static str) -> Self {
+        let inbound = Family::<_, _, fn() -> Histogram>::new_with_constructor(latency_histogram);
+        let clamped = Family::<_, Counter>::default();
+        let label = ServiceLabel { service };
         let this = Self {
             service,
-            inbound: Family::new_with_constructor(latency_histogram),
-            clamped: Family::default(),
+            inbound_series: inbound.get_or_create_owned(&label),
+            clamped_series: clamped.get_or_create_owned(&label),
+            inbound,
+            clamped,
             remaining: Family::new_with_constructor(latency_histogram),
             remaining_at: Arc::default(),
             exceeded: Family::default(),
@@ -132,7 +140,6 @@ impl DeadlineMetrics {
         for stage in Stage::ALL {
             let _ = this.exceeded.get_or_create(&this.stage_label(stage));
         }
-        let _ = this.clamped.get_or_create(&ServiceLabel { service });
         this
     }
 
@@ -168,14 +175,9 @@ impl DeadlineMetrics {
 impl Report for DeadlineMetrics {
     #[cfg(feature = "axum")]
     fn inbound(&self, budget: Duration, clamped: bool) {
-        let label = ServiceLabel {
-            service: self.service,
-        };
-        self.inbound
-            .get_or_create(&label)
-            .observe(budget.as_secs_f64());
+        self.inbound_series.observe(budget.as_secs_f64());
         if clamped {
-            self.clamped.get_or_create(&label).inc();
+            self.clamped_series.inc();
         }
     }
 

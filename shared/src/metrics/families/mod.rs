@@ -5,8 +5,6 @@
 //! part is built (a service without the database has no `db_*` families, one that
 //! neither serves nor calls has no configuration to export).
 
-use prometheus_client::metrics::histogram::Histogram;
-
 #[cfg(feature = "http-client")]
 mod client;
 #[cfg(feature = "sqlx")]
@@ -14,6 +12,7 @@ mod db;
 mod deadline;
 #[cfg(any(feature = "axum", feature = "http-client"))]
 mod exemplar;
+mod histogram;
 #[cfg(feature = "axum")]
 mod http;
 #[cfg(any(feature = "axum", feature = "http-client"))]
@@ -25,6 +24,7 @@ pub(crate) use client::{ClientMetrics, PoolGauges};
 #[cfg(feature = "sqlx")]
 pub(crate) use db::DbMetrics;
 pub(crate) use deadline::DeadlineMetrics;
+use histogram::Histogram;
 #[cfg(feature = "axum")]
 pub(crate) use http::HttpServerMetrics;
 #[cfg(feature = "http-client")]
@@ -41,5 +41,5 @@ const LATENCY_BUCKETS: [f64; 30] = [
 ];
 
 fn latency_histogram() -> Histogram {
-    Histogram::new(LATENCY_BUCKETS)
+    Histogram::new(&LATENCY_BUCKETS)
 }
