@@ -22,9 +22,10 @@ mod grpc_timeout;
 mod mode;
 mod request_timeout;
 
-#[cfg(test)]
 use envoy::ENVOY_TIMEOUT_HEADER;
-pub(crate) use envoy::{ENVOY_TIMEOUT_HEADER_DISPLAY, parse_envoy_timeout};
+pub(crate) use envoy::ENVOY_TIMEOUT_HEADER_DISPLAY;
+#[cfg(test)]
+use envoy::parse_envoy_timeout;
 pub use grpc_timeout::{
     GRPC_TIMEOUT_HEADER, GRPC_TIMEOUT_HEADER_DISPLAY, MAX_GRPC_DIGITS, parse_grpc_timeout,
     parse_grpc_value,
@@ -35,6 +36,7 @@ pub(crate) use mode::OBSERVE;
 #[cfg(feature = "axum")]
 pub(crate) use mode::{DEADLINE_MODE_HEADER_DISPLAY, observe_requested};
 pub use request_timeout::REQUEST_TIMEOUT_HEADER;
+use request_timeout::parse_digits;
 pub use request_timeout::{
     MAX_VALUE_BYTES, REQUEST_TIMEOUT_HEADER_DISPLAY, parse_millis, parse_request_timeout,
 };
@@ -131,10 +133,28 @@ impl InvalidBudget {
 /// assert_eq!(read_budget(&headers), Ok(Some(Duration::from_millis(2))));
 /// ```
 pub fn read_budget(headers: &HeaderMap) -> Result<Option<Duration>, InvalidBudget> {
+    // One walk over the request's headers instead of a lookup of each of the three
+    // names: a lookup hashes the name, and every request pays this. A request has a
+    // handful of headers, and a name that is not one of ours differs at its length or
+    // is one of the standard names, so each comparison is a few instructions.
+    let mut ours = Values::new(parse_digits);
+    let mut grpc = Values::new(parse_grpc_value);
+    let mut envoy = Values::new(parse_digits);
+    for (name, value) in headers {
+        let raw = value.as_bytes();
+        if *name == REQUEST_TIMEOUT_HEADER {
+            ours.push(raw);
+        } else if *name == GRPC_TIMEOUT_HEADER {
+            grpc.push(raw);
+        } else if *name == ENVOY_TIMEOUT_HEADER {
+            envoy.push(raw);
+        }
+    }
     let invalid = |header| move |reason| InvalidBudget::new(header, reason);
-    let ours = parse_request_timeout(headers).map_err(invalid(REQUEST_TIMEOUT_HEADER_DISPLAY))?;
-    let grpc = parse_grpc_timeout(headers).map_err(invalid(GRPC_TIMEOUT_HEADER_DISPLAY))?;
-    let envoy = parse_envoy_timeout(headers).map_err(invalid(ENVOY_TIMEOUT_HEADER_DISPLAY))?;
+    let ours = ours.read.map_err(invalid(REQUEST_TIMEOUT_HEADER_DISPLAY))?;
+    let grpc = grpc.read.map_err(invalid(GRPC_TIMEOUT_HEADER_DISPLAY))?;
+    let envoy = envoy.read.map_err(invalid(ENVOY_TIMEOUT_HEADER_DISPLAY))?;
+    let [ours, envoy] = [ours, envoy].map(|ms| ms.map(Duration::from_millis));
     Ok([ours, grpc, envoy]
         .into_iter()
         .flatten()
@@ -158,17 +178,44 @@ fn ceil_millis(budget: Duration) -> Duration {
 fn read_values<T: PartialEq>(
     headers: &HeaderMap,
     name: &HeaderName,
-    parse: impl Fn(&[u8]) -> Result<T, InvalidValue>,
+    parse: fn(&[u8]) -> Result<T, InvalidValue>,
 ) -> Result<Option<T>, InvalidValue> {
-    let mut parsed: Option<T> = None;
+    let mut values = Values::new(parse);
     for value in headers.get_all(name) {
-        let next = parse(value.as_bytes())?;
-        match &parsed {
-            Some(previous) if *previous != next => return Err(InvalidValue::Conflicting),
-            _ => parsed = Some(next),
+        values.push(value.as_bytes());
+    }
+    values.read
+}
+
+/// The values of one header, read one at a time in the order the request has them:
+/// what [`read_values`] and [`read_budget`] both make of them.
+struct Values<T> {
+    /// `Ok(None)` before the first value; the value while all agree; the first error,
+    /// which no later value changes.
+    read: Result<Option<T>, InvalidValue>,
+    parse: fn(&[u8]) -> Result<T, InvalidValue>,
+}
+
+impl<T: PartialEq> Values<T> {
+    fn new(parse: fn(&[u8]) -> Result<T, InvalidValue>) -> Self {
+        Self {
+            read: Ok(None),
+            parse,
         }
     }
-    Ok(parsed)
+
+    fn push(&mut self, raw: &[u8]) {
+        let Ok(read) = &mut self.read else {
+            return;
+        };
+        match (self.parse)(raw) {
+            Err(invalid) => self.read = Err(invalid),
+            Ok(next) if read.as_ref().is_some_and(|previous| *previous != next) => {
+                self.read = Err(InvalidValue::Conflicting);
+            }
+            Ok(next) => *read = Some(next),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -294,6 +341,47 @@ mod tests {
         assert_eq!(ceil_millis(Duration::ZERO), Duration::ZERO);
         assert_eq!(ceil_millis(Duration::from_nanos(999_999_999)), MS(1000));
         assert_eq!(ceil_millis(Duration::MAX), Duration::MAX);
+    }
+
+    /// What `read_budget` answers by definition: each header read on its own (by its
+    /// name's lookup), the first error in the documented order, else the smallest.
+    fn read_each(headers: &HeaderMap) -> Result<Option<Duration>, InvalidBudget> {
+        let invalid = |header| move |reason| InvalidBudget::new(header, reason);
+        let ours =
+            parse_request_timeout(headers).map_err(invalid(REQUEST_TIMEOUT_HEADER_DISPLAY))?;
+        let grpc = parse_grpc_timeout(headers).map_err(invalid(GRPC_TIMEOUT_HEADER_DISPLAY))?;
+        let envoy = parse_envoy_timeout(headers).map_err(invalid(ENVOY_TIMEOUT_HEADER_DISPLAY))?;
+        Ok([ours, grpc, envoy]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(ceil_millis))
+    }
+
+    proptest! {
+        #[test]
+        fn one_walk_over_the_headers_reads_what_a_lookup_of_each_reads(
+            pairs in proptest::collection::vec(
+                (
+                    prop::sample::select(vec![
+                        REQUEST_TIMEOUT_HEADER,
+                        GRPC_TIMEOUT_HEADER,
+                        ENVOY_TIMEOUT_HEADER,
+                        HeaderName::from_static("x-request-timeout"),
+                        http::header::HOST,
+                    ]),
+                    prop::sample::select(vec!["250", "250m", "1S", "1000", "x", "", "0", "7n"]),
+                ),
+                0..8,
+            )
+        ) {
+            // Repeats, conflicts, errors after and before a value, other headers between.
+            let mut map = HeaderMap::new();
+            for (name, value) in &pairs {
+                map.append(name.clone(), HeaderValue::from_static(value));
+            }
+            prop_assert_eq!(read_budget(&map), read_each(&map));
+        }
     }
 
     proptest! {
