@@ -251,10 +251,13 @@ impl<T: Send> Job<T> {
                 return;
             }
         };
-        self.deadline
-            .log()
-            .observe_start(Stage::Db, self.deadline.remaining());
-        let _ = self.handoff.connected_at.set(Instant::now());
+        let connected_at = Instant::now();
+        let remaining = self
+            .deadline
+            .instant()
+            .saturating_duration_since(connected_at);
+        self.deadline.log().observe_start(Stage::Db, remaining);
+        let _ = self.handoff.connected_at.set(connected_at);
         let span = self.deadline.stage_span(Stage::Db);
         let answer = Answer {
             handoff: &self.handoff,
@@ -292,14 +295,13 @@ impl<T: Send> Job<T> {
     /// error, so that it is counted only if it is the answer.
     async fn acquire(&self) -> Result<(Conn, Option<Session>), Failure<'_>> {
         let deadline = &self.deadline;
-        deadline
-            .log()
-            .observe_start(Stage::DbPool, deadline.remaining());
-        if deadline.is_expired() {
+        let started = Instant::now();
+        let remaining = deadline.instant().saturating_duration_since(started);
+        deadline.log().observe_start(Stage::DbPool, remaining);
+        if remaining.is_zero() {
             return Err(Box::new(|| deadline.exceeded(Stage::DbPool).into()));
         }
         let _waiting = self.metrics.as_ref().map(Pending::enter);
-        let started = Instant::now();
         let until = deadline.instant().min(started + self.acquire_timeout);
         let acquired = match self.take_idle(started, until).await {
             Some((conn, session)) => Ok(Ok((conn, Some(session)))),

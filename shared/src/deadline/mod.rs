@@ -247,13 +247,14 @@ impl Deadline {
     where
         F: IntoFuture,
     {
-        let remaining = self.remaining();
+        // One read of the clock for both: what is left, and when the step started.
+        let started = Instant::now();
+        let remaining = self.at.saturating_duration_since(started);
         self.log.observe_start(stage, remaining);
         if remaining.is_zero() {
             return Err(self.exceeded(stage));
         }
         let span = self.stage_span(stage);
-        let started = Instant::now();
         // Boxed once, so the timeout and the span wrap a pointer: each wrapper would
         // otherwise move the whole step by value, and an HTTP call's future is
         // kilobytes (measured: three such copies were a third of what propagate added

@@ -136,7 +136,7 @@ async fn measure(
     let _in_flight = InFlight::enter(&metrics, &uri);
     let response = next.run(request).await;
     let status = response.status();
-    tracing::Span::current().record("http.response.status_code", status.as_u16());
+    super::current_span::record("http.response.status_code", u64::from(status.as_u16()));
     metrics
         .http()
         .observe_request(method, &uri, status.as_str(), started.elapsed());

@@ -17,6 +17,7 @@
 //! hands the deadline to handlers, and `metrics` (feature `metrics`) measures every
 //! request and serves `GET /metrics`.
 
+mod current_span;
 mod extract;
 mod future;
 mod layer;

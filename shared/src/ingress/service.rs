@@ -8,6 +8,7 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower::Service;
 
+use super::current_span;
 use super::future::ResponseFuture;
 use super::layer::IngressConfig;
 use crate::deadline::Deadline;
@@ -93,7 +94,7 @@ where
         }
         deadline.log().observe_start(Stage::Ingress, budget);
         // The server span (opened by the HTTP middleware) declares this field.
-        tracing::Span::current().record("deadline.budget_ms", budget.as_millis() as u64);
+        current_span::record("deadline.budget_ms", budget.as_millis() as u64);
         request.extensions_mut().insert(deadline.clone());
         if mode == DeadlineMode::Observe {
             return ResponseFuture::observed(self.inner.call(request), deadline);
