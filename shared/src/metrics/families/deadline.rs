@@ -72,8 +72,11 @@ pub(crate) struct DeadlineMetrics {
     inbound: Family<ServiceLabel, Histogram, fn() -> Histogram>,
     clamped: Family<ServiceLabel, Counter>,
     /// The two series above, this service's only ones, held so that a request does not
-    /// look them up in their family (SipHash of the label set under a lock).
+    /// look them up in their family (SipHash of the label set under a lock). Only the
+    /// ingress observes them.
+    #[cfg(feature = "axum")]
     inbound_series: Histogram,
+    #[cfg(feature = "axum")]
     clamped_series: Counter,
     remaining: Family<ServiceStage, Histogram, fn() -> Histogram>,
     /// `remaining`'s series by stage, found without hashing their labels: a request
@@ -93,7 +96,9 @@ impl DeadlineMetrics {
         let label = ServiceLabel { service };
         let this = Self {
             service,
+            #[cfg(feature = "axum")]
             inbound_series: inbound.get_or_create_owned(&label),
+            #[cfg(feature = "axum")]
             clamped_series: clamped.get_or_create_owned(&label),
             inbound,
             clamped,
@@ -140,6 +145,7 @@ impl DeadlineMetrics {
         for stage in Stage::ALL {
             let _ = this.exceeded.get_or_create(&this.stage_label(stage));
         }
+        let _ = this.clamped.get_or_create(&label);
         this
     }
 
