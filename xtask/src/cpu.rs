@@ -405,7 +405,6 @@ fn report(
     requests: &[Request],
     k6_exit: i32,
 ) -> CpuReport {
-    let sides = versus.sides().map(|(name, _)| name.to_owned());
     let segments: Vec<Segment> = readings
         .iter()
         .map(|(pair, side, start, end)| {
@@ -444,6 +443,19 @@ fn report(
             }
         })
         .collect();
+    summarize(versus, plan, source, segments, k6_exit)
+}
+
+/// A report's figures from its segments: each pair's ratios (first side over second),
+/// their medians, and each side's own figures.
+fn summarize(
+    versus: CpuVersus,
+    plan: CpuPlan,
+    source: &str,
+    segments: Vec<Segment>,
+    k6_exit: i32,
+) -> CpuReport {
+    let sides = versus.sides().map(|(name, _)| name.to_owned());
     let of = |pair: usize, side: &str| segments.iter().find(|s| s.pair == pair && s.side == side);
     let pairs: Vec<(&Segment, &Segment)> = (0..plan.pairs as usize)
         .filter_map(|p| Some((of(p, &sides[0])?, of(p, &sides[1])?)))
@@ -517,6 +529,86 @@ fn report(
         p50_difference_ms: spread(&differences),
         k6_exit,
     }
+}
+
+/// The pairs of several runs of one comparison as one report, as if one run had made
+/// them all: how the docs pool runs of the same build, made on different days, into
+/// one median. Each run's pairs keep their own sides and control; only their numbers
+/// change, so that no two runs' pairs are taken for one.
+pub fn pool(reports: &[&CpuReport]) -> anyhow::Result<CpuReport> {
+    let Some(first) = reports.first() else {
+        anyhow::bail!("no runs to pool");
+    };
+    let mut segments = Vec::new();
+    let mut pairs = 0;
+    for report in reports {
+        anyhow::ensure!(
+            report.versus == first.versus && report.plan.rate == first.plan.rate,
+            "only runs of one comparison at one rate can be pooled"
+        );
+        let offset = pairs as usize;
+        segments.extend(report.segments.iter().cloned().map(|mut segment| {
+            segment.pair += offset;
+            segment
+        }));
+        pairs += report.plan.pairs;
+    }
+    let plan = CpuPlan {
+        pairs,
+        ..first.plan
+    };
+    let mut sources: Vec<&str> = reports.iter().map(|r| r.source.as_str()).collect();
+    sources.sort_unstable();
+    sources.dedup();
+    let k6_exit = reports
+        .iter()
+        .map(|r| r.k6_exit)
+        .find(|&e| e != 0)
+        .unwrap_or(0);
+    Ok(summarize(
+        first.versus,
+        plan,
+        &sources.join(", "),
+        segments,
+        k6_exit,
+    ))
+}
+
+/// `cargo xtask cpu-pool`'s command line.
+#[derive(Debug, clap::Args)]
+pub struct CpuPoolArgs {
+    /// The comparison to pool.
+    #[arg(long, value_enum, default_value = "modes")]
+    pub versus: CpuVersus,
+    /// Folders holding a `cpu.json` each (what `cargo xtask cpu --out` or the `happy`
+    /// experiment wrote).
+    #[arg(required = true)]
+    pub dirs: Vec<PathBuf>,
+}
+
+/// Runs `cargo xtask cpu-pool`: prints the pooled table, after the runs it pools.
+pub fn pool_command(args: &CpuPoolArgs) -> anyhow::Result<()> {
+    let mut published = Vec::new();
+    for dir in &args.dirs {
+        let run =
+            Published::read(dir)?.with_context(|| format!("no cpu.json in {}", dir.display()))?;
+        published.push(run);
+    }
+    let mut reports = Vec::new();
+    for (dir, run) in args.dirs.iter().zip(&published) {
+        let report = run
+            .report(args.versus)
+            .with_context(|| format!("{} has no {:?} comparison", dir.display(), args.versus))?;
+        println!(
+            "- {}: commit `{}`, {} pairs",
+            dir.display(),
+            run.commit,
+            report.plan.pairs
+        );
+        reports.push(report);
+    }
+    println!("\n{}", pool(&reports)?.markdown());
+    Ok(())
 }
 
 /// `cargo xtask cpu`'s command line: the instrument alone.
@@ -734,6 +826,64 @@ mod tests {
         // The control ran at the same speed throughout: nothing to take out.
         assert!((report.ratios["reference"].median - 1.0).abs() < 1e-9);
         assert!((report.adjusted_ratio().unwrap().median - 1.6 / 1.8).abs() < 1e-9);
+    }
+
+    /// A segment whose orders cost `total` ms of CPU, the control 0.08 ms a call.
+    fn segment(pair: usize, side: &str, total: f64) -> Segment {
+        Segment {
+            pair,
+            side: side.to_owned(),
+            orders: 1500,
+            seconds: 3.0,
+            cpu_ms_per_order: [total / 2.0, total / 4.0, total / 4.0],
+            total_ms_per_order: total,
+            p50_ms: 1.0,
+            p99_ms: 2.0,
+            not_created: 0,
+            reference_ms_per_call: 0.08,
+        }
+    }
+
+    /// A run of the modes whose pairs' ratios (legacy / propagate) are `ratios`.
+    fn run_of(ratios: &[f64]) -> CpuReport {
+        let plan = CpuPlan {
+            pairs: ratios.len() as u32,
+            ..CpuPlan::default()
+        };
+        let segments = ratios
+            .iter()
+            .enumerate()
+            .flat_map(|(pair, ratio)| {
+                [
+                    segment(pair, "legacy", *ratio),
+                    segment(pair, "propagate", 1.0),
+                ]
+            })
+            .collect();
+        summarize(CpuVersus::Modes, plan, "cgroup", segments, 0)
+    }
+
+    #[test]
+    fn pooled_runs_are_one_run_of_all_their_pairs() {
+        let (one, two) = (run_of(&[0.90]), run_of(&[0.95, 1.0]));
+        assert!((one.adjusted_ratio().unwrap().median - 0.90).abs() < 1e-9);
+        let pooled = pool(&[&one, &two]).unwrap();
+        assert_eq!(pooled.plan.pairs, 3);
+        // Three pairs, not two runs' first pairs taken for one pair.
+        let pairs: std::collections::BTreeSet<usize> =
+            pooled.segments.iter().map(|s| s.pair).collect();
+        assert_eq!(pairs.len(), 3);
+        let adjusted = pooled.adjusted_ratio().unwrap();
+        assert!((adjusted.median - 0.95).abs() < 1e-9, "{adjusted:?}");
+        assert!((adjusted.min - 0.90).abs() < 1e-9 && (adjusted.max - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn only_runs_of_one_comparison_are_pooled() {
+        let mut aa = run_of(&[1.0]);
+        aa.versus = CpuVersus::Aa;
+        assert!(pool(&[&run_of(&[0.9]), &aa]).is_err());
+        assert!(pool(&[]).is_err());
     }
 
     #[test]

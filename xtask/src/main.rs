@@ -40,6 +40,9 @@ enum Command {
     /// CPU per order of each process at a fixed open-loop rate, both modes on one stack
     /// switched at run time in alternating pairs, and the same instrument A/A.
     Cpu(xtask::cpu::CpuArgs),
+    /// Pool the pairs of several `cpu` runs (each folder's cpu.json) into one table, as
+    /// if one run had made them all: how docs/experiment.md pools runs of one build.
+    CpuPool(xtask::cpu::CpuPoolArgs),
     /// Regenerate the result tables of README.md and docs/experiment.md (between their
     /// `<!-- tables:begin -->` and `<!-- tables:end -->` lines) from
     /// docs/results/*/summary.json.
@@ -112,6 +115,7 @@ async fn main() -> ExitCode {
             .map(|ok| u8::from(!ok)),
         Command::Cost(args) => xtask::cost::cost(args).await.map(|()| 0),
         Command::Cpu(args) => xtask::cpu::run(args).await.map(|_| 0),
+        Command::CpuPool(args) => xtask::cpu::pool_command(&args).map(|()| 0),
         Command::Dashboards => dashboards_command(),
         Command::Images(args) => xtask::images::images(&args).map(|()| 0),
         Command::ComposeCheck(args) => xtask::compose::compose_check(&args)
