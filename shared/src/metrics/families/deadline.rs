@@ -69,11 +69,10 @@ struct ServiceMode {
 #[derive(Clone, Debug)]
 pub(crate) struct DeadlineMetrics {
     service: &'static str,
-    inbound: Family<ServiceLabel, Histogram, fn() -> Histogram>,
-    clamped: Family<ServiceLabel, Counter>,
-    /// The two series above, this service's only ones, held so that a request does not
-    /// look them up in their family (SipHash of the label set under a lock). Only the
-    /// ingress observes them.
+    /// The service's one series of `deadline_inbound_budget_seconds` and of
+    /// `deadline_clamped_total`, held so that a request does not look them up in their
+    /// family (SipHash of the label set under a lock); the families themselves are
+    /// only the registry's. Only the ingress observes them.
     #[cfg(feature = "axum")]
     inbound_series: Histogram,
     #[cfg(feature = "axum")]
@@ -91,8 +90,9 @@ pub(crate) struct DeadlineMetrics {
 
 impl DeadlineMetrics {
     pub(crate) fn register(registry: &mut Registry, service: &'static str) -> Self {
-        let inbound = Family::<_, _, fn() -> Histogram>::new_with_constructor(latency_histogram);
-        let clamped = Family::<_, Counter>::default();
+        let inbound: Family<ServiceLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        let clamped: Family<ServiceLabel, Counter> = Family::default();
         let label = ServiceLabel { service };
         let this = Self {
             service,
@@ -100,8 +100,6 @@ impl DeadlineMetrics {
             inbound_series: inbound.get_or_create_owned(&label),
             #[cfg(feature = "axum")]
             clamped_series: clamped.get_or_create_owned(&label),
-            inbound,
-            clamped,
             remaining: Family::new_with_constructor(latency_histogram),
             remaining_at: Arc::default(),
             exceeded: Family::default(),
@@ -111,12 +109,12 @@ impl DeadlineMetrics {
         registry.register(
             DEADLINE_INBOUND_BUDGET_SECONDS,
             "Budget accepted at the ingress, after clamping",
-            this.inbound.clone(),
+            inbound,
         );
         registry.register(
             registered(DEADLINE_CLAMPED_TOTAL),
             "Requests whose asked-for budget was clamped to [1 ms, max]",
-            this.clamped.clone(),
+            clamped.clone(),
         );
         registry.register(
             DEADLINE_REMAINING_SECONDS,
@@ -145,7 +143,7 @@ impl DeadlineMetrics {
         for stage in Stage::ALL {
             let _ = this.exceeded.get_or_create(&this.stage_label(stage));
         }
-        let _ = this.clamped.get_or_create(&label);
+        let _ = clamped.get_or_create(&label);
         this
     }
 
