@@ -252,10 +252,7 @@ impl<T: Send> Job<T> {
             }
         };
         let connected_at = Instant::now();
-        let remaining = self
-            .deadline
-            .instant()
-            .saturating_duration_since(connected_at);
+        let remaining = self.deadline.remaining_at(connected_at);
         self.deadline.log().observe_start(Stage::Db, remaining);
         let _ = self.handoff.connected_at.set(connected_at);
         let span = self.deadline.stage_span(Stage::Db);
@@ -296,7 +293,7 @@ impl<T: Send> Job<T> {
     async fn acquire(&self) -> Result<(Conn, Option<Session>), Failure<'_>> {
         let deadline = &self.deadline;
         let started = Instant::now();
-        let remaining = deadline.instant().saturating_duration_since(started);
+        let remaining = deadline.remaining_at(started);
         deadline.log().observe_start(Stage::DbPool, remaining);
         if remaining.is_zero() {
             return Err(Box::new(|| deadline.exceeded(Stage::DbPool).into()));

@@ -162,7 +162,13 @@ impl Deadline {
 
     /// What is left; zero once the deadline has passed, never negative.
     pub fn remaining(&self) -> Duration {
-        self.at.saturating_duration_since(Instant::now())
+        self.remaining_at(Instant::now())
+    }
+
+    /// What is left at `now`: for a step that reads the clock once for both what is
+    /// left and when it started.
+    pub(crate) fn remaining_at(&self, now: Instant) -> Duration {
+        self.at.saturating_duration_since(now)
     }
 
     /// True once nothing is left. No new I/O may start after this.
@@ -249,7 +255,7 @@ impl Deadline {
     {
         // One read of the clock for both: what is left, and when the step started.
         let started = Instant::now();
-        let remaining = self.at.saturating_duration_since(started);
+        let remaining = self.remaining_at(started);
         self.log.observe_start(stage, remaining);
         if remaining.is_zero() {
             return Err(self.exceeded(stage));
