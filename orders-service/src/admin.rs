@@ -16,21 +16,21 @@
 use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
-use deadline_propagation::DeadlineMode;
-use deadline_propagation::LiveMode;
 use serde::{Deserialize, Serialize};
 use service_kit::json::JsonBody;
+
+use crate::mode::{Mode, ModeSwitch};
 
 /// The body of `GET` and `PUT /admin/mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModeBody {
     /// `legacy`, `observe` or `propagate`.
-    pub mode: DeadlineMode,
+    pub mode: Mode,
 }
 
 /// The admin router; `allow_remote` lets non-loopback clients in.
-pub fn router(mode: LiveMode, allow_remote: bool) -> Router {
+pub fn router(mode: ModeSwitch, allow_remote: bool) -> Router {
     let router = Router::new()
         .route("/admin/mode", get(get_mode).put(put_mode))
         .with_state(mode)
@@ -38,12 +38,12 @@ pub fn router(mode: LiveMode, allow_remote: bool) -> Router {
     service_kit::admin::guard(router, allow_remote, "ORDERS_ADMIN_ALLOW_REMOTE")
 }
 
-async fn get_mode(State(mode): State<LiveMode>) -> Json<ModeBody> {
+async fn get_mode(State(mode): State<ModeSwitch>) -> Json<ModeBody> {
     Json(ModeBody { mode: mode.get() })
 }
 
 async fn put_mode(
-    State(mode): State<LiveMode>,
+    State(mode): State<ModeSwitch>,
     JsonBody(body): JsonBody<ModeBody>,
 ) -> Json<ModeBody> {
     let before = mode.set(body.mode);
@@ -69,10 +69,9 @@ mod tests {
         let mut request = request;
         let addr: SocketAddr = peer.parse().unwrap();
         request.extensions_mut().insert(ConnectInfo(addr));
-        let response = router(LiveMode::new(DeadlineMode::Propagate), allow_remote)
-            .oneshot(request)
-            .await
-            .unwrap();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let mode = ModeSwitch::new(Mode::Propagate, "orders", &mut registry);
+        let response = router(mode, allow_remote).oneshot(request).await.unwrap();
         let status = response.status();
         let body = axum::body::to_bytes(response.into_body(), 4096)
             .await

@@ -1,12 +1,17 @@
-//! The catalog as orders-service sees it: prices, fetched under the request's deadline.
+//! The catalog as orders-service sees it: prices, fetched under the request's deadline
+//! (or, in legacy, without one).
 
 use deadline_propagation::Downstream;
 use deadline_propagation::client::{BudgetedClient, CallErrorKind, ClientConfig};
 use deadline_propagation::metrics::Metrics;
 use deadline_propagation::{Deadline, Problem};
+use http::{Method, StatusCode};
 use serde::Deserialize;
+use tokio::time::Instant;
 
+use crate::budget::Budget;
 use crate::config::{Admission, Config};
+use crate::legacy::{Failure, PlainClient};
 
 /// One catalog item; only what an order needs.
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
@@ -23,6 +28,7 @@ pub struct CatalogItem {
 #[derive(Debug, Clone)]
 pub struct CatalogClient {
     http: BudgetedClient,
+    plain: PlainClient,
 }
 
 impl CatalogClient {
@@ -30,16 +36,31 @@ impl CatalogClient {
     pub fn new(config: &Config, metrics: &Metrics) -> Result<Self, reqwest::Error> {
         let base_url = config.catalog_url.trim_end_matches('/').to_owned();
         let http = pooled_client(config, service_kit::metrics::catalog(), base_url, metrics)?;
-        Ok(Self { http })
+        let plain = PlainClient::new(&http, metrics)?;
+        Ok(Self { http, plain })
     }
 
     /// The item for `sku` (already validated to be URL-safe). An unknown SKU is 404.
-    pub async fn item(&self, deadline: &Deadline, sku: &str) -> Result<CatalogItem, Problem> {
+    pub async fn item(&self, budget: &Budget, sku: &str) -> Result<CatalogItem, Problem> {
+        let path = format!("/catalog/{sku}");
+        let unknown = || Problem::not_found(format!("unknown sku {sku:?}"));
+        let deadline = match budget {
+            Budget::Deadline(deadline) => deadline,
+            Budget::Unbounded => {
+                let started = Instant::now();
+                return match self.plain.send(Method::GET, &path, None).await {
+                    Ok(body) => serde_json::from_slice(&body)
+                        .map_err(|err| Problem::bad_gateway(self.plain.downstream().call(), err)),
+                    Err(Failure::Status(StatusCode::NOT_FOUND)) => Err(unknown()),
+                    Err(failure) => Err(failure.into_problem(self.plain.downstream(), started)),
+                };
+            }
+        };
         self.http
-            .get_json(deadline, &format!("/catalog/{sku}"))
+            .get_json(deadline, &path)
             .await
             .map_err(|err| match err.kind() {
-                CallErrorKind::NotFound => Problem::not_found(format!("unknown sku {sku:?}")),
+                CallErrorKind::NotFound => unknown(),
                 _ => err.into(),
             })
     }

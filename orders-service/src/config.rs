@@ -4,10 +4,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use deadline_propagation::DeadlineMode;
 use deadline_propagation::client::{HedgePolicy, RetryBudget};
 use service_kit::telemetry::LogFormat;
 
+use crate::mode::Mode;
 use crate::prechecks::{self, PrecheckSpec};
 
 /// orders-service settings. `--help` lists each with its variable and default.
@@ -53,8 +53,8 @@ pub struct Config {
     /// propagate would refuse is counted) or `legacy` (the "before": fixed 30 s
     /// timeouts, unbounded pool wait, no statement timeout). Switchable at run time
     /// through the admin API.
-    #[arg(long, env = "DEADLINE_MODE", value_enum, default_value_t = DeadlineMode::Propagate)]
-    pub deadline_mode: DeadlineMode,
+    #[arg(long, env = "DEADLINE_MODE", value_enum, default_value_t = Mode::Propagate)]
+    pub deadline_mode: Mode,
 
     /// `predict`: refuse (503) a catalog call that the recent catalog latency says
     /// cannot finish in its remaining budget, before it takes a slot. `off`: send all.

@@ -12,6 +12,8 @@
 //! # Module map
 //!
 //! - [`config`]: settings from the environment and `--flags`.
+//! - [`mode`]: legacy, observe or propagate, switched at run time; [`budget`]: what a
+//!   request may spend in it; [`legacy`]: the service without the technique.
 //! - [`catalog`]: the catalog client: a [`BudgetedClient`](deadline_propagation::client::BudgetedClient)
 //!   that looks up prices under the request's deadline.
 //! - [`orders`]: validation and the order transaction (stock decrement and insert commit
@@ -23,14 +25,17 @@
 //! - [`routes`]: the HTTP API, health and readiness.
 //! - [`admin`]: `GET|PUT /admin/mode` on the admin address: the rollout switch.
 //!
-//! `DEADLINE_MODE=legacy` runs the same code the way it would be written without the
-//! technique, for the before/after experiment; `observe` runs it all but refuses
-//! nothing. The mode switches at run time through the admin API.
+//! `DEADLINE_MODE=legacy` runs the same handlers without the technique, for the
+//! before/after experiment; `observe` runs it all but refuses nothing. The mode
+//! switches at run time through the admin API.
 
 pub mod admin;
 pub mod assistant;
+pub mod budget;
 pub mod catalog;
 pub mod config;
+pub mod legacy;
+pub mod mode;
 pub mod orders;
 pub mod prechecks;
 pub mod routes;
@@ -39,17 +44,18 @@ use std::future::Future;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use deadline_propagation::DeadlineMode;
-use deadline_propagation::LiveMode;
-use deadline_propagation::ToolPolicy;
-use deadline_propagation::db::{Db, DbConfig};
+use deadline_propagation::db::{Db, DbConfig, DbError, Read, Statements};
 use deadline_propagation::metrics::Metrics;
+use deadline_propagation::{Problem, ToolPolicy};
 use service_kit::server::{ServerOptions, serve};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub use budget::Budget;
 pub use catalog::CatalogClient;
 pub use config::Config;
+use legacy::PlainDb;
+pub use mode::{Mode, ModeSwitch};
 
 /// What every handler shares.
 #[derive(Clone, Debug)]
@@ -58,14 +64,59 @@ pub struct AppState {
     pub catalog: CatalogClient,
     /// The configured prechecks (none by default).
     pub prechecks: prechecks::Prechecks,
-    /// The database pool and its mode.
+    /// The database under the deadline.
     pub db: Db,
+    /// The database as legacy mode reaches it: a plain pool.
+    pub plain_db: PlainDb,
     /// This service's metrics.
     pub metrics: Metrics,
     /// Assistant budgets and planner.
     pub assistant: Assistant,
-    /// The deadline mode in force, switched by the admin API.
-    pub mode: LiveMode,
+    /// The mode in force, switched by the admin API.
+    pub mode: ModeSwitch,
+}
+
+impl AppState {
+    /// Runs `body` in one transaction: under the deadline, or (legacy) on the plain
+    /// pool.
+    pub async fn transaction<T, B>(&self, budget: &Budget, body: B) -> Result<T, Problem>
+    where
+        T: Send + 'static,
+        B: Statements<T>,
+    {
+        match budget {
+            Budget::Deadline(deadline) => self
+                .db
+                .transaction(deadline, body)
+                .await
+                .map_err(unknown_sku_is_404),
+            Budget::Unbounded => self.plain_db.transaction(body).await,
+        }
+    }
+
+    /// Runs `read` (statements that change nothing): under the deadline, or (legacy)
+    /// on the plain pool.
+    pub async fn read<T, F>(&self, budget: &Budget, read: F) -> Result<T, Problem>
+    where
+        T: Send + 'static,
+        F: Read<T>,
+    {
+        match budget {
+            Budget::Deadline(deadline) => Ok(self.db.read(deadline, read).await?),
+            Budget::Unbounded => self.plain_db.read(read).await,
+        }
+    }
+}
+
+/// A SKU the catalog knows but the inventory does not (foreign key violation) is the
+/// client's mistake, not ours.
+fn unknown_sku_is_404(err: DbError) -> Problem {
+    match &err {
+        DbError::Query(sqlx::Error::Database(db)) if db.code().as_deref() == Some("23503") => {
+            Problem::not_found("unknown sku: not in the inventory")
+        }
+        _ => err.into(),
+    }
 }
 
 /// How assistant turns are planned and budgeted.
@@ -112,8 +163,12 @@ pub struct Application {
 impl Application {
     /// Connects, migrates and binds (port 0 picks a free port, as tests do).
     pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let mut mode = None;
         let metrics =
-            service_kit::metrics::for_service("orders-service", config.runtime_metrics, |_| {});
+            service_kit::metrics::for_service(SERVICE, config.runtime_metrics, |registry| {
+                mode = Some(ModeSwitch::new(config.deadline_mode, SERVICE, registry));
+            });
+        let mode = mode.expect("the registry was built");
         // Every tool's series exist at 0 from the first scrape.
         metrics.declare_tools(assistant::Tool::ALL.map(assistant::Tool::name));
         // Before the database: a bad precheck setting fails start-up at once.
@@ -126,6 +181,8 @@ impl Application {
         let db = Db::connect_lazy(&config.database_url, db_config)
             .context("DATABASE_URL is not a valid PostgreSQL URL")?
             .with_metrics(&metrics);
+        let plain_db = PlainDb::connect_lazy(&config.database_url, &db_config)
+            .context("DATABASE_URL is not a valid PostgreSQL URL")?;
         migrate(&db).await?;
         let catalog =
             CatalogClient::new(&config, &metrics).context("cannot build the catalog client")?;
@@ -142,7 +199,6 @@ impl Application {
             .with_context(|| {
                 format!("cannot listen on {} (ORDERS_ADMIN_ADDR)", config.admin_addr)
             })?;
-        let mode = LiveMode::new(config.deadline_mode).with_metrics(&metrics);
         Ok(Self {
             port: listener.local_addr()?.port(),
             admin_port: admin.local_addr()?.port(),
@@ -152,6 +208,7 @@ impl Application {
                 catalog,
                 prechecks,
                 db,
+                plain_db,
                 metrics,
                 assistant: Assistant::from_config(&config)?,
                 mode,
@@ -170,8 +227,8 @@ impl Application {
         self.admin_port
     }
 
-    /// The deadline mode in force now.
-    pub fn mode(&self) -> DeadlineMode {
+    /// The mode in force now.
+    pub fn mode(&self) -> Mode {
         self.state.mode.get()
     }
 
@@ -204,8 +261,12 @@ impl Application {
             serve(self.admin, admin, admin_stop.cancelled_owned(), options),
         );
         self.state.db.close().await;
+        self.state.plain_db.close().await;
     }
 }
+
+/// The `service` label of this service's metrics.
+const SERVICE: &str = "orders-service";
 
 /// The schema, embedded at compile time; public so that harnesses (`cargo xtask cost`)
 /// build the very tables the service uses.

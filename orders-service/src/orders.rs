@@ -9,11 +9,14 @@
 //! Ten identical retries at once give one order.
 
 use chrono::{DateTime, Utc};
-use deadline_propagation::db::{Check, Db, DbError, End};
-use deadline_propagation::{Deadline, Problem};
+use deadline_propagation::Problem;
+use deadline_propagation::db::{Check, End};
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
 use utoipa::ToSchema;
+
+use crate::AppState;
+use crate::budget::Budget;
 
 /// The largest quantity one order may ask for.
 pub const MAX_QUANTITY: i64 = 1000;
@@ -177,14 +180,14 @@ enum Attempt {
     KeyTaken(Option<Order>),
 }
 
-/// Places `order` at `unit_price_cents` in one transaction, under `deadline`.
+/// Places `order` at `unit_price_cents` in one transaction, under `budget`.
 ///
 /// The answer tells the truth about the table (docs/design.md §5): `Created` only once the
 /// COMMIT is known to have succeeded; every error from here means nothing was written
 /// (or, for a COMMIT whose outcome could not be learned, a 500 that says so).
 pub async fn place_order(
-    db: &Db,
-    deadline: &Deadline,
+    state: &AppState,
+    budget: &Budget,
     order: &NewOrder,
     unit_price_cents: u32,
     key: Option<&str>,
@@ -192,8 +195,8 @@ pub async fn place_order(
     let unit_price = i32::try_from(unit_price_cents).map_err(Problem::internal)?;
     let total = i64::from(unit_price) * i64::from(order.quantity);
     let (sku, quantity, key_owned) = (order.sku.clone(), order.quantity, key.map(str::to_owned));
-    let attempt = db
-        .transaction(deadline, move |conn| {
+    let attempt = state
+        .transaction(budget, move |conn| {
             Box::pin(async move {
                 let row: Option<PlacedRow> = sqlx::query_as(PLACE_ORDER)
                     .bind(&sku)
@@ -222,8 +225,7 @@ pub async fn place_order(
                 })
             })
         })
-        .await
-        .map_err(unknown_sku_is_404)?;
+        .await?;
     match attempt {
         Attempt::Created(order) => Ok(Placed::Created(order)),
         Attempt::OutOfStock => Err(Problem::conflict(format!(
@@ -255,14 +257,14 @@ fn order_exists(id: i64) -> Check {
 /// now, and a replay must not be refused with "nothing written" about an order that
 /// exists); the same key for a different order is the client's mistake.
 pub async fn find_replay(
-    db: &Db,
-    deadline: &Deadline,
+    state: &AppState,
+    budget: &Budget,
     order: &NewOrder,
     key: &str,
 ) -> Result<Option<Order>, Problem> {
     let key = key.to_owned();
-    let existing: Option<Order> = db
-        .read(deadline, move |conn| {
+    let existing: Option<Order> = state
+        .read(budget, move |conn| {
             Box::pin(
                 sqlx::query_as(sqlx::AssertSqlSafe(format!(
                     "SELECT {ORDER_COLUMNS} FROM orders WHERE idempotency_key = $1"
@@ -288,9 +290,13 @@ fn replay(existing: Order, order: &NewOrder) -> Result<Order, Problem> {
 }
 
 /// The order with `id`, if any.
-pub async fn find_order(db: &Db, deadline: &Deadline, id: i64) -> Result<Option<Order>, Problem> {
-    Ok(db
-        .read(deadline, move |conn| {
+pub async fn find_order(
+    state: &AppState,
+    budget: &Budget,
+    id: i64,
+) -> Result<Option<Order>, Problem> {
+    state
+        .read(budget, move |conn| {
             Box::pin(
                 sqlx::query_as(sqlx::AssertSqlSafe(format!(
                     "SELECT {ORDER_COLUMNS} FROM orders WHERE id = $1"
@@ -299,18 +305,7 @@ pub async fn find_order(db: &Db, deadline: &Deadline, id: i64) -> Result<Option<
                 .fetch_optional(conn),
             )
         })
-        .await?)
-}
-
-/// A SKU the catalog knows but the inventory does not (foreign key violation) is the
-/// client's mistake, not ours.
-fn unknown_sku_is_404(err: DbError) -> Problem {
-    match &err {
-        DbError::Query(sqlx::Error::Database(db)) if db.code().as_deref() == Some("23503") => {
-            Problem::not_found("unknown sku: not in the inventory")
-        }
-        _ => err.into(),
-    }
+        .await
 }
 
 #[cfg(test)]

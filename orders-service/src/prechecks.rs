@@ -25,13 +25,16 @@
 
 use anyhow::Context as _;
 use deadline_propagation::Downstream;
+use deadline_propagation::Problem;
 use deadline_propagation::client::{BudgetedClient, CallError, CallErrorKind};
 use deadline_propagation::metrics::Metrics;
-use deadline_propagation::{Deadline, Problem};
 use futures_util::future::try_join_all;
-use http::Method;
+use http::{Method, StatusCode};
+use tokio::time::Instant;
 
+use crate::budget::Budget;
 use crate::config::Config;
+use crate::legacy::{Failure, PlainClient};
 use crate::orders::NewOrder;
 
 /// One configured check, as `--precheck name=url` gives it.
@@ -81,7 +84,15 @@ pub fn parse_spec(value: &str) -> Result<PrecheckSpec, String> {
 /// The configured checks, each with its own client (cheap to clone).
 #[derive(Clone, Debug, Default)]
 pub struct Prechecks {
-    checks: Vec<(BudgetedClient, String)>,
+    checks: Vec<Check>,
+}
+
+/// One check: its budgeted client, its plain one (legacy), and its path.
+#[derive(Clone, Debug)]
+struct Check {
+    client: BudgetedClient,
+    plain: PlainClient,
+    path: String,
 }
 
 impl Prechecks {
@@ -102,7 +113,12 @@ impl Prechecks {
                     .with_context(|| {
                         format!("cannot build the client of precheck {}", spec.name)
                     })?;
-            checks.push((client, spec.path.clone()));
+            let plain = PlainClient::new(&client, metrics)?;
+            checks.push(Check {
+                client,
+                plain,
+                path: spec.path.clone(),
+            });
         }
         Ok(Self { checks })
     }
@@ -111,20 +127,24 @@ impl Prechecks {
     pub fn names(&self) -> Vec<&'static str> {
         self.checks
             .iter()
-            .map(|(c, _)| c.downstream().name())
+            .map(|check| check.client.downstream().name())
             .collect()
     }
 
-    /// Asks every check about `order` under `deadline`, concurrently; the first
+    /// Asks every check about `order` under `budget`, concurrently; the first
     /// failure is the answer (the others are dropped, which cancels them).
-    pub async fn pass(&self, deadline: &Deadline, order: &NewOrder) -> Result<(), Problem> {
+    pub async fn pass(&self, budget: &Budget, order: &NewOrder) -> Result<(), Problem> {
         let body = serde_json::json!({"sku": order.sku, "quantity": order.quantity});
-        let asks = self.checks.iter().map(|(client, path)| {
-            let request = client.request(Method::POST, path).json(&body);
+        let asks = self.checks.iter().map(|check| {
+            let body = &body;
             async move {
+                let Budget::Deadline(deadline) = budget else {
+                    return check.pass_unbudgeted(body).await;
+                };
+                let request = check.client.request(Method::POST, &check.path).json(body);
                 match request.send(deadline).await {
                     Ok(_) => Ok(()),
-                    Err(err) => Err(refusal(err, client.downstream())),
+                    Err(err) => Err(refusal(err, check.client.downstream())),
                 }
             }
         });
@@ -132,17 +152,40 @@ impl Prechecks {
     }
 }
 
+impl Check {
+    /// The check as legacy asks it: no budget.
+    async fn pass_unbudgeted(&self, body: &serde_json::Value) -> Result<(), Problem> {
+        let started = Instant::now();
+        let check = self.plain.downstream();
+        match self.plain.send(Method::POST, &self.path, Some(body)).await {
+            Ok(_) => Ok(()),
+            Err(Failure::Status(StatusCode::CONFLICT)) => Err(conflict(check)),
+            Err(Failure::Status(StatusCode::UNPROCESSABLE_ENTITY)) => Err(invalid(check)),
+            Err(Failure::Status(StatusCode::NOT_FOUND)) => Err(not_there(check)),
+            Err(failure) => Err(failure.into_problem(check, started)),
+        }
+    }
+}
+
+fn conflict(check: Downstream) -> Problem {
+    Problem::conflict(format!("the {check} check refused this order"))
+}
+
+fn invalid(check: Downstream) -> Problem {
+    Problem::unprocessable(format!("the {check} check found this order invalid"))
+}
+
+/// The check's URL is wrong; the client cannot fix that.
+fn not_there(check: Downstream) -> Problem {
+    Problem::bad_gateway(check.call(), "the check answered 404")
+}
+
 /// The answer for a check that did not pass.
 fn refusal(err: CallError, check: Downstream) -> Problem {
     match err.kind() {
-        CallErrorKind::Status(http::StatusCode::CONFLICT) => {
-            Problem::conflict(format!("the {check} check refused this order"))
-        }
-        CallErrorKind::Status(http::StatusCode::UNPROCESSABLE_ENTITY) => {
-            Problem::unprocessable(format!("the {check} check found this order invalid"))
-        }
-        // The check's URL is wrong; the client cannot fix that.
-        CallErrorKind::NotFound => Problem::bad_gateway(check.call(), "the check answered 404"),
+        CallErrorKind::Status(StatusCode::CONFLICT) => conflict(check),
+        CallErrorKind::Status(StatusCode::UNPROCESSABLE_ENTITY) => invalid(check),
+        CallErrorKind::NotFound => not_there(check),
         _ => err.into(),
     }
 }

@@ -5,8 +5,8 @@ mod common;
 use std::time::Duration;
 
 use common::{MS, TestApp, json_of, spawn_app, spawn_app_with};
-use deadline_propagation::DeadlineMode;
 use deadline_propagation::testing::PROBE_INTERVAL;
+use orders_service::Mode;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use test_support::{metric_value, wait_until};
@@ -187,7 +187,7 @@ async fn a_healthy_catalog_is_never_refused() {
 
 #[tokio::test]
 async fn observe_refuses_nothing_and_counts_what_propagate_would_refuse() {
-    let app = spawn_app_with(|c| c.deadline_mode = DeadlineMode::Observe).await;
+    let app = spawn_app_with(|c| c.deadline_mode = Mode::Observe).await;
     learn_slow_catalog(&app).await;
 
     let before = app.catalog_calls();
@@ -454,7 +454,7 @@ async fn after_a_switch_from_legacy_its_waiters_do_not_fill_the_queue() {
     const DELAY_MS: u64 = 200;
     const LEGACY_ORDERS: usize = 4;
     let app = spawn_app_with(|c| {
-        c.deadline_mode = DeadlineMode::Legacy;
+        c.deadline_mode = Mode::Legacy;
         c.catalog_pool_max_connections = 1;
         c.catalog_pool_pending_max = 1;
         // Long enough to wait for every legacy call ahead, with room to spare.
@@ -559,11 +559,7 @@ async fn the_admin_api_refuses_clients_that_are_not_on_loopback() {
                 "{body}"
             );
         }
-        assert_eq!(
-            app.state.mode.get(),
-            DeadlineMode::Propagate,
-            "nothing changed"
-        );
+        assert_eq!(app.state.mode.get(), Mode::Propagate, "nothing changed");
     }
 }
 

@@ -130,11 +130,11 @@ async fn a_body_that_panics_leaves_no_transaction_open() {
 
 #[tokio::test]
 async fn the_database_limits_follow_the_mode_in_force_not_the_one_at_start_up() {
-    // Started in propagate (the default), switched to legacy: legacy now runs as code
+    // Started in propagate (the default), switched to observe: observe now runs as code
     // without the technique, with no server-side limit left over from start-up.
     let app = spawn_app_with(|config| config.deadline_max_ms = 300).await;
-    app.switch_mode("legacy").await;
-    let deadline = deadline_in(DeadlineMode::Legacy, MS(300));
+    app.switch_mode("observe").await;
+    let deadline = deadline_in(DeadlineMode::Observe, MS(300));
     let slept = app
         .state
         .db
@@ -147,7 +147,7 @@ async fn the_database_limits_follow_the_mode_in_force_not_the_one_at_start_up() 
             })
         })
         .await;
-    assert!(slept.is_ok(), "a legacy statement was cut: {slept:?}");
+    assert!(slept.is_ok(), "an observed statement was cut: {slept:?}");
 
     // And back to propagate: the limit comes from the request's budget again.
     let deadline = Deadline::after(MS(300));
@@ -242,18 +242,19 @@ async fn the_limit_in_force_is_never_later_than_what_is_left_whatever_ran_before
     }
 }
 
-/// A propagate transaction leaves its limit on its session; a legacy transaction on that
-/// session, after a switch at run time, must still run as code without the technique:
-/// no server-side limit at all. One connection, so the legacy transaction meets it.
+/// A propagate transaction leaves its limit on its session; an observed transaction on
+/// that session, after a switch at run time, must still run as code without the
+/// technique: no server-side limit at all. One connection, so the observed transaction
+/// meets it.
 #[tokio::test]
-async fn a_legacy_transaction_does_not_run_under_a_limit_propagate_left_on_its_session() {
+async fn an_observed_transaction_does_not_run_under_a_limit_propagate_left_on_its_session() {
     let app = spawn_app_with(|config| config.db_pool_max_connections = 1).await;
     assert_eq!(
         app.order("SKU-00023", 1, Some(500)).await.status(),
         StatusCode::CREATED
     );
-    app.switch_mode("legacy").await;
-    let deadline = deadline_in(DeadlineMode::Legacy, MS(300));
+    app.switch_mode("observe").await;
+    let deadline = deadline_in(DeadlineMode::Observe, MS(300));
     let read = app
         .state
         .db
@@ -268,8 +269,8 @@ async fn a_legacy_transaction_does_not_run_under_a_limit_propagate_left_on_its_s
         })
         .await;
     match read {
-        Ok(setting) => assert_eq!(setting, "0", "legacy ran under a limit"),
-        Err(err) => panic!("a legacy statement was cut: {err:?}"),
+        Ok(setting) => assert_eq!(setting, "0", "observe ran under a limit"),
+        Err(err) => panic!("an observed statement was cut: {err:?}"),
     }
 }
 

@@ -3,8 +3,8 @@
 mod common;
 
 use common::{MS, json_of, spawn_app, spawn_app_with, spawn_app_with_catalog};
-use deadline_propagation::DeadlineMode;
 use futures_util::future::join_all;
+use orders_service::Mode;
 use reqwest::StatusCode;
 use test_support::metric_value;
 use tokio::time::Instant;
@@ -50,7 +50,7 @@ async fn order_times_out_at_its_budget_when_catalog_is_slow() {
 
 #[tokio::test]
 async fn legacy_mode_waits_for_the_slow_catalog_and_succeeds() {
-    let app = spawn_app_with(|c| c.deadline_mode = DeadlineMode::Legacy).await;
+    let app = spawn_app_with(|c| c.deadline_mode = Mode::Legacy).await;
     app.slow_catalog(1000);
     let started = Instant::now();
     let response = app.order("SKU-00001", 1, Some(300)).await;
@@ -62,6 +62,32 @@ async fn legacy_mode_waits_for_the_slow_catalog_and_succeeds() {
         None,
         "legacy sends no budget"
     );
+}
+
+/// Legacy is the service without the technique: it never reads a budget header, so
+/// even a malformed one is no 400, and its answers say nothing of stages.
+#[tokio::test]
+async fn legacy_mode_reads_no_budget_header_even_a_malformed_one() {
+    let app = spawn_app_with(|c| c.deadline_mode = Mode::Legacy).await;
+    for (name, value) in [
+        ("X-Request-Timeout-Ms", "not a number"),
+        ("grpc-timeout", "1s"),
+        ("x-envoy-expected-rq-timeout-ms", "-1"),
+    ] {
+        let response = app
+            .client
+            .post(format!("{}/api/orders", app.base))
+            .header(name, value)
+            .json(&serde_json::json!({"sku": "SKU-00002", "quantity": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::CREATED, "{name}: {value}");
+        assert!(
+            !response.headers().contains_key("server-timing"),
+            "legacy times no stages"
+        );
+    }
 }
 
 #[tokio::test]

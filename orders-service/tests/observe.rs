@@ -5,7 +5,7 @@
 mod common;
 
 use common::{MS, TestApp, json_of, spawn_app_with};
-use deadline_propagation::DeadlineMode;
+use orders_service::Mode;
 use reqwest::StatusCode;
 use serde_json::json;
 use test_support::metric_value;
@@ -39,7 +39,7 @@ async fn timed_order(app: &TestApp) -> (StatusCode, std::time::Duration, serde_j
 
 #[tokio::test]
 async fn observe_refuses_nowhere_in_the_chain_counts_at_every_hop_and_propagate_then_enforces() {
-    let app = spawn_app_with(|c| c.deadline_mode = DeadlineMode::Observe).await;
+    let app = spawn_app_with(|c| c.deadline_mode = Mode::Observe).await;
     app.slow_catalog(CATALOG_DELAY_MS);
     let catalog = app.catalog_url.clone();
 

@@ -41,8 +41,8 @@
 //! - [`metrics`] (feature `metrics`): the Prometheus families ([`metrics::names`] lists
 //!   them), and [`instrument`] to wire them with the layer.
 //!
-//! `otel` carries W3C `traceparent` across each hop (a no-op without it), `clap` lets
-//! settings take [`DeadlineMode`], `tls` gives the client HTTPS.
+//! `otel` carries W3C `traceparent` across each hop (a no-op without it), `tls` gives
+//! the client HTTPS.
 //!
 //! The examples, a ladder: `ingress` (the layer alone), `client` (a budgeted call), and
 //! `database` (a whole service), under `shared/examples/`.
@@ -114,11 +114,11 @@ pub mod testing;
 
 pub use deadline::{Deadline, DeadlineExceeded, DeadlinePolicy, LiveMode};
 pub use header::{DEADLINE_MODE_HEADER, InvalidBudget, REQUEST_TIMEOUT_HEADER, read_budget};
-#[cfg(all(feature = "axum", feature = "metrics"))]
-pub use ingress::instrument;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use ingress::{DeadlineLayer, DeadlineService, ResponseFuture};
+#[cfg(all(feature = "axum", feature = "metrics"))]
+pub use ingress::{instrument, measure};
 pub use mode::DeadlineMode;
 pub use problem::Problem;
 pub use stage::{Downstream, InvalidName, Stage};

@@ -22,37 +22,27 @@
 /// assert!(!mode.enforces());
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum DeadlineMode {
     /// Accept the client's budget (clamped), propagate it, answer 504 when it runs out.
     #[default]
     Propagate,
     /// Run the budget, headers, metrics and latency estimate, but refuse nothing: count
-    /// what propagate would have refused. Waits and timeouts are legacy's.
+    /// what propagate would have refused. Each step waits as long as it would without
+    /// the technique (a client's fixed [`timeout`](crate::client::ClientConfig::timeout),
+    /// no statement limit).
     Observe,
-    /// The off switch: no budget is enforced, and each call and transaction waits at
-    /// most the fixed timeout you set ([`DeadlinePolicy::legacy_timeout`](crate::DeadlinePolicy::legacy_timeout)),
-    /// with no server-side statement limit: how the service behaves without the
-    /// technique, for an operator who must turn it off at once (and for a before/after
-    /// measurement).
-    Legacy,
 }
 
 impl DeadlineMode {
-    /// Every mode, for the `deadline_mode` gauge.
-    pub const ALL: [DeadlineMode; 3] = [
-        DeadlineMode::Legacy,
-        DeadlineMode::Observe,
-        DeadlineMode::Propagate,
-    ];
+    /// Every mode.
+    pub const ALL: [DeadlineMode; 2] = [DeadlineMode::Observe, DeadlineMode::Propagate];
 
     /// The name used in settings, the admin API and the metric label.
     pub const fn as_str(self) -> &'static str {
         match self {
             DeadlineMode::Propagate => "propagate",
             DeadlineMode::Observe => "observe",
-            DeadlineMode::Legacy => "legacy",
         }
     }
 
@@ -65,14 +55,12 @@ impl DeadlineMode {
         match self {
             DeadlineMode::Propagate => 0,
             DeadlineMode::Observe => 1,
-            DeadlineMode::Legacy => 2,
         }
     }
 
     pub(crate) const fn from_u8(value: u8) -> Self {
         match value {
             1 => DeadlineMode::Observe,
-            2 => DeadlineMode::Legacy,
             _ => DeadlineMode::Propagate,
         }
     }

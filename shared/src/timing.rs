@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::mode::DeadlineMode;
 use crate::stage::Stage;
 
 /// What the core reports about budgets, in plain labels: the metrics implement it.
@@ -29,11 +28,9 @@ pub(crate) trait Report: Send + Sync + std::fmt::Debug {
     /// In observe mode, propagate would have refused in `stage` for `reason`.
     #[cfg(any(feature = "axum", feature = "http-client", feature = "sqlx"))]
     fn would_refuse(&self, stage: Stage, reason: &'static str);
-    /// `mode` is now in force.
-    fn mode(&self, mode: DeadlineMode);
 }
 
-/// Where a log, the layer or a live mode reports; `None` where the service has no
+/// Where a log or the layer reports; `None` where the service has no
 /// metrics.
 pub(crate) type Reporter = Option<Arc<dyn Report>>;
 

@@ -9,7 +9,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use deadline_propagation::metrics::Metrics;
-use deadline_propagation::{Deadline, DeadlineLayer, DeadlineMode, DeadlinePolicy, Problem, Stage};
+use deadline_propagation::{Deadline, DeadlineLayer, DeadlinePolicy, Problem, Stage};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
@@ -183,17 +183,6 @@ async fn the_smallest_of_the_budget_headers_is_the_handlers_budget() {
 }
 
 #[tokio::test]
-async fn legacy_mode_ignores_every_budget_header_even_a_malformed_one() {
-    let headers = [
-        ("grpc-timeout", "1s"),
-        ("x-envoy-expected-rq-timeout-ms", "x"),
-    ];
-    let layer = DeadlineLayer::new(policy(500, 300)).mode(DeadlineMode::Legacy);
-    let (parts, _) = call_with(app(layer), "/budget", &headers).await;
-    assert_eq!(parts.status, StatusCode::OK, "legacy code never read them");
-}
-
-#[tokio::test]
 async fn a_handler_slower_than_its_budget_gets_a_504_ingress_at_the_budget() {
     let started = Instant::now();
     let (parts, body) = call(
@@ -310,33 +299,6 @@ async fn clamps_budgets_and_expiries_are_counted() {
     );
 }
 
-#[tokio::test]
-async fn legacy_mode_ignores_the_header_and_does_not_bound_the_handler() {
-    let handler = |_deadline: Deadline| async {
-        tokio::time::sleep(MS(150)).await;
-        "finished"
-    };
-    let app = Router::new()
-        .route("/", get(handler))
-        .route_layer(DeadlineLayer::new(policy(500, 300)).mode(DeadlineMode::Legacy));
-    let (parts, body) = call(app, "/", Some("50")).await;
-    assert_eq!(parts.status, StatusCode::OK);
-    assert_eq!(body, b"finished");
-    let (parts, _) = call(
-        Router::new()
-            .route("/", get(|| async { "ok" }))
-            .route_layer(DeadlineLayer::new(policy(500, 300)).mode(DeadlineMode::Legacy)),
-        "/",
-        Some("not a number"),
-    )
-    .await;
-    assert_eq!(
-        parts.status,
-        StatusCode::OK,
-        "legacy code never read the header"
-    );
-}
-
 /// A handler that sends its COMMIT 5 ms before the deadline and learns the outcome
 /// `commit_takes` later.
 fn committing(commit_takes: Option<Duration>) -> Router {
@@ -402,7 +364,7 @@ async fn report_mode(deadline: Deadline) -> &'static str {
 }
 
 /// `X-Deadline-Mode: observe` makes a request run in observe where the layer honours
-/// it, and only there; a misspelt marker is a 400 naming it; legacy reads no header.
+/// it, and only there; a misspelt marker is a 400 naming it.
 #[tokio::test]
 async fn an_observing_caller_is_observed_only_where_the_marker_is_honoured() {
     let mode_app = |layer: DeadlineLayer| {
@@ -428,11 +390,6 @@ async fn an_observing_caller_is_observed_only_where_the_marker_is_honoured() {
     assert_eq!(
         mode_of(call_with(mode_app(edge), "/mode", &marked).await),
         "propagate"
-    );
-    let legacy = honouring().mode(DeadlineMode::Legacy);
-    assert_eq!(
-        mode_of(call_with(mode_app(legacy), "/mode", &marked).await),
-        "legacy"
     );
 
     let (parts, body) = call_with(

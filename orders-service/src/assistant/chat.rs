@@ -8,11 +8,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use service_kit::json::JsonBody;
 use service_kit::openapi::ProblemDetails;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
 use super::planner::PlannedCall;
+use super::tools::Tool;
 use crate::AppState;
+use crate::budget::Budget;
+use crate::legacy::LEGACY_TIMEOUT;
 
 /// Messages longer than this are refused (422): planning is cheap, but not free.
 const MAX_MESSAGE_CHARS: usize = 4000;
@@ -113,7 +117,7 @@ struct ToolCallRecord {
 )]
 pub async fn chat(
     State(state): State<AppState>,
-    deadline: Deadline,
+    budget: Budget,
     JsonBody(request): JsonBody<ChatRequest>,
 ) -> Result<Json<ChatAnswer>, Problem> {
     let message = request
@@ -125,6 +129,9 @@ pub async fn chat(
             "message must be at most {MAX_MESSAGE_CHARS} characters"
         )));
     }
+    let Budget::Deadline(deadline) = budget else {
+        return unbudgeted(&state, &message).await;
+    };
     let answerable = deadline.child(deadline.remaining().saturating_sub(ANSWER_RESERVE));
     let budget =
         ToolBudget::for_turn(&answerable, state.assistant.policy).with_metrics(&state.metrics);
@@ -140,7 +147,7 @@ pub async fn chat(
     for PlannedCall { tool, arguments } in plan {
         let call = budget
             .call(tool.name(), &never, |tool_deadline| {
-                tool.run(&state, tool_deadline, &arguments)
+                tool.run(&state, Budget::Deadline(tool_deadline), &arguments)
             })
             .await;
         records.push(ToolCallRecord { arguments, call });
@@ -153,6 +160,47 @@ pub async fn chat(
         partial: records.iter().any(|r| r.call.outcome != Outcome::Ok),
         tool_calls: records,
     }))
+}
+
+/// The turn as legacy runs it: the same tools one after another, with no budget.
+async fn unbudgeted(state: &AppState, message: &str) -> Result<Json<ChatAnswer>, Problem> {
+    let started = Instant::now();
+    let turn = Deadline::after(LEGACY_TIMEOUT);
+    let plan = state.assistant.planner.plan(message, &turn).await?;
+    let mut records = Vec::with_capacity(plan.len());
+    for PlannedCall { tool, arguments } in plan {
+        let call = run_unbudgeted(state, tool, &arguments).await;
+        records.push(ToolCallRecord { arguments, call });
+    }
+    Ok(Json(ChatAnswer {
+        answer: compose(&records),
+        planner: state.assistant.planner.name(),
+        turn_budget_ms: millis(LEGACY_TIMEOUT),
+        elapsed_ms: millis(started.elapsed()),
+        partial: records.iter().any(|r| r.call.outcome != Outcome::Ok),
+        tool_calls: records,
+    }))
+}
+
+/// One tool call without a budget (legacy), recorded as a budgeted one is.
+pub(super) async fn run_unbudgeted(
+    state: &AppState,
+    tool: Tool,
+    arguments: &Value,
+) -> ToolCall<Value> {
+    let started = Instant::now();
+    let ran = tool.run(state, Budget::Unbounded, arguments).await;
+    let (outcome, result, error) = match ran {
+        Ok(value) => (Outcome::Ok, Some(value), None),
+        Err(problem) => (Outcome::Error, None, Some(problem.detail().to_owned())),
+    };
+    ToolCall {
+        tool: tool.name().to_owned(),
+        outcome,
+        elapsed_ms: millis(started.elapsed()),
+        result,
+        error,
+    }
 }
 
 /// A plain-text answer built from whatever the tools returned.

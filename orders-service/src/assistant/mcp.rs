@@ -42,6 +42,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::tools::Tool;
 use crate::AppState;
+use crate::budget::Budget;
 
 /// The MCP handler; one is made per session.
 #[derive(Clone, Debug)]
@@ -113,13 +114,15 @@ impl ServerHandler for McpServer {
         one_call.per_tool = policy.per_tool;
         one_call.max_calls = 1;
         let cancel = cancelled_or_gone(&context);
-        let budget = ToolBudget::for_turn(&request_deadline(&context, policy), one_call)
-            .with_metrics(&self.state.metrics);
-        let call = budget
-            .call(tool.name(), &cancel, |deadline| {
-                tool.run(&self.state, deadline, &arguments)
-            })
-            .await;
+        let call = match request_deadline(&context, policy) {
+            Some(deadline) => {
+                let budget =
+                    ToolBudget::for_turn(&deadline, one_call).with_metrics(&self.state.metrics);
+                let run = |deadline| tool.run(&self.state, Budget::Deadline(deadline), &arguments);
+                budget.call(tool.name(), &cancel, run).await
+            }
+            None => super::chat::run_unbudgeted(&self.state, tool, &arguments).await,
+        };
         let text = match (&call.result, call.outcome) {
             (Some(result), _) => result.to_string(),
             (None, outcome) => format!(
@@ -139,14 +142,17 @@ impl ServerHandler for McpServer {
 }
 
 /// The deadline of the HTTP request carrying this call, when the ingress set one;
-/// otherwise the per-tool cap from now.
-fn request_deadline(context: &RequestContext<RoleServer>, policy: ToolPolicy) -> Deadline {
-    context
-        .extensions
-        .get::<http::request::Parts>()
-        .and_then(|parts| parts.extensions.get::<Deadline>())
-        .cloned()
-        .unwrap_or_else(|| Deadline::after(policy.per_tool))
+/// otherwise the per-tool cap from now; `None` in legacy, which has no budget.
+fn request_deadline(context: &RequestContext<RoleServer>, policy: ToolPolicy) -> Option<Deadline> {
+    let parts = context.extensions.get::<http::request::Parts>();
+    if let Some(deadline) = parts.and_then(|parts| parts.extensions.get::<Deadline>()) {
+        return Some(deadline.clone());
+    }
+    let legacy = parts.and_then(|parts| parts.extensions.get::<Budget>());
+    match legacy {
+        Some(Budget::Unbounded) => None,
+        _ => Some(Deadline::after(policy.per_tool)),
+    }
 }
 
 /// Middleware for `/mcp`: rmcp answers its own refusals of a `Host` or `Origin` not

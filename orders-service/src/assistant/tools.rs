@@ -1,9 +1,10 @@
 //! The tools: what an assistant may call, each bounded by the deadline it is handed.
 
-use deadline_propagation::{Deadline, Problem};
+use deadline_propagation::Problem;
 use serde_json::{Value, json};
 
 use crate::AppState;
+use crate::budget::Budget;
 use crate::orders::validate_sku;
 
 /// A read-only tool.
@@ -60,11 +61,11 @@ impl Tool {
         }
     }
 
-    /// Runs the tool with `arguments`; all its I/O is bounded by `deadline`.
+    /// Runs the tool with `arguments`; all its I/O spends `budget`.
     pub async fn run(
         self,
         state: &AppState,
-        deadline: Deadline,
+        budget: Budget,
         arguments: &Value,
     ) -> Result<Value, Problem> {
         let sku = arguments
@@ -73,33 +74,24 @@ impl Tool {
             .ok_or_else(|| Problem::unprocessable("argument sku (a string) is required"))?;
         validate_sku(sku)?;
         match self {
-            Tool::CatalogLookup => catalog_lookup(state, &deadline, sku).await,
-            Tool::InventoryCheck => inventory_check(state, &deadline, sku).await,
+            Tool::CatalogLookup => catalog_lookup(state, &budget, sku).await,
+            Tool::InventoryCheck => inventory_check(state, &budget, sku).await,
         }
     }
 }
 
 /// The budgeted catalog call, exactly as an order makes it.
-async fn catalog_lookup(
-    state: &AppState,
-    deadline: &Deadline,
-    sku: &str,
-) -> Result<Value, Problem> {
-    let item = state.catalog.item(deadline, sku).await?;
+async fn catalog_lookup(state: &AppState, budget: &Budget, sku: &str) -> Result<Value, Problem> {
+    let item = state.catalog.item(budget, sku).await?;
     Ok(json!({"sku": item.sku, "name": item.name, "price_cents": item.price_cents}))
 }
 
 /// One SELECT in a read-only transaction whose `statement_timeout` is the tool's budget;
 /// if the tool is cancelled the statement is cancelled on the server too.
-async fn inventory_check(
-    state: &AppState,
-    deadline: &Deadline,
-    sku: &str,
-) -> Result<Value, Problem> {
+async fn inventory_check(state: &AppState, budget: &Budget, sku: &str) -> Result<Value, Problem> {
     let key = sku.to_owned();
     let available: Option<i32> = state
-        .db
-        .read(deadline, move |conn| {
+        .read(budget, move |conn| {
             Box::pin(
                 sqlx::query_scalar("SELECT available FROM inventory WHERE sku = $1")
                     .bind(key)

@@ -10,6 +10,7 @@ use service_kit::openapi::ProblemDetails;
 use utoipa::ToSchema;
 
 use crate::AppState;
+use crate::budget::Budget;
 
 /// A ready answer: each dependency that was asked, and how it answered.
 #[derive(Serialize, ToSchema)]
@@ -51,9 +52,13 @@ pub(super) async fn healthz() -> &'static str {
 )]
 pub(super) async fn readyz(
     State(state): State<AppState>,
-    deadline: Deadline,
+    budget: Budget,
 ) -> Result<Json<Ready>, Problem> {
-    let deadline = deadline.child(READY_BUDGET);
+    // A probe is bounded in every mode, legacy too.
+    let deadline = match budget {
+        Budget::Deadline(deadline) => deadline.child(READY_BUDGET),
+        Budget::Unbounded => Deadline::after(READY_BUDGET),
+    };
     let database = async {
         state
             .db

@@ -3,7 +3,8 @@
 mod health;
 mod orders;
 
-use axum::{Router, middleware};
+use axum::extract::Request;
+use axum::{Extension, Router, middleware};
 use deadline_propagation::{DeadlineLayer, DeadlinePolicy};
 use service_kit::openapi::{self, Ingress};
 use tokio_util::sync::CancellationToken;
@@ -13,6 +14,7 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::assistant;
+use crate::budget::Budget;
 use crate::config::Config;
 
 /// Request bodies above this are refused with 413 before they are read.
@@ -37,6 +39,10 @@ struct ApiDoc;
 
 /// The full router: API, assistant, MCP, health, metrics, and the OpenAPI document of
 /// the public API at `GET /openapi.json`. `shutdown` ends MCP sessions.
+///
+/// The routes are served twice over: under the deadline layer (observe, propagate),
+/// and, while the mode is legacy, round it, as a service without the technique serves
+/// them. Each request takes the one its mode says when it arrives.
 pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> Router {
     let policy = DeadlinePolicy::from_millis(config.deadline_max_ms, config.deadline_default_ms);
     let metrics = state.metrics.clone();
@@ -65,7 +71,17 @@ pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> 
     let routes = service_kit::json::limit_bodies(routes, MAX_BODY_BYTES);
     // Load balancers' probes are bounded, but their budgets are nobody's: not reported.
     let layer = DeadlineLayer::new(policy)
-        .live_mode(mode)
+        .live_mode(mode.live())
         .probes(["/healthz", "/readyz"]);
-    deadline_propagation::instrument(routes, layer, &metrics)
+    let legacy = routes.clone().layer(Extension(Budget::Unbounded));
+    let legacy = deadline_propagation::measure(legacy, &metrics);
+    let technique = deadline_propagation::instrument(routes, layer, &metrics);
+    let by_mode = tower::service_fn(move |request: Request| {
+        let router = match mode.is_legacy() {
+            true => legacy.clone(),
+            false => technique.clone(),
+        };
+        tower::ServiceExt::oneshot(router, request)
+    });
+    Router::new().fallback_service(by_mode)
 }

@@ -4,11 +4,12 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use deadline_propagation::{Deadline, Problem};
+use deadline_propagation::Problem;
 use service_kit::json::JsonBody;
 use service_kit::openapi::ProblemDetails;
 
 use crate::AppState;
+use crate::budget::Budget;
 use crate::orders::{self, NewOrderRequest, Order, Placed};
 
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -49,7 +50,7 @@ const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 )]
 pub(super) async fn create_order(
     State(state): State<AppState>,
-    deadline: Deadline,
+    budget: Budget,
     headers: HeaderMap,
     JsonBody(request): JsonBody<NewOrderRequest>,
 ) -> Result<Response, Problem> {
@@ -59,20 +60,14 @@ pub(super) async fn create_order(
         .map(|value| orders::validate_key(value.as_bytes()))
         .transpose()?;
     if let Some(key) = &key
-        && let Some(existing) = orders::find_replay(&state.db, &deadline, &order, key).await?
+        && let Some(existing) = orders::find_replay(&state, &budget, &order, key).await?
     {
         return Ok(created(existing, true));
     }
-    let item = state.catalog.item(&deadline, &order.sku).await?;
-    state.prechecks.pass(&deadline, &order).await?;
-    let placed = orders::place_order(
-        &state.db,
-        &deadline,
-        &order,
-        item.price_cents,
-        key.as_deref(),
-    )
-    .await?;
+    let item = state.catalog.item(&budget, &order.sku).await?;
+    state.prechecks.pass(&budget, &order).await?;
+    let placed =
+        orders::place_order(&state, &budget, &order, item.price_cents, key.as_deref()).await?;
     Ok(match placed {
         Placed::Created(order) => created(order, false),
         Placed::Replayed(order) => created(order, true),
@@ -94,12 +89,12 @@ pub(super) async fn create_order(
 )]
 pub(super) async fn get_order(
     State(state): State<AppState>,
-    deadline: Deadline,
+    budget: Budget,
     Path(id): Path<String>,
 ) -> Result<Json<Order>, Problem> {
     let not_found = || Problem::not_found(format!("no order {id:?}"));
     let number: i64 = id.parse().map_err(|_| not_found())?;
-    orders::find_order(&state.db, &deadline, number)
+    orders::find_order(&state, &budget, number)
         .await?
         .map(Json)
         .ok_or_else(not_found)

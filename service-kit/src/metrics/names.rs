@@ -1,7 +1,7 @@
 //! The names of the families the demo's services add to the library's, as the
 //! exposition spells them: the process (the Prometheus process collector's names, so
-//! existing dashboards and alerts apply), the tokio runtime, and the catalog's injected
-//! delay. Dashboard checks read them from here beside
+//! existing dashboards and alerts apply), the tokio runtime, orders-service's mode and
+//! the catalog's injected delay. Dashboard checks read them from here beside
 //! `deadline_propagation::metrics::names`.
 
 /// Resident memory of the process (gauge).
@@ -16,6 +16,9 @@ pub const TOKIO_WORKER_BUSY_SECONDS_TOTAL: &str = "tokio_worker_busy_seconds_tot
 pub const TOKIO_ALIVE_TASKS: &str = "tokio_alive_tasks";
 /// Tasks waiting in the runtime's shared queue for a worker (gauge).
 pub const TOKIO_GLOBAL_QUEUE_DEPTH: &str = "tokio_global_queue_depth";
+/// (orders) 1 for the mode in force (`legacy`, `observe`, `propagate`), by `service`
+/// and `mode` (gauge).
+pub const DEADLINE_MODE: &str = "deadline_mode";
 /// (catalog) The injected delay now; 0 when none (gauge).
 pub const CATALOG_FAULT_DELAY_SECONDS: &str = "catalog_fault_delay_seconds";
 
@@ -27,6 +30,7 @@ pub const SCALARS: &[&str] = &[
     TOKIO_WORKER_BUSY_SECONDS_TOTAL,
     TOKIO_ALIVE_TASKS,
     TOKIO_GLOBAL_QUEUE_DEPTH,
+    DEADLINE_MODE,
     CATALOG_FAULT_DELAY_SECONDS,
 ];
 

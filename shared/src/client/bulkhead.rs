@@ -7,7 +7,8 @@
 //! wait. A slot is held until the response *body* has been read (tower's
 //! `ConcurrencyLimit` would release at the headers and undercount).
 //!
-//! The queue limit is propagate's. Legacy and observe calls wait with no limit (they
+//! The queue limit is propagate's. Observe calls (and slots taken with
+//! `wait_for_slot`) wait with no limit (they
 //! refuse nothing), and a call keeps the mode it started in, so after a switch to
 //! propagate the calls admitted before it may still be waiting. They were promised no
 //! limit and wait on, ahead in the same queue, but they do not count against the limit:
@@ -59,9 +60,9 @@ impl std::fmt::Debug for Bulkhead {
     }
 }
 
-/// A held slot; dropping it frees the slot.
+/// A held slot of a client's bulkhead; dropping it frees the slot.
 #[derive(Debug)]
-pub(crate) struct Slot {
+pub struct Slot {
     _permit: OwnedSemaphorePermit,
     bulkhead: Arc<Bulkhead>,
 }
@@ -91,7 +92,7 @@ impl Drop for Waiting<'_> {
 
 impl Bulkhead {
     /// At most `max_in_flight` calls at once; at most `pending_max` waiting (`None`:
-    /// no limit, as in legacy code).
+    /// no limit, as code without the technique does).
     pub(crate) fn new(max_in_flight: usize, pending_max: Option<usize>) -> Self {
         let max_in_flight = max_in_flight.max(1);
         Self {
@@ -132,7 +133,7 @@ impl Bulkhead {
         Ok(self.slot(permit))
     }
 
-    /// Takes a slot however long the queue and the wait (legacy and observe modes, which
+    /// Takes a slot however long the queue and the wait (observe mode and `wait_for_slot`, which
     /// refuse nothing), without counting against the queue limit. The flag says whether
     /// the queue was already at `pending_max`: propagate would have refused this call.
     pub(crate) async fn acquire_unbounded(self: &Arc<Self>) -> (Slot, bool) {
@@ -241,15 +242,15 @@ mod tests {
         assert_eq!(waiter.await.unwrap(), Ok(()));
     }
 
-    /// Calls admitted in legacy or observe were promised no queue limit, and keep
+    /// Calls admitted in observe were promised no queue limit, and keep
     /// waiting after a switch to propagate. The limit is propagate's: it counts only
-    /// the waiters it binds, so the legacy ones do not fill the queue for the calls
+    /// the waiters it binds, so the unbounded ones do not fill the queue for the calls
     /// that follow (they still wait ahead of them, and count in `pending`).
     #[tokio::test(start_paused = true)]
     async fn unbounded_waiters_do_not_fill_the_bounded_queue() {
         let bulkhead = Arc::new(Bulkhead::new(1, Some(1)));
         let held = bulkhead.acquire(None).await.unwrap();
-        let legacy: Vec<_> = (0..3)
+        let unbounded: Vec<_> = (0..3)
             .map(|_| {
                 let b = Arc::clone(&bulkhead);
                 tokio::spawn(async move { drop(b.acquire_unbounded().await) })
@@ -271,9 +272,9 @@ mod tests {
                 .map(drop),
             Err(AcquireError::QueueFull)
         );
-        // The slot goes round: the legacy waiters first, in order, then the bounded one.
+        // The slot goes round: the unbounded waiters first, in order, then the bounded one.
         drop(held);
-        for task in legacy {
+        for task in unbounded {
             task.await.unwrap();
         }
         assert_eq!(waiter.await.unwrap(), Ok(()));

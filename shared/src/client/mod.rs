@@ -28,12 +28,10 @@
 //! are shorthands for it. The sending itself (budget header, trace context, the one
 //! retry, metrics) is `send.rs`.
 //!
-//! Each call runs in the mode its [`Deadline`] carries. In [`DeadlineMode::Legacy`] the
-//! client behaves like code written without the technique: an unbounded queue, no
-//! budget header, and a fixed reqwest timeout (the ingress policy's `legacy_timeout`)
-//! that covers the request but not the time spent queueing for a slot.
-//! [`DeadlineMode::Observe`] waits and times out like legacy but sends the budget
-//! header, with `X-Deadline-Mode: observe` so that a downstream which honours it
+//! Each call runs in the mode its [`Deadline`] carries. [`DeadlineMode::Observe`]
+//! waits as code without the technique does (no queue limit, the fixed
+//! [`ClientConfig::timeout`] over the request but not the wait for a slot), sends the
+//! budget header with `X-Deadline-Mode: observe` so that a downstream which honours it
 //! observes too, and counts each refusal propagate would make.
 
 mod admission;
@@ -56,7 +54,8 @@ use tokio::time::Instant;
 
 pub(crate) use admission::PROBE_INTERVAL;
 use admission::{Admission, Verdict, expected_wait};
-use bulkhead::{AcquireError, Bulkhead, Slot};
+pub use bulkhead::Slot;
+use bulkhead::{AcquireError, Bulkhead};
 pub use error::{CallError, CallErrorKind};
 pub use hedge::HedgePolicy;
 use hedge::History;
@@ -118,6 +117,9 @@ pub struct ClientConfig {
     /// How many extra attempts (hedges and retries) the client may add to its first
     /// ones.
     pub retry_budget: RetryBudget,
+    /// The fixed timeout of a call in observe mode, where no budget is enforced (30 s):
+    /// the bound a client without the technique has.
+    pub timeout: Duration,
 }
 
 impl ClientConfig {
@@ -134,6 +136,7 @@ impl ClientConfig {
             idle_timeout: Duration::from_secs(2),
             hedge: None,
             retry_budget: RetryBudget::default(),
+            timeout: Duration::from_secs(30),
         }
     }
 }
@@ -195,7 +198,7 @@ impl BudgetedClient {
     fn build(config: ClientConfig, metrics: Option<ClientMetrics>) -> Result<Self, reqwest::Error> {
         let name = config.name.name();
         let count = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
-        // Legacy and observe ignore the queue limit per call (the mode can switch).
+        // Observe ignores the queue limit per call (the mode can switch).
         let mut bulkhead = Bulkhead::new(
             count(config.max_connections),
             Some(count(config.pending_max)),
@@ -307,6 +310,14 @@ impl BudgetedClient {
         Ok(request.send(deadline).await?.body)
     }
 
+    /// A slot of this client's bulkhead, waited for however long it takes: no queue
+    /// limit, no timeout. For calls to the same downstream that this client does not
+    /// make itself (a code path without the technique beside it), so that they count
+    /// against its connections and show in its pool gauges. Held until dropped.
+    pub async fn wait_for_slot(&self) -> Slot {
+        self.bulkhead.acquire_unbounded().await.0
+    }
+
     /// Admission: refuses (503 `{name}` in propagate; counted only in observe) a call
     /// that the recent latency says cannot finish in what it has left, before it takes
     /// a slot. A call whose budget is already spent is not predicted but refused as
@@ -317,11 +328,7 @@ impl BudgetedClient {
             // Nothing to predict: the call cannot be sent at all.
             return self.refuse_spent(deadline);
         }
-        let Some(admission) = self
-            .admission
-            .as_ref()
-            .filter(|_| mode != DeadlineMode::Legacy)
-        else {
+        let Some(admission) = self.admission.as_ref() else {
             return Ok(());
         };
         let bulkhead = &self.bulkhead;
@@ -368,8 +375,7 @@ impl BudgetedClient {
     /// Whether `deadline` has no more than [`keep_back`](Self::keep_back) left:
     /// nothing can be handed on, so no call may be sent.
     fn is_spent(&self, deadline: &Deadline) -> bool {
-        deadline.mode() != DeadlineMode::Legacy
-            && deadline.outbound_millis(self.keep_back()).is_none()
+        deadline.outbound_millis(self.keep_back()).is_none()
     }
 
     /// In propagate, a spent budget is a 504 `{name}` at once. It comes before
@@ -391,7 +397,6 @@ impl BudgetedClient {
         let (name, pool) = (self.config.name.name(), self.config.name.pool());
         let started = Instant::now();
         let result = match deadline.mode() {
-            DeadlineMode::Legacy => Ok(Ok(self.bulkhead.acquire_unbounded().await.0)),
             DeadlineMode::Observe => {
                 let (slot, over) = self.bulkhead.acquire_unbounded().await;
                 let reason = if over {

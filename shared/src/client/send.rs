@@ -314,7 +314,7 @@ impl BudgetedClient {
     }
 
     /// When the first attempt of this call may be hedged: hedging on, the request safe
-    /// to send twice, propagate mode (observe and legacy send what code without the
+    /// to send twice, propagate mode (observe sends what code without the
     /// technique sends), and a delay known.
     fn hedge_delay(&self, deadline: &Deadline, request: &CallRequest<'_>) -> Option<Duration> {
         let history = self.history.as_ref()?;
@@ -439,13 +439,12 @@ impl BudgetedClient {
             budget
         };
         let timeout = match deadline.mode() {
-            DeadlineMode::Legacy => Some(deadline.legacy_timeout()),
             // The budget goes downstream (unless spent), but nothing here enforces it,
             // and the marker asks the downstream not to enforce it either.
             DeadlineMode::Observe => {
                 budget(&mut headers);
                 headers.insert(DEADLINE_MODE_HEADER, OBSERVE);
-                Some(deadline.legacy_timeout())
+                Some(self.config.timeout)
             }
             DeadlineMode::Propagate => {
                 // No more than the reserve left: the budget is spent, and no I/O starts.

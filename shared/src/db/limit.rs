@@ -33,14 +33,14 @@
 //! serves.
 //!
 //! The mode switches at run time and a connection serves transactions of every mode:
-//! a legacy transaction runs as code without the technique, with the server's own
+//! an observed transaction runs as code without the technique, with the server's own
 //! `statement_timeout`, so a session whose limit is not known to be the server's own is
 //! reset first (`SET statement_timeout = DEFAULT`, once, outside any transaction).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The server's own value: a session reset by a legacy transaction.
+/// The server's own value: a session reset by an observed transaction.
 const SERVER_DEFAULT: u64 = 0;
 /// A `SET` was sent whose transaction has not been seen to end.
 const UNKNOWN: u64 = u64::MAX;
@@ -52,7 +52,7 @@ pub(super) struct SessionLimit(AtomicU64);
 
 impl SessionLimit {
     /// A session just learned: a new one, or one whose entry was lost while a limit
-    /// may be in force, which cannot be told apart; a legacy transaction resets it
+    /// may be in force, which cannot be told apart; an observed transaction resets it
     /// once, a propagate one sends its own.
     pub(super) fn unknown() -> Self {
         Self(AtomicU64::new(UNKNOWN))
@@ -74,7 +74,7 @@ impl SessionLimit {
         })
     }
 
-    /// Whether a legacy transaction must first reset the session to the server's own
+    /// Whether an observed transaction must first reset the session to the server's own
     /// value (a limit the technique set, or one it may have set).
     pub(super) fn needs_reset(&self) -> bool {
         self.0.load(Ordering::Acquire) != SERVER_DEFAULT
@@ -170,7 +170,7 @@ mod tests {
     }
 
     #[test]
-    fn legacy_resets_a_session_unless_it_has_the_servers_own() {
+    fn observe_resets_a_session_unless_it_has_the_servers_own() {
         let session = Arc::new(SessionLimit::unknown());
         assert!(
             session.needs_reset(),

@@ -36,7 +36,7 @@
 //!
 //! The limit is the session's, kept while it fits: a `SET LOCAL` in every transaction
 //! was a few per cent of the database's CPU. The mode switches at run time and a
-//! connection serves requests of every mode, so a legacy transaction first resets a
+//! connection serves requests of every mode, so an observed transaction first resets a
 //! session the technique may have touched. What a per-connection backstop would catch,
 //! a transaction left open, cannot happen: the task that owns the connection closes
 //! it, rather than return it, when the body panics or a statement will not end.
@@ -66,8 +66,8 @@
 mod backend;
 mod error;
 mod job;
-mod legacy;
 mod limit;
+mod observe;
 pub(crate) mod schema;
 pub(crate) mod sql;
 
@@ -191,6 +191,20 @@ impl<T, F> Statements<T> for F where
 {
 }
 
+/// The statements of a read ([`Db::read`]): a future on the connection that gives the
+/// value read. Written like [`Statements`], without the [`End`].
+pub trait Read<T>:
+    for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send + 'static
+{
+}
+
+impl<T, F> Read<T> for F where
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, sqlx::Error>>
+        + Send
+        + 'static
+{
+}
+
 /// Pool settings, and the bounds the server keeps on each session by itself: the
 /// defaults, which fields may change.
 ///
@@ -223,7 +237,7 @@ impl<T, F> Statements<T> for F where
 ///   second and `client_connection_check_interval` at a quarter of it: a session whose
 ///   client stops acknowledging (an answer sent into a cut link, keepalives unanswered)
 ///   is closed by the server's kernel, and a statement still running notices it and
-///   stops. This bounds the statements of `legacy` and `observe` too, which carry no
+///   stops. This bounds the statements of `observe` too, which carry no
 ///   `statement_timeout`.
 ///
 /// Measured on a partitioned loopback link: a ghost transaction
@@ -259,7 +273,7 @@ impl Default for DbConfig {
 impl DbConfig {
     /// The startup options that carry [`idle_in_transaction`](Self::idle_in_transaction)
     /// and [`liveness`](Self::liveness) to the server.
-    pub(crate) fn session_bounds(&self) -> Vec<(&'static str, u128)> {
+    pub fn session_bounds(&self) -> Vec<(&'static str, u128)> {
         let mut bounds = Vec::new();
         let idle = self.idle_in_transaction.as_millis();
         if idle > 0 {
@@ -349,11 +363,11 @@ impl Db {
         // No deadline limit in the startup options: the mode can switch at run time,
         // and a connection outlives many requests of either mode. A propagate
         // transaction sets the session's limit where the one in force does not fit
-        // (`limit.rs`); legacy resets it, as code without the technique would run.
+        // (`limit.rs`); observe resets it, as code without the technique would run.
         // What every session carries are the bounds for a silent network (see
         // `DbConfig`), the same in every mode. The pool's own acquire limit stays
         // sqlx's: propagate bounds each acquire by `min(acquire_timeout, remaining)`,
-        // legacy by its fixed timeout.
+        // observe by sqlx's own 30 s.
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
             .test_before_acquire(false)
@@ -514,9 +528,7 @@ impl Db {
     pub async fn read<T, F>(&self, deadline: &Deadline, read: F) -> Result<T, DbError>
     where
         T: Send + 'static,
-        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, sqlx::Error>>
-            + Send
-            + 'static,
+        F: Read<T>,
     {
         let body = body(move |conn| {
             let statements = read(conn);
@@ -531,8 +543,7 @@ impl Db {
         B: Statements<T>,
     {
         match deadline.mode() {
-            DeadlineMode::Legacy => return self.legacy(body, deadline, false).await,
-            DeadlineMode::Observe => return self.legacy(body, deadline, true).await,
+            DeadlineMode::Observe => return self.observed(body, deadline).await,
             DeadlineMode::Propagate => {}
         }
         self.refresh_schema();

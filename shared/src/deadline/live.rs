@@ -6,29 +6,24 @@
 //! switch applies to the next request, and a request in flight never runs half in one
 //! mode and half in another.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::mode::DeadlineMode;
-use crate::timing::Reporter;
 
 /// The mode in force now; clones share it. One atomic load per request.
 ///
 /// ```
 /// use deadline_propagation::{DeadlineMode, LiveMode};
 ///
-/// let mode = LiveMode::new(DeadlineMode::Legacy);
+/// let mode = LiveMode::new(DeadlineMode::Observe);
 /// let seen_by_the_layer = mode.clone();
-/// assert_eq!(mode.set(DeadlineMode::Propagate), DeadlineMode::Legacy);
+/// assert_eq!(mode.set(DeadlineMode::Propagate), DeadlineMode::Observe);
 /// assert_eq!(seen_by_the_layer.get(), DeadlineMode::Propagate);
 /// ```
 #[derive(Clone, Debug)]
 pub struct LiveMode {
     current: Arc<AtomicU8>,
-    /// Held while switching: the swap and its report happen as one step, so two
-    /// switches at once cannot leave the metrics showing the mode that lost.
-    switching: Arc<Mutex<()>>,
-    report: Reporter,
 }
 
 impl LiveMode {
@@ -36,18 +31,7 @@ impl LiveMode {
     pub fn new(mode: DeadlineMode) -> Self {
         Self {
             current: Arc::new(AtomicU8::new(mode.to_u8())),
-            switching: Arc::default(),
-            report: None,
         }
-    }
-
-    /// The same switch, reporting the mode in force to `report` from now on (the
-    /// metrics attach themselves this way).
-    #[cfg(feature = "metrics")]
-    pub(crate) fn reporting(mut self, report: Reporter) -> Self {
-        self.report = report;
-        self.show(self.get());
-        self
     }
 
     /// The mode in force.
@@ -58,20 +42,7 @@ impl LiveMode {
     /// Switches to `mode` for every request that starts from now on; returns the mode
     /// it replaced.
     pub fn set(&self, mode: DeadlineMode) -> DeadlineMode {
-        // Requests read the mode without the lock; only switches take it.
-        let _switching = self
-            .switching
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let before = DeadlineMode::from_u8(self.current.swap(mode.to_u8(), Ordering::Relaxed));
-        self.show(mode);
-        before
-    }
-
-    fn show(&self, mode: DeadlineMode) {
-        if let Some(report) = &self.report {
-            report.mode(mode);
-        }
+        DeadlineMode::from_u8(self.current.swap(mode.to_u8(), Ordering::Relaxed))
     }
 }
 
@@ -87,7 +58,7 @@ mod tests {
 
     #[test]
     fn a_switch_is_seen_by_every_clone() {
-        let mode = LiveMode::new(DeadlineMode::Legacy);
+        let mode = LiveMode::new(DeadlineMode::Observe);
         let seen_by_ingress = mode.clone();
         for next in DeadlineMode::ALL {
             mode.set(next);

@@ -25,7 +25,6 @@ mod policy;
 pub use live::LiveMode;
 
 pub use no_return::NO_RETURN_GRACE;
-use policy::DEFAULT_LEGACY_TIMEOUT;
 pub use policy::DeadlinePolicy;
 
 /// The budget ran out before or during `stage`.
@@ -77,8 +76,6 @@ pub struct Deadline {
     budget: Duration,
     log: Arc<StageLog>,
     mode: DeadlineMode,
-    /// Legacy's fixed step timeout, from the ingress's policy.
-    legacy_timeout: Duration,
 }
 
 impl Deadline {
@@ -97,7 +94,6 @@ impl Deadline {
             budget,
             log,
             mode: DeadlineMode::Propagate,
-            legacy_timeout: DEFAULT_LEGACY_TIMEOUT,
         }
     }
 
@@ -107,21 +103,6 @@ impl Deadline {
     pub(crate) fn with_mode(mut self, mode: DeadlineMode) -> Self {
         self.mode = mode;
         self
-    }
-
-    /// The same deadline with `timeout` as the fixed step timeout of legacy and observe
-    /// mode (the ingress copies its policy's).
-    #[cfg(feature = "axum")]
-    pub(crate) fn with_legacy_timeout(mut self, timeout: Duration) -> Self {
-        self.legacy_timeout = timeout;
-        self
-    }
-
-    /// The fixed timeout a step waits in legacy and observe mode, where the budget is
-    /// not enforced.
-    #[cfg(any(feature = "http-client", feature = "sqlx"))]
-    pub(crate) fn legacy_timeout(&self) -> Duration {
-        self.legacy_timeout
     }
 
     /// The mode this request runs in: every step reads it here, so a mode switch never
@@ -208,7 +189,6 @@ impl Deadline {
             budget: at.saturating_duration_since(now),
             log: Arc::clone(&self.log),
             mode: self.mode,
-            legacy_timeout: self.legacy_timeout,
         }
     }
 

@@ -19,11 +19,7 @@ use std::time::Duration;
 pub struct DeadlinePolicy {
     max: Duration,
     default: Duration,
-    legacy_timeout: Duration,
 }
-
-/// The step timeout of legacy mode when the policy sets none.
-pub(crate) const DEFAULT_LEGACY_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl DeadlinePolicy {
     /// The smallest budget ever granted: a request always gets one chance to run.
@@ -35,7 +31,6 @@ impl DeadlinePolicy {
         Self {
             max,
             default: default.clamp(Self::MIN, max),
-            legacy_timeout: DEFAULT_LEGACY_TIMEOUT,
         }
     }
 
@@ -45,12 +40,6 @@ impl DeadlinePolicy {
             Duration::from_millis(max_ms),
             Duration::from_millis(default_ms),
         )
-    }
-
-    /// The same policy with `timeout` as legacy mode's fixed step timeout.
-    pub fn with_legacy_timeout(mut self, timeout: Duration) -> Self {
-        self.legacy_timeout = timeout;
-        self
     }
 
     /// The most this service ever grants, whatever the client asks for. Without it a
@@ -63,14 +52,6 @@ impl DeadlinePolicy {
     /// The budget of a request that sends no budget header.
     pub fn default_budget(&self) -> Duration {
         self.default
-    }
-
-    /// The fixed timeout of every step in `legacy` mode, the off switch
-    /// ([`DeadlineMode::Legacy`](crate::DeadlineMode::Legacy)): no budget is enforced
-    /// there, and each call and transaction waits at most this long, as code without
-    /// the technique would. 30 s unless set.
-    pub fn legacy_timeout(&self) -> Duration {
-        self.legacy_timeout
     }
 
     /// The budget to accept: `clamp(requested, 1 ms, max)`, or the default when absent.

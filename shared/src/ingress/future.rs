@@ -34,7 +34,7 @@ pin_project! {
         Run {
             #[pin]
             handler: F,
-            // None in legacy mode: nothing bounds the handler.
+            // None once observe mode has counted the deadline passing.
             #[pin]
             timer: Option<Sleep>,
             deadline: Deadline,
@@ -68,10 +68,6 @@ impl<F> ResponseFuture<F> {
     pub(crate) fn bounded(handler: F, deadline: Deadline) -> Self {
         let timer = tokio::time::sleep_until(deadline.instant());
         Self::run(handler, deadline, Some(timer), false)
-    }
-
-    pub(crate) fn unbounded(handler: F, deadline: Deadline) -> Self {
-        Self::run(handler, deadline, None, false)
     }
 
     /// Observe mode: the handler runs to its end, and the deadline passing is counted

@@ -64,8 +64,8 @@ impl DeadlineLayer {
         }
     }
 
-    /// Sets the mode; in [`DeadlineMode::Legacy`] every budget header is ignored and the handler
-    /// is not bounded, as in a service written without the technique.
+    /// Sets the mode: [`DeadlineMode::Observe`] runs every handler to its end and
+    /// counts the refusals propagate would make.
     pub fn mode(self, mode: DeadlineMode) -> Self {
         self.live_mode(LiveMode::new(mode))
     }
@@ -86,8 +86,7 @@ impl DeadlineLayer {
     }
 
     /// Runs a request that carries `X-Deadline-Mode: observe` in observe mode, whatever
-    /// the mode in force (unless that is legacy, which reads no budget header): the
-    /// caller is observing, and a refusal here would be a real one to its client.
+    /// the mode in force: the caller is observing, and a refusal here would be a real one to its client.
     ///
     /// Honour it in services that only other services call, never at the edge: there,
     /// any client could switch the protection off for its own requests. A value other

@@ -42,11 +42,19 @@ const METRICS_PATH: &str = "/metrics";
 /// ```
 #[cfg_attr(docsrs, doc(cfg(all(feature = "axum", feature = "metrics"))))]
 pub fn instrument(router: axum::Router, layer: DeadlineLayer, metrics: &Metrics) -> axum::Router {
+    let router = router.route_layer(layer.probes([METRICS_PATH]).with_metrics(metrics));
+    measure(router, metrics)
+}
+
+/// What [`instrument`] adds but the deadline layer: the HTTP server middleware and
+/// `GET /metrics`, for routes served without the technique (a service's code path
+/// beside it), measured in the same families.
+#[cfg_attr(docsrs, doc(cfg(all(feature = "axum", feature = "metrics"))))]
+pub fn measure(router: axum::Router, metrics: &Metrics) -> axum::Router {
     let scrape = axum::Router::new()
         .route(METRICS_PATH, axum::routing::get(serve_metrics))
         .with_state(metrics.clone());
     router
-        .route_layer(layer.probes([METRICS_PATH]).with_metrics(metrics))
         .route_layer(axum::middleware::from_fn_with_state(
             metrics.clone(),
             track_http,
@@ -118,12 +126,12 @@ async fn track_http(State(metrics): State<Metrics>, request: Request, next: Next
         trace_id = tracing::field::Empty,
     );
     crate::propagation::continue_trace(&span, request.headers());
-    measure(metrics, uri, method, request, next)
+    time_request(metrics, uri, method, request, next)
         .instrument(span)
         .await
 }
 
-async fn measure(
+async fn time_request(
     metrics: Metrics,
     uri: String,
     method: &'static str,

@@ -28,5 +28,5 @@ mod service;
 pub use future::ResponseFuture;
 pub use layer::DeadlineLayer;
 #[cfg(feature = "metrics")]
-pub use metrics::instrument;
+pub use metrics::{instrument, measure};
 pub use service::DeadlineService;

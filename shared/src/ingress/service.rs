@@ -62,17 +62,6 @@ where
                 }
             }
         }
-        if mode == DeadlineMode::Legacy {
-            // Handlers still get a Deadline to pass around, but nothing enforces it:
-            // each step waits at most the policy's fixed legacy timeout.
-            let legacy_timeout = config.policy.legacy_timeout();
-            let deadline = Deadline::with_log(arrived, legacy_timeout, log)
-                .with_mode(DeadlineMode::Legacy)
-                .with_legacy_timeout(legacy_timeout);
-            request.extensions_mut().insert(deadline.clone());
-            return ResponseFuture::unbounded(self.inner.call(request), deadline);
-        }
-
         // Every budget header counts (ours, grpc-timeout, Envoy's): the smallest wins.
         let (requested, invalid) = match read_budget(request.headers()) {
             Ok(requested) => (requested, false),
@@ -86,9 +75,7 @@ where
         };
         let (budget, clamped) = config.policy.accept(requested);
         log.observe_inbound(budget, clamped);
-        let deadline = Deadline::with_log(arrived, budget, log)
-            .with_mode(mode)
-            .with_legacy_timeout(config.policy.legacy_timeout());
+        let deadline = Deadline::with_log(arrived, budget, log).with_mode(mode);
         if invalid {
             deadline.would_refuse(Stage::Ingress, "invalid_header");
         }

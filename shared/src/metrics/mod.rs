@@ -34,7 +34,6 @@ pub(crate) use families::SettingsMetrics;
 pub(crate) use families::{ClientMetrics, PoolGauges, PoolLimits};
 pub(crate) use families::{DeadlineMetrics, ToolMetrics};
 
-use crate::deadline::LiveMode;
 use crate::timing::Report;
 
 /// A gauge that holds seconds (or any float).
@@ -160,6 +159,20 @@ impl Metrics {
         self.inner.deadline.init_downstream(downstream);
     }
 
+    /// Records one call to `downstream` that no budgeted client made (a code path
+    /// without the technique beside one) in `http_client_requests_seconds{client,
+    /// status}`, `status` being the answer's code, `timeout` or `error`.
+    #[cfg(feature = "http-client")]
+    pub fn observe_client_call(
+        &self,
+        downstream: crate::Downstream,
+        status: &str,
+        took: std::time::Duration,
+    ) {
+        self.client()
+            .observe_request(downstream.name(), status, took);
+    }
+
     /// Runs `hook` before every scrape, to copy a value that lives elsewhere (a pool's
     /// idle count) into a gauge.
     pub fn on_scrape(&self, hook: impl Fn() + Send + Sync + 'static) {
@@ -182,56 +195,5 @@ impl Metrics {
             .on_scrape
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-impl LiveMode {
-    /// The same switch, showing the mode in force as `deadline_mode{mode}` in
-    /// `metrics` from now on.
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn with_metrics(self, metrics: &Metrics) -> Self {
-        self.reporting(Some(metrics.deadline_report()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::mode::DeadlineMode;
-
-    /// Two admins switching at once must leave one mode in force and the gauge showing
-    /// that one, and only it, at 1.
-    #[test]
-    fn concurrent_switches_leave_the_gauge_showing_the_mode_in_force() {
-        let metrics = Metrics::new("inventory");
-        let mode = LiveMode::new(DeadlineMode::Propagate).with_metrics(&metrics);
-        let shown = || {
-            let text = metrics.render();
-            DeadlineMode::ALL.map(|m| {
-                text.contains(&format!(
-                    "deadline_mode{{service=\"inventory\",mode=\"{}\"}} 1",
-                    m.as_str()
-                ))
-            })
-        };
-        for round in 0..2000 {
-            let start = std::sync::Barrier::new(DeadlineMode::ALL.len());
-            std::thread::scope(|scope| {
-                for next in DeadlineMode::ALL {
-                    let (mode, start) = (&mode, &start);
-                    scope.spawn(move || {
-                        start.wait();
-                        mode.set(next);
-                    });
-                }
-            });
-            let expected = DeadlineMode::ALL.map(|m| m == mode.get());
-            assert_eq!(
-                shown(),
-                expected,
-                "round {round}: {:?} in force",
-                mode.get()
-            );
-        }
     }
 }

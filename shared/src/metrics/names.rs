@@ -23,8 +23,6 @@ pub const DEADLINE_EXCEEDED_TOTAL: &str = "deadline_exceeded_total";
 /// In `observe` mode, what propagate would have refused, by `service`, `stage` and
 /// `reason` (counter).
 pub const DEADLINE_WOULD_REFUSE_TOTAL: &str = "deadline_would_refuse_total";
-/// 1 for the mode in force, by `service` and `mode` (gauge).
-pub const DEADLINE_MODE: &str = "deadline_mode";
 /// The configured budget policy by `service` and `kind` (gauge).
 pub const DEADLINE_POLICY_SECONDS: &str = "deadline_policy_seconds";
 
@@ -78,7 +76,6 @@ pub const SCALARS: &[&str] = &[
     DEADLINE_CLAMPED_TOTAL,
     DEADLINE_EXCEEDED_TOTAL,
     DEADLINE_WOULD_REFUSE_TOTAL,
-    DEADLINE_MODE,
     DEADLINE_POLICY_SECONDS,
     HTTP_CLIENT_POOL_PENDING_ACQUIRES,
     HTTP_CLIENT_POOL_ACTIVE_CONNECTIONS,
@@ -128,7 +125,6 @@ mod tests {
     #[test]
     fn counters_register_without_their_total() {
         assert_eq!(registered(TOOL_CALLS_TOTAL), "tool_calls");
-        assert_eq!(registered(DEADLINE_MODE), "deadline_mode");
     }
 
     /// Every family the crate registers has a name from this module (the `# TYPE`

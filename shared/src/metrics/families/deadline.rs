@@ -1,5 +1,5 @@
 //! The deadline families: budgets accepted and clamped, left at each stage, run out,
-//! what observe mode would have refused, and the mode in force. [`DeadlineMetrics`] is
+//! and what observe mode would have refused. [`DeadlineMetrics`] is
 //! what the core reports to ([`Report`]).
 
 use std::sync::{Arc, PoisonError, RwLock};
@@ -8,15 +8,13 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::{Histogram, latency_histogram};
 use crate::metrics::names::{
     DEADLINE_CLAMPED_TOTAL, DEADLINE_EXCEEDED_TOTAL, DEADLINE_INBOUND_BUDGET_SECONDS,
-    DEADLINE_MODE, DEADLINE_REMAINING_SECONDS, DEADLINE_WOULD_REFUSE_TOTAL, registered,
+    DEADLINE_REMAINING_SECONDS, DEADLINE_WOULD_REFUSE_TOTAL, registered,
 };
-use crate::mode::DeadlineMode;
 use crate::stage::{Downstream, Stage};
 use crate::timing::Report;
 
@@ -59,12 +57,6 @@ struct StageReason {
     reason: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ServiceMode {
-    service: &'static str,
-    mode: &'static str,
-}
-
 /// The deadline families, labelled with the owning service.
 #[derive(Clone, Debug)]
 pub(crate) struct DeadlineMetrics {
@@ -85,7 +77,6 @@ pub(crate) struct DeadlineMetrics {
     remaining_at: Arc<RwLock<Vec<(Stage, Histogram)>>>,
     exceeded: Family<ServiceStage, Counter>,
     would_refuse: Family<StageReason, Counter>,
-    mode: Family<ServiceMode, Gauge>,
 }
 
 impl DeadlineMetrics {
@@ -104,7 +95,6 @@ impl DeadlineMetrics {
             remaining_at: Arc::default(),
             exceeded: Family::default(),
             would_refuse: Family::default(),
-            mode: Family::default(),
         };
         registry.register(
             DEADLINE_INBOUND_BUDGET_SECONDS,
@@ -130,11 +120,6 @@ impl DeadlineMetrics {
             registered(DEADLINE_WOULD_REFUSE_TOTAL),
             "What propagate would have refused, counted in observe mode, by stage and reason",
             this.would_refuse.clone(),
-        );
-        registry.register(
-            DEADLINE_MODE,
-            "1 for the deadline mode in force now (legacy, observe, propagate), 0 for the others",
-            this.mode.clone(),
         );
         // Every stage shows up from the first scrape, so dashboards and rate() queries
         // never see a series appear out of nowhere. A downstream's appear when it is
@@ -222,18 +207,5 @@ impl Report for DeadlineMetrics {
             reason,
         };
         self.would_refuse.get_or_create(&labels).inc();
-    }
-
-    /// 1 for the mode in force, 0 for each other.
-    fn mode(&self, in_force: DeadlineMode) {
-        for mode in DeadlineMode::ALL {
-            let labels = ServiceMode {
-                service: self.service,
-                mode: mode.as_str(),
-            };
-            self.mode
-                .get_or_create(&labels)
-                .set(i64::from(mode == in_force));
-        }
     }
 }

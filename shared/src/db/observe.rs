@@ -1,5 +1,8 @@
-//! The legacy and observe paths of [`Db`]: a transaction as code without the
-//! technique writes it, for the before/after comparison and a safe rollout.
+//! The observe path of [`Db`]: a transaction as code without the technique runs it,
+//! counting where propagate would have refused it, so a rollout can watch before it
+//! enforces.
+
+use std::time::Duration;
 
 use sqlx::Connection as _;
 use sqlx::postgres::PgConnection;
@@ -8,21 +11,23 @@ use super::{Db, DbError, End, Statements, classify};
 use crate::deadline::Deadline;
 use crate::stage::Stage;
 
+/// How long an observed transaction waits for a connection: sqlx's own default, the
+/// bound a pool without the technique has.
+const OBSERVE_WAIT: Duration = Duration::from_secs(30);
+
 impl Db {
-    /// The same transaction as code without the technique writes it: no budget, no
-    /// server-side limits, statements dropped wherever the caller's future is dropped.
-    /// The wait for a connection is bounded by the fixed legacy timeout only. `observe`
-    /// counts where propagate would have refused it.
-    pub(super) async fn legacy<T, B: Statements<T>>(
+    /// The transaction with no budget and no server-side limit, its statements dropped
+    /// wherever the caller's future is dropped; the wait for a connection bounded only
+    /// by [`OBSERVE_WAIT`]. What propagate would have refused is counted.
+    pub(super) async fn observed<T, B: Statements<T>>(
         &self,
         body: B,
         deadline: &Deadline,
-        observe: bool,
     ) -> Result<T, DbError> {
-        let observed = observe.then_some(deadline);
-        let unbounded = Deadline::after(deadline.legacy_timeout());
+        // Errors are classified against a deadline of their own: observe answers no 504.
+        let unbounded = Deadline::after(OBSERVE_WAIT);
         let started = tokio::time::Instant::now();
-        let acquired = tokio::time::timeout(deadline.legacy_timeout(), self.pool.acquire()).await;
+        let acquired = tokio::time::timeout(OBSERVE_WAIT, self.pool.acquire()).await;
         let mut conn = acquired
             .unwrap_or(Err(sqlx::Error::PoolTimedOut))
             .map_err(|err| classify(err, &unbounded, Stage::DbPool))?;
@@ -33,19 +38,15 @@ impl Db {
             .begin()
             .await
             .map_err(|err| classify(err, &unbounded, Stage::Db))?;
-        let mut counted = false;
-        if let Some(deadline) = observed {
-            let reason = if started.elapsed() > self.config.acquire_timeout {
-                Some("acquire_timeout")
-            } else {
-                deadline.is_expired().then_some("deadline")
-            };
-            if let Some(reason) = reason {
-                deadline.would_refuse(Stage::DbPool, reason);
-                counted = true;
-            }
+        let reason = if started.elapsed() > self.config.acquire_timeout {
+            Some("acquire_timeout")
+        } else {
+            deadline.is_expired().then_some("deadline")
+        };
+        if let Some(reason) = reason {
+            deadline.would_refuse(Stage::DbPool, reason);
         }
-        let _count_late_statements = observed.filter(|_| !counted).map(LateCheck);
+        let _count_late_statements = reason.is_none().then_some(LateCheck(deadline));
         let value = match body(&mut tx).await {
             Ok(End::Commit(value) | End::CommitVerified(value, _)) => {
                 tx.commit().await.map_err(DbError::Query)?;
@@ -58,7 +59,7 @@ impl Db {
     }
 
     /// Resets a session that may carry a limit a propagate transaction left (see
-    /// `limit.rs`) to the server's own, outside any transaction, so the legacy
+    /// `limit.rs`) to the server's own, outside any transaction, so that an observed
     /// transaction runs as code without the technique would. Known sessions with the
     /// server's own value cost no I/O; each session is reset at most once per switch.
     async fn without_limit(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
@@ -73,8 +74,8 @@ impl Db {
     }
 }
 
-/// Observe mode: counts a transaction that ended after its deadline, however it ended,
-/// as the 504 `db` propagate would have answered.
+/// Counts a transaction that ended after its deadline, however it ended, as the 504
+/// `db` propagate would have answered.
 struct LateCheck<'a>(&'a Deadline);
 
 impl Drop for LateCheck<'_> {
