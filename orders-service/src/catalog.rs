@@ -2,8 +2,11 @@
 //! (or, in legacy, without one).
 
 use deadline_propagation::Downstream;
+use deadline_propagation::admission;
 use deadline_propagation::client::{BudgetedClient, CallErrorKind, ClientConfig};
+use deadline_propagation::hedging::Hedging;
 use deadline_propagation::metrics::Metrics;
+use deadline_propagation::retry_budget::RetryTokens;
 use deadline_propagation::{Deadline, Problem};
 use http::{Method, StatusCode};
 use serde::Deserialize;
@@ -68,7 +71,9 @@ impl CatalogClient {
     /// Whether the catalog answers `/healthz` within `deadline`.
     pub async fn ping(&self, deadline: &Deadline) -> Result<(), Problem> {
         self.http
-            .get_health(deadline, "/healthz")
+            .request(Method::GET, "/healthz")
+            .health_check()
+            .send(deadline)
             .await
             .map(drop)
             .map_err(Problem::from)
@@ -96,12 +101,19 @@ pub(crate) fn pooled_client(
     client.pending_max = u32::try_from(config.catalog_pool_pending_max).unwrap_or(u32::MAX);
     client.acquire_timeout = Config::ms(config.catalog_pool_acquire_timeout_ms);
     client.reserve = Config::ms(config.deadline_reserve_ms);
-    client.admission = config.catalog_admission == Admission::Predict;
     client.idle_timeout = Config::ms(config.catalog_pool_idle_timeout_ms);
+    let mut client = BudgetedClient::new(client)?;
     // Hedged are the catalog's GETs only; a precheck's POST is not safe to send twice.
-    client.hedge = (downstream.name() == "catalog")
+    // Hedging goes first: its history times extra attempts better than admission's.
+    let hedge = (downstream.name() == "catalog")
         .then(|| config.catalog_hedge())
         .flatten();
-    client.retry_budget = config.retry_budget();
-    BudgetedClient::with_metrics(client, metrics)
+    if let Some(policy) = hedge {
+        client = client.plugin(Hedging::new(policy));
+    }
+    if config.catalog_admission == Admission::Predict {
+        client = client.plugin(admission::Admission::new());
+    }
+    let client = client.plugin(RetryTokens::new(config.retry_budget()));
+    Ok(client.with_metrics(metrics))
 }

@@ -4,7 +4,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use deadline_propagation::client::{HedgePolicy, RetryBudget};
+use deadline_propagation::hedging::HedgePolicy;
+use deadline_propagation::retry_budget::RetryBudget;
 use service_kit::telemetry::LogFormat;
 
 use crate::mode::Mode;

@@ -44,9 +44,10 @@ use std::future::Future;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use deadline_propagation::Problem;
 use deadline_propagation::db::{Db, DbConfig, DbError, Read, Statements};
 use deadline_propagation::metrics::Metrics;
-use deadline_propagation::{Problem, ToolPolicy};
+use deadline_propagation::tools::ToolPolicy;
 use service_kit::server::{ServerOptions, serve};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;

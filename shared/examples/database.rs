@@ -56,7 +56,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     catalog.pending_max = 64;
     catalog.acquire_timeout = Duration::from_millis(40); // a full pool answers 503 fast
     catalog.idle_timeout = Duration::from_secs(2); // under the catalog's 5 s idle close
-    let catalog = BudgetedClient::with_metrics(catalog, &metrics)?;
+    let catalog = BudgetedClient::new(catalog)?.with_metrics(&metrics);
     // The defaults keep the server's own bounds for a silent network.
     let mut db = DbConfig::default();
     db.max_connections = 10;

@@ -69,57 +69,52 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-// The core, always built, in layers: each group imports only from the groups above
-// it, and nothing in the core imports from the modules after it (tests/layers.rs
-// checks both, with this order).
-//
-// Leaves: the budget headers, the modes, the trace context (built with the parts
-// that cross a hop), the stage names.
+// The core, always built, bottom first: each module imports only the ones above it
+// (tests/layers.rs checks it). The stage names, the budget headers and the modes are
+// leaves; the trace context is carried only with `otel` (a no-op without it).
 mod header;
 mod mode;
-#[cfg(any(feature = "http-client", all(feature = "axum", feature = "metrics")))]
-mod propagation;
 mod stage;
-
-// Where a budget went, and what is reported of it.
+mod trace;
+// Where a budget went, the deadline, the answers, and the ingress that makes them.
+mod deadline;
+mod ingress;
+mod problem;
 mod timing;
 
-// The deadline, its policy, its live mode.
-mod deadline;
-
-// The answers.
-mod problem;
-
-// On the core: the metrics, or their stand-in where the feature is off.
-#[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-pub mod metrics;
-#[cfg(not(feature = "metrics"))]
-#[path = "unobserved.rs"]
-mod metrics;
-
-// On both: the parts that spend a budget.
+// The chain beside the core: each imports only the core.
 #[cfg(feature = "http-client")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http-client")))]
 pub mod client;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod db;
-#[cfg(feature = "axum")]
-mod ingress;
-mod tools;
+
+// The extras: each imports only what it extends.
+#[cfg(feature = "admission")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admission")))]
+pub mod admission;
+#[cfg(feature = "hedging")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hedging")))]
+pub mod hedging;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
+#[cfg(feature = "retry-budget")]
+#[cfg_attr(docsrs, doc(cfg(feature = "retry-budget")))]
+pub mod retry_budget;
+#[cfg(feature = "tools")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tools")))]
+pub mod tools;
 
 #[doc(hidden)]
 pub mod testing;
 
 pub use deadline::{Deadline, DeadlineExceeded, DeadlinePolicy, LiveMode};
 pub use header::{DEADLINE_MODE_HEADER, InvalidBudget, REQUEST_TIMEOUT_HEADER, read_budget};
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use ingress::{DeadlineLayer, DeadlineService, ResponseFuture};
-#[cfg(all(feature = "axum", feature = "metrics"))]
-pub use ingress::{instrument, measure};
+#[cfg(feature = "metrics")]
+pub use metrics::{instrument, measure};
 pub use mode::DeadlineMode;
 pub use problem::Problem;
 pub use stage::{Downstream, InvalidName, Stage};
-pub use tools::{ToolBudget, ToolCall, ToolOutcome, ToolPolicy};

@@ -29,8 +29,8 @@ pub fn session_options(config: &crate::db::DbConfig) -> String {
 }
 
 /// How often admission lets a probe through while it refuses.
-#[cfg(feature = "http-client")]
-pub const PROBE_INTERVAL: std::time::Duration = crate::client::PROBE_INTERVAL;
+#[cfg(feature = "admission")]
+pub const PROBE_INTERVAL: std::time::Duration = crate::admission::PROBE_INTERVAL;
 
 pub use crate::deadline::NO_RETURN_GRACE;
 

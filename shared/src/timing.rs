@@ -19,14 +19,12 @@ use crate::stage::Stage;
 /// What the core reports about budgets, in plain labels: the metrics implement it.
 pub(crate) trait Report: Send + Sync + std::fmt::Debug {
     /// The ingress accepted `budget`, clamped or not.
-    #[cfg(feature = "axum")]
     fn inbound(&self, budget: Duration, clamped: bool);
     /// `stage` starts with `remaining` of the budget.
     fn stage_started(&self, stage: Stage, remaining: Duration);
     /// The budget ran out in `stage`.
     fn exceeded(&self, stage: Stage);
     /// In observe mode, propagate would have refused in `stage` for `reason`.
-    #[cfg(any(feature = "axum", feature = "http-client", feature = "sqlx"))]
     fn would_refuse(&self, stage: Stage, reason: &'static str);
 }
 
@@ -46,7 +44,6 @@ pub(crate) struct StageLog {
 
 impl StageLog {
     /// A log that also reports to `report` (the ingress builds each request's so).
-    #[cfg(feature = "axum")]
     pub(crate) fn reporting(report: Reporter) -> Self {
         Self {
             entries: Mutex::default(),
@@ -67,7 +64,6 @@ impl StageLog {
     }
 
     /// The ingress layer's report of the budget it accepted.
-    #[cfg(feature = "axum")]
     pub(crate) fn observe_inbound(&self, budget: Duration, clamped: bool) {
         if let Some(report) = &self.report {
             report.inbound(budget, clamped);
@@ -80,7 +76,6 @@ impl StageLog {
         }
     }
 
-    #[cfg(any(feature = "axum", feature = "http-client", feature = "sqlx"))]
     pub(crate) fn count_would_refuse(&self, stage: Stage, reason: &'static str) {
         if let Some(report) = &self.report {
             report.would_refuse(stage, reason);
@@ -97,7 +92,6 @@ impl StageLog {
     ///
     /// A stage that ran more than once (three tool calls) is summed into one entry with
     /// a count, since `Server-Timing` names should be unique. The ingress writes it.
-    #[cfg(feature = "axum")]
     pub(crate) fn server_timing(&self, total: Duration) -> String {
         use std::fmt::Write as _;
 
@@ -131,7 +125,6 @@ impl StageLog {
 
     /// True while a step of the request is past its point of no return (the ingress
     /// waits a grace for its answer, and the client sends no extra attempt).
-    #[cfg(any(feature = "axum", feature = "http-client"))]
     pub(crate) fn past_no_return(&self) -> bool {
         self.no_return.load(Ordering::Acquire) > 0
     }
@@ -155,10 +148,8 @@ impl StageLog {
 /// A duration in milliseconds with one decimal, rounded to the nearest tenth, written
 /// from integers: every response carries a few, and formatting them as floats cost
 /// more than the rest of the header.
-#[cfg(feature = "axum")]
 struct Tenths(u64);
 
-#[cfg(feature = "axum")]
 impl Tenths {
     fn of(d: Duration) -> Self {
         let tenths = (d.as_nanos() + 50_000) / 100_000;
@@ -173,7 +164,7 @@ impl Tenths {
     }
 }
 
-#[cfg(all(test, feature = "axum"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 

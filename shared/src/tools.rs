@@ -22,7 +22,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::deadline::Deadline;
-use crate::metrics::ToolMetrics;
 use crate::problem::Problem;
 use crate::stage::Stage;
 
@@ -90,7 +89,7 @@ impl ToolOutcome {
 ///
 /// ```
 /// use std::time::Duration;
-/// use deadline_propagation::{ToolOutcome, ToolBudget, ToolPolicy};
+/// use deadline_propagation::tools::{ToolOutcome, ToolBudget, ToolPolicy};
 /// use tokio_util::sync::CancellationToken;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -121,7 +120,7 @@ pub struct ToolCall<T> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use deadline_propagation::{ToolOutcome, ToolBudget, ToolPolicy};
+/// use deadline_propagation::tools::{ToolOutcome, ToolBudget, ToolPolicy};
 /// use deadline_propagation::{Deadline, Stage};
 /// use tokio_util::sync::CancellationToken;
 ///
@@ -139,21 +138,24 @@ pub struct ToolCall<T> {
 /// assert_eq!(call.outcome, ToolOutcome::Timeout);
 /// # }
 /// ```
-#[derive(Debug)]
 pub struct ToolBudget {
     turn: Deadline,
     policy: ToolPolicy,
     calls: AtomicU32,
-    metrics: Option<ToolMetrics>,
+    /// Told how every call ended (the metrics count it).
+    observer: Option<Observer>,
 }
 
-#[cfg(feature = "metrics")]
-impl crate::metrics::Metrics {
-    /// Makes the `tool_calls_total` series of each tool in `names` exist from the
-    /// first scrape, one per outcome.
-    pub fn declare_tools<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
-        self.tools()
-            .init(names, &ToolOutcome::ALL.map(ToolOutcome::as_str));
+/// What is told how each call ended: the tool's name and its outcome.
+type Observer = std::sync::Arc<dyn Fn(&str, ToolOutcome) + Send + Sync>;
+
+impl std::fmt::Debug for ToolBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolBudget")
+            .field("turn", &self.turn)
+            .field("policy", &self.policy)
+            .field("calls", &self.calls)
+            .finish_non_exhaustive()
     }
 }
 
@@ -162,7 +164,7 @@ impl ToolBudget {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// use deadline_propagation::{ToolBudget, ToolPolicy};
+    /// use deadline_propagation::tools::{ToolBudget, ToolPolicy};
     ///
     /// let request = deadline_propagation::Deadline::after(Duration::from_millis(500));
     /// // A 2 s turn inside a 500 ms request ends with the request.
@@ -174,15 +176,16 @@ impl ToolBudget {
             turn: request.child(policy.turn),
             policy,
             calls: AtomicU32::new(0),
-            metrics: None,
+            observer: None,
         }
     }
 
-    /// Counts every call in `tool_calls_total{tool_name,outcome}`.
-    #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn with_metrics(mut self, metrics: &crate::metrics::Metrics) -> Self {
-        self.metrics = Some(metrics.tools().clone());
+    /// Tells `observer` how each call ended, by the tool's name.
+    pub fn observed(
+        mut self,
+        observer: impl Fn(&str, ToolOutcome) + Send + Sync + 'static,
+    ) -> Self {
+        self.observer = Some(std::sync::Arc::new(observer));
         self
     }
 
@@ -198,7 +201,7 @@ impl ToolBudget {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// use deadline_propagation::{ToolOutcome, ToolBudget, ToolPolicy};
+    /// use deadline_propagation::tools::{ToolOutcome, ToolBudget, ToolPolicy};
     /// use tokio_util::sync::CancellationToken;
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -252,8 +255,8 @@ impl ToolBudget {
                 },
             }
         };
-        if let Some(metrics) = &self.metrics {
-            metrics.count(name, outcome.as_str());
+        if let Some(observer) = &self.observer {
+            observer(name, outcome);
         }
         let (result, error) = match result {
             Ok(value) => (Some(value), None),

@@ -72,9 +72,10 @@ fn named_client(
     config.max_connections = max_connections;
     config.pending_max = 100_000;
     config.acquire_timeout = Duration::from_secs(10);
-    config.admission = false;
     config.idle_timeout = Duration::from_secs(1);
-    BudgetedClient::with_metrics(config, metrics).expect("the client builds")
+    BudgetedClient::new(config)
+        .expect("the client builds")
+        .with_metrics(metrics)
 }
 
 /// A downstream that is overloaded: 503 with the `Retry-After` named in the path.
@@ -104,7 +105,8 @@ async fn a_downstream_503_is_passed_on_with_its_own_retry_after() {
     // A missing or unreadable Retry-After gets the default of one second.
     for (path, expected) in [("/seven", "7"), ("/none", "1"), ("/garbage", "1")] {
         let err = client
-            .get_bytes(&Deadline::after(Duration::from_secs(5)), path)
+            .request(Method::GET, path)
+            .send(&Deadline::after(Duration::from_secs(5)))
             .await
             .expect_err("the downstream answers 503");
         assert!(
@@ -345,7 +347,7 @@ async fn full_inventory(
     let (url, downstream) = serve_on_port_0(slow_downstream(Arc::clone(&started))).await;
     let mut config = named_client(inventory(), &url, 1, metrics).config().clone();
     config.pending_max = 0;
-    let client = BudgetedClient::with_metrics(config, metrics).unwrap();
+    let client = BudgetedClient::new(config).unwrap().with_metrics(metrics);
     let holder = {
         let client = client.clone();
         tokio::spawn(async move {
@@ -421,7 +423,10 @@ async fn a_body_that_never_comes_holds_the_slot_and_is_cut_at_the_deadline() {
     let deadline = Deadline::after(MS(300));
     let call = tokio::spawn({
         let (client, deadline) = (client.clone(), deadline.clone());
-        async move { client.get_bytes(&deadline, "/stock").await }
+        async move {
+            let reply = client.request(Method::GET, "/stock").send(&deadline).await;
+            reply.map(|reply| reply.body)
+        }
     });
     headers_sent.notified().await;
     // Read the slot first, the clock second: a free slot seen before the deadline is a

@@ -12,10 +12,10 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use deadline_propagation::client::{
-    BudgetedClient, CallErrorKind, ClientConfig, HedgePolicy, RetryBudget,
-};
+use deadline_propagation::client::{BudgetedClient, CallErrorKind, ClientConfig};
+use deadline_propagation::hedging::{HedgePolicy, Hedging};
 use deadline_propagation::metrics::Metrics;
+use deadline_propagation::retry_budget::{RetryBudget, RetryTokens};
 use deadline_propagation::testing::metric_value;
 use deadline_propagation::{Deadline, Downstream};
 use http::Method;
@@ -82,10 +82,11 @@ async fn setup(max_connections: u32, hedge: HedgePolicy, retry_budget: RetryBudg
     config.max_connections = max_connections;
     config.pending_max = 100;
     config.acquire_timeout = Duration::from_secs(5);
-    config.admission = false;
-    config.hedge = Some(hedge);
-    config.retry_budget = retry_budget;
-    let client = BudgetedClient::with_metrics(config, &metrics).unwrap();
+    let client = BudgetedClient::new(config)
+        .unwrap()
+        .plugin(Hedging::new(hedge))
+        .plugin(RetryTokens::new(retry_budget))
+        .with_metrics(&metrics);
     Setup {
         client,
         metrics,

@@ -20,7 +20,8 @@ version = "0.1.0"
 edition = "2024"
 
 [dependencies]
-deadline-propagation = { path = "deadline-propagation" }
+# The chain: the core, the budgeted client and the database envelope.
+deadline-propagation = { path = "deadline-propagation", features = ["http-client", "sqlx"] }
 "#;
 
 const MAIN: &str = r#"fn main() {

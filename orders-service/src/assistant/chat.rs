@@ -2,8 +2,8 @@
 
 use axum::Json;
 use axum::extract::State;
+use deadline_propagation::tools::{ToolBudget, ToolCall, ToolOutcome as Outcome};
 use deadline_propagation::{Deadline, Problem};
-use deadline_propagation::{ToolBudget, ToolCall, ToolOutcome as Outcome};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use service_kit::json::JsonBody;

@@ -27,8 +27,8 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use pin_project_lite::pin_project;
 
+use deadline_propagation::tools::{ToolBudget, ToolOutcome as Outcome, ToolPolicy};
 use deadline_propagation::{Deadline, Problem};
-use deadline_propagation::{ToolBudget, ToolOutcome as Outcome, ToolPolicy};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool as McpTool,

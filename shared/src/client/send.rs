@@ -2,19 +2,18 @@
 //! what is left of the deadline, with the budget propagated and the trace context
 //! injected; then the call's answer.
 //!
-//! A call is its first attempt, perhaps a hedge beside it (when the first is slow by
-//! the history's measure, `hedge.rs`), perhaps a retry after it (a refused connection;
-//! a 503 of a request safe to send twice). Every extra attempt must pass three checks,
-//! in order, and is counted when it does not:
+//! A call is its first attempt, perhaps a hedge beside it (when a plugin times one),
+//! perhaps a retry after it (a refused connection; a 503 of a request safe to send
+//! twice). Every extra attempt passes three checks, in order, and is counted when it
+//! does not:
 //!
-//! 1. the deadline: what is left covers what nine recent attempts in ten took (at least
-//!    20 ms), and no COMMIT is on the wire;
+//! 1. the deadline: no COMMIT is on the wire, and what is left covers what nine recent
+//!    attempts in ten took (at least 20 ms);
 //! 2. a slot, for a hedge (a retry keeps the slot of the attempt it repeats);
-//! 3. a token of the retry budget (`retry_budget.rs`).
+//! 3. the plugins (the retry budget's token).
 //!
-//! Each attempt is timed on its own: its metrics, admission's estimate, the wire and the
-//! history learn from it, and an attempt dropped unfinished (its caller went away, or
-//! its hedge won) is timed as `cancelled` and counts as cut.
+//! Each attempt is timed on its own and told to the plugins; one dropped unfinished
+//! (its caller went away, or its hedge won) is told as cancelled, and as cut.
 
 use std::pin::pin;
 use std::time::Duration;
@@ -24,20 +23,22 @@ use http::{HeaderMap, Method, StatusCode};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::hedge::LIKELY;
 use super::request::{CallRequest, Reply};
 use super::wire::server_total;
-use super::{BudgetedClient, CallError, CallErrorKind, Slot};
+use super::{
+    Attempt, AttemptEnd, AttemptKind, AttemptOutcome, BudgetedClient, CallError, CallErrorKind,
+    Event, Slot,
+};
 use crate::deadline::{Deadline, DeadlineExceeded};
 use crate::header::{DEADLINE_MODE_HEADER, OBSERVE, REQUEST_TIMEOUT_HEADER};
 use crate::mode::DeadlineMode;
 
-/// The least budget worth any extra attempt, whatever the history says.
+/// The least budget worth any extra attempt, whatever the plugins know.
 const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);
 
 /// The headers the client sets itself; a caller's values for them are dropped, so no
-/// caller can send more budget than is left, a mode that is not this call's, or a trace
-/// context that is not this call's.
+/// caller can send more budget than is left, a mode that is not this call's, or a
+/// trace context that is not this call's.
 const OWNED_HEADERS: [HeaderName; 4] = [
     REQUEST_TIMEOUT_HEADER,
     DEADLINE_MODE_HEADER,
@@ -49,80 +50,8 @@ const OWNED_HEADERS: [HeaderName; 4] = [
 /// deadline.
 type Outcome = Result<Result<Reply, reqwest::Error>, DeadlineExceeded>;
 
-/// Which attempt of a call (`http_client_attempts_total{kind}`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum AttemptKind {
-    /// The call's first attempt.
-    First,
-    /// A backup beside a slow first attempt.
-    Hedge,
-    /// A second attempt after a refused connection or a 503.
-    Retry,
-}
-
-/// What became of an attempt (`http_client_attempts_total{outcome}`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum AttemptOutcome {
-    /// Sent; the call ended with its answer.
-    Won,
-    /// Sent; the call ended with another attempt's answer (this one was dropped or
-    /// failed).
-    Lost,
-    /// Sent, and cut by the deadline (or answered 504: the downstream ran out of the
-    /// budget it was given): its work was thrown away.
-    Cut,
-    /// Not sent: the retry budget had no token.
-    RefusedBudget,
-    /// Not sent: what was left could not cover what nine attempts in ten take.
-    RefusedDeadline,
-    /// Not sent (a hedge): no slot was free at once.
-    NoSlot,
-}
-
-impl AttemptKind {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::First => "first",
-            Self::Hedge => "hedge",
-            Self::Retry => "retry",
-        }
-    }
-}
-
-impl AttemptOutcome {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Won => "won",
-            Self::Lost => "lost",
-            Self::Cut => "cut",
-            Self::RefusedBudget => "refused_budget",
-            Self::RefusedDeadline => "refused_deadline",
-            Self::NoSlot => "no_slot",
-        }
-    }
-}
-
-/// Every `(kind, outcome)` an attempt can have, as the labels spell them: their series
-/// exist from the start (a first attempt is always sent, a retry never loses).
-pub(super) const ATTEMPT_LABELS: [(&str, &str); 13] = [
-    ("first", "won"),
-    ("first", "lost"),
-    ("first", "cut"),
-    ("hedge", "won"),
-    ("hedge", "lost"),
-    ("hedge", "cut"),
-    ("hedge", "refused_budget"),
-    ("hedge", "refused_deadline"),
-    ("hedge", "no_slot"),
-    ("retry", "won"),
-    ("retry", "cut"),
-    ("retry", "refused_budget"),
-    ("retry", "refused_deadline"),
-];
-
-/// An attempt that ran, for the counts: its kind, and whether it was cut (by our
-/// deadline, or the downstream ran out of the budget we gave it: its work was thrown
-/// away).
+/// An attempt that ran and that the call did not end with: its kind, and whether it
+/// was cut.
 #[derive(Clone, Copy)]
 struct Ran {
     kind: AttemptKind,
@@ -179,8 +108,8 @@ impl BudgetedClient {
     ) -> Result<Reply, CallError> {
         let stage = self.config.name.call();
         let mode = deadline.mode();
-        let spent = deadline.outbound_millis(self.keep_back()).is_none();
-        if spent && mode == DeadlineMode::Propagate {
+        let spent = self.is_spent(deadline);
+        if spent && mode.enforces() {
             // Nothing is sent, so there is nothing to learn from either.
             return Err(self.error(CallErrorKind::Deadline(deadline.exceeded(stage))));
         }
@@ -188,8 +117,8 @@ impl BudgetedClient {
         for owned in &OWNED_HEADERS {
             headers.remove(owned);
         }
-        crate::propagation::inject(span, &mut headers);
-        self.tokens.deposit();
+        crate::trace::inject(span, &mut headers);
+        self.emit(Event::Call);
         let first = self.try_once(deadline, request, headers.clone(), slot);
         // The attempts that ran and that the call did not end with.
         let mut ran = Vec::with_capacity(2);
@@ -212,15 +141,13 @@ impl BudgetedClient {
             }
             Err(_) => false,
         };
-        if retryable && mode == DeadlineMode::Propagate {
+        if retryable && mode.enforces() {
             match self
                 .deadline_allows_extra(deadline)
-                .and_then(|()| self.take_token())
+                .and_then(|()| self.plugins_allow_extra())
             {
                 Ok(()) => {
-                    if let Some(metrics) = &self.metrics {
-                        metrics.count_retry(self.config.name.name());
-                    }
+                    self.emit(Event::Retry);
                     ran.push(Ran {
                         kind,
                         cut: tried.cut,
@@ -278,7 +205,7 @@ impl BudgetedClient {
         }
         let slot = self.deadline_allows_extra(deadline).and_then(|()| {
             let slot = self.bulkhead.try_acquire().ok_or(AttemptOutcome::NoSlot)?;
-            self.take_token().map(|()| slot)
+            self.plugins_allow_extra().map(|()| slot)
         });
         let slot = match slot {
             Ok(slot) => slot,
@@ -313,60 +240,45 @@ impl BudgetedClient {
         winner
     }
 
-    /// When the first attempt of this call may be hedged: hedging on, the request safe
-    /// to send twice, propagate mode (observe sends what code without the
-    /// technique sends), and a delay known.
+    /// When the first attempt of this call may be hedged: a plugin times hedges, the
+    /// request is safe to send twice and not a health check, and the mode is propagate
+    /// (observe sends what code without the technique sends).
     fn hedge_delay(&self, deadline: &Deadline, request: &CallRequest<'_>) -> Option<Duration> {
-        let history = self.history.as_ref()?;
-        let hedgeable = request.repeatable() && request.admission;
-        (hedgeable && deadline.mode() == DeadlineMode::Propagate)
-            .then(|| history.delay())
+        let hedgeable = request.repeatable() && request.admission && deadline.mode().enforces();
+        hedgeable
+            .then(|| self.plugins.iter().find_map(|p| p.hedge_after()))
             .flatten()
     }
 
-    /// The deadline's check of an extra attempt: no COMMIT on the wire, and, unless the
-    /// hedge policy switched the rule off, what is left (less what is kept back) covers
-    /// what nine recent attempts in ten took. An attempt with less would too often be
-    /// cut at the deadline: the work it asks of the downstream would be thrown away.
+    /// The deadline's check of an extra attempt: no COMMIT on the wire, and, unless a
+    /// plugin switched the rule off, what is left (less what is kept back) covers what
+    /// nine recent attempts in ten took. An attempt with less would too often be cut at
+    /// the deadline: the work it asks of the downstream would be thrown away.
     fn deadline_allows_extra(&self, deadline: &Deadline) -> Result<(), AttemptOutcome> {
-        let aware = self
-            .history
-            .as_ref()
-            .is_none_or(|history| history.policy().deadline_aware);
-        let likely = self.likely_attempt().max(MIN_RETRY_BUDGET);
+        let rule = self.plugins.iter().all(|p| p.deadline_rule());
+        let likely = self.plugins.iter().find_map(|p| p.likely_attempt());
+        let likely = likely.unwrap_or_default().max(MIN_RETRY_BUDGET);
         let left = deadline.remaining().saturating_sub(self.keep_back());
-        if deadline.log().past_no_return() || (aware && left < likely) {
+        if deadline.log().past_no_return() || (rule && left < likely) {
             return Err(AttemptOutcome::RefusedDeadline);
         }
         Ok(())
     }
 
-    /// A token of the retry budget, taken last so that an attempt refused for another
-    /// reason costs none.
-    fn take_token(&self) -> Result<(), AttemptOutcome> {
-        self.tokens
-            .withdraw()
-            .then_some(())
-            .ok_or(AttemptOutcome::RefusedBudget)
-    }
-
-    /// What nine attempts in ten finish in: the history's where the client hedges, else
-    /// admission's recent calls', else nothing known.
-    fn likely_attempt(&self) -> Duration {
-        self.history
-            .as_ref()
-            .and_then(|history| history.likely())
-            .or_else(|| self.admission.as_ref().map(|a| a.quantile(LIKELY)))
-            .unwrap_or_default()
-    }
-
-    fn count(&self, kind: AttemptKind, outcome: AttemptOutcome) {
-        if let Some(metrics) = &self.metrics {
-            metrics.count_attempt(self.config.name.name(), kind.as_str(), outcome.as_str());
+    /// The plugins' check, asked last so that one refused for another reason spends
+    /// nothing.
+    fn plugins_allow_extra(&self) -> Result<(), AttemptOutcome> {
+        match self.plugins.iter().all(|p| p.allow_extra()) {
+            true => Ok(()),
+            false => Err(AttemptOutcome::RefusedBudget),
         }
     }
 
-    /// One attempt on `slot`, timed and learned from.
+    fn count(&self, kind: AttemptKind, outcome: AttemptOutcome) {
+        self.emit(Event::Counted(kind, outcome));
+    }
+
+    /// One attempt on `slot`, timed and told.
     async fn try_once(
         &self,
         deadline: &Deadline,
@@ -386,39 +298,32 @@ impl BudgetedClient {
         Tried { outcome, slot, cut }
     }
 
-    /// What an attempt that came back teaches: its time in the metrics, in admission's
-    /// estimate and in the history (censored when cut at our deadline, or when the
-    /// downstream ran out of the budget we gave it: it would have taken at least this
-    /// long), and the wire's share of it. Returns whether it was cut so.
+    /// Tells the plugins an attempt came back (censored when cut at our deadline, or
+    /// when the downstream ran out of the budget we gave it: it would have taken at
+    /// least this long), and learns the wire's share of it. Returns whether it was cut.
     fn learn(&self, started: Instant, outcome: &Outcome, learns: bool) -> bool {
         let took = started.elapsed();
-        let censored = match outcome {
-            Err(_) => true,
-            Ok(Ok(answer)) => answer.status == StatusCode::GATEWAY_TIMEOUT,
-            Ok(Err(err)) => err.is_timeout(),
+        let (end, censored) = match outcome {
+            Err(_) => (AttemptEnd::Timeout, true),
+            Ok(Ok(answer)) => (
+                AttemptEnd::Status(answer.status),
+                answer.status == StatusCode::GATEWAY_TIMEOUT,
+            ),
+            Ok(Err(err)) if err.is_timeout() => (AttemptEnd::Timeout, true),
+            Ok(Err(_)) => (AttemptEnd::Error, false),
         };
-        if learns {
-            if let Some(admission) = &self.admission {
-                admission.record(started, took, censored);
-            }
-            if let Some(history) = &self.history {
-                history.record(took, censored);
-            }
-        }
         if let Ok(Ok(answer)) = outcome
             && let Some(server) = server_total(&answer.headers)
         {
             self.wire.record(took, server);
         }
-        if let Some(metrics) = &self.metrics {
-            let label = match outcome {
-                Err(_) => "timeout".to_owned(),
-                Ok(Ok(answer)) => answer.status.as_str().to_owned(),
-                Ok(Err(err)) if err.is_timeout() => "timeout".to_owned(),
-                Ok(Err(_)) => "error".to_owned(),
-            };
-            metrics.observe_request(self.config.name.name(), &label, took);
-        }
+        self.emit(Event::Attempt(Attempt {
+            started,
+            took,
+            end,
+            censored,
+            learns,
+        }));
         censored
     }
 
@@ -431,28 +336,20 @@ impl BudgetedClient {
     ) -> Outcome {
         let stage = self.config.name.call();
         let url = format!("{}{}", self.config.base_url, request.path);
-        let budget = |headers: &mut HeaderMap| {
-            let budget = deadline.outbound_millis(self.keep_back());
-            if let Some(ms) = budget {
-                headers.insert(REQUEST_TIMEOUT_HEADER, ms.into());
-            }
-            budget
-        };
+        let budget = deadline.outbound_millis(self.keep_back());
+        if let Some(ms) = budget {
+            headers.insert(REQUEST_TIMEOUT_HEADER, ms.into());
+        }
         let timeout = match deadline.mode() {
             // The budget goes downstream (unless spent), but nothing here enforces it,
             // and the marker asks the downstream not to enforce it either.
             DeadlineMode::Observe => {
-                budget(&mut headers);
                 headers.insert(DEADLINE_MODE_HEADER, OBSERVE);
                 Some(self.config.timeout)
             }
-            DeadlineMode::Propagate => {
-                // No more than the reserve left: the budget is spent, and no I/O starts.
-                if budget(&mut headers).is_none() {
-                    return Err(deadline.exceeded(stage));
-                }
-                None
-            }
+            // No more than what is kept back is left: the budget is spent, no I/O.
+            DeadlineMode::Propagate if budget.is_none() => return Err(deadline.exceeded(stage)),
+            DeadlineMode::Propagate => None,
         };
         let mut builder = self
             .http
@@ -499,10 +396,9 @@ async fn fetch(
 }
 
 /// An attempt that has started and is not yet timed. If its future is dropped first
-/// (the caller went away, which drops the handler and the call in it; or its hedge won),
-/// the guard times it as `cancelled` and records it as cut. Without it, the calls of
-/// callers who gave up would drop out of the histogram, and a downstream slower than
-/// their patience would read as a fast one.
+/// (the caller went away; or its hedge won), the guard tells it as cancelled and cut.
+/// Without it, the calls of callers who gave up would drop out of every estimate, and
+/// a downstream slower than their patience would read as a fast one.
 struct Unfinished<'a> {
     client: &'a BudgetedClient,
     learns: bool,
@@ -511,18 +407,12 @@ struct Unfinished<'a> {
 
 impl Drop for Unfinished<'_> {
     fn drop(&mut self) {
-        let client = self.client;
-        let took = self.started.elapsed();
-        if self.learns {
-            if let Some(admission) = &client.admission {
-                admission.record(self.started, took, true);
-            }
-            if let Some(history) = &client.history {
-                history.record(took, true);
-            }
-        }
-        if let Some(metrics) = &client.metrics {
-            metrics.observe_request(client.config.name.name(), "cancelled", took);
-        }
+        self.client.emit(Event::Attempt(Attempt {
+            started: self.started,
+            took: self.started.elapsed(),
+            end: AttemptEnd::Cancelled,
+            censored: true,
+            learns: self.learns,
+        }));
     }
 }

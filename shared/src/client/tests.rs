@@ -1,12 +1,25 @@
-//! The client's refusals before any I/O, with its bulkhead and admission set by hand:
-//! nothing here reaches a socket (what does is in `tests/client.rs`).
+//! The client's refusals before any I/O, with its bulkhead taken and a plugin that
+//! refuses everything: nothing here reaches a socket (what does is in
+//! `tests/client.rs`).
 
 use std::time::Duration;
 
 use axum::http::{Method, StatusCode, header};
 
-use super::{BudgetedClient, CallError, CallErrorKind, ClientConfig};
+use super::{Admit, BudgetedClient, CallError, CallErrorKind, CallStart, ClientConfig, Plugin};
 use crate::{Deadline, Downstream, Problem};
+
+/// Admission that predicts every call late.
+#[derive(Debug)]
+struct RefuseAll;
+
+impl Plugin for RefuseAll {
+    fn admit(&self, _call: &CallStart) -> Admit {
+        Admit::Refuse {
+            needed: Duration::from_secs(10),
+        }
+    }
+}
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
@@ -20,13 +33,10 @@ async fn a_spent_budget_is_a_504_even_where_admission_and_the_queue_would_refuse
     let mut config = ClientConfig::new(name, "http://127.0.0.1:9");
     config.max_connections = 1;
     config.pending_max = 0;
-    let client = BudgetedClient::new(config).unwrap();
+    let client = BudgetedClient::new(config).unwrap().plugin(RefuseAll);
     let reserve = client.config().reserve;
     // The one slot is taken and the queue holds none: the bulkhead refuses.
     let _held = client.bulkhead.acquire(None).await.unwrap();
-    // Recent calls took 10 s: admission refuses (or probes) anything with less.
-    let admission = client.admission.as_ref().expect("admission is on");
-    admission.record(tokio::time::Instant::now(), Duration::from_secs(10), false);
 
     let answer = |err: CallError| {
         let response = axum::response::IntoResponse::into_response(Problem::from(err));

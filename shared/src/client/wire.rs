@@ -20,8 +20,6 @@ use std::time::Duration;
 
 use http::HeaderMap;
 
-use crate::metrics::FloatGauge;
-
 /// Each new sample moves the average by this share (1/8) of its distance.
 const SMOOTHING: u64 = 8;
 
@@ -31,18 +29,9 @@ const SMOOTHING: u64 = 8;
 pub(crate) struct Wire {
     /// The moving average in nanoseconds; 0 until the first sample.
     nanos: AtomicU64,
-    gauge: FloatGauge,
 }
 
 impl Wire {
-    /// A wire with no samples yet; `gauge` shows it (`http_client_wire_seconds`).
-    pub(crate) fn new(gauge: FloatGauge) -> Self {
-        Self {
-            nanos: AtomicU64::new(0),
-            gauge,
-        }
-    }
-
     /// The round trip to keep back from a budget sent now.
     pub(crate) fn estimate(&self) -> Duration {
         Duration::from_nanos(self.nanos.load(Ordering::Relaxed))
@@ -61,13 +50,9 @@ impl Wire {
                 old - (old - sample) / SMOOTHING
             })
         };
-        if let Ok(old) = self
+        let _ = self
             .nanos
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, update)
-        {
-            let new = update(old).unwrap_or(old);
-            self.gauge.set(Duration::from_nanos(new).as_secs_f64());
-        }
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, update);
     }
 }
 

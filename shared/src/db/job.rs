@@ -9,7 +9,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
@@ -26,7 +26,6 @@ use super::limit::{Change, SessionLimit};
 use super::sql::{Access, begin_sql, commit_sql, run_batch};
 use super::{Check, DbError, End, PING_AFTER_IDLE, Statements, classify};
 use crate::deadline::Deadline;
-use crate::metrics::DbMetrics;
 use crate::stage::Stage;
 
 /// How much earlier than the deadline the server is told to give up. `statement_timeout`
@@ -69,7 +68,8 @@ pub(super) struct Job<T> {
     pub(super) pool: PgPool,
     /// Cancels, and learns outcomes, on connections of its own.
     pub(super) side_pool: PgPool,
-    pub(super) metrics: Option<DbMetrics>,
+    /// Requests waiting for a connection (the pool's count).
+    pub(super) pending: Arc<AtomicUsize>,
     pub(super) acquire_timeout: Duration,
     pub(super) deadline: Deadline,
     pub(super) access: Access,
@@ -298,7 +298,7 @@ impl<T: Send> Job<T> {
         if remaining.is_zero() {
             return Err(Box::new(|| deadline.exceeded(Stage::DbPool).into()));
         }
-        let _waiting = self.metrics.as_ref().map(Pending::enter);
+        let _waiting = Pending::enter(&self.pending);
         let until = deadline.instant().min(started + self.acquire_timeout);
         let acquired = match self.take_idle(started, until).await {
             Some((conn, session)) => Ok(Ok((conn, Some(session)))),
@@ -756,18 +756,17 @@ fn server_limit(left: Duration) -> u64 {
 }
 
 /// Counts a request waiting for a connection, also when its future is dropped.
-struct Pending(crate::metrics::IntGauge);
+struct Pending<'a>(&'a AtomicUsize);
 
-impl Pending {
-    fn enter(metrics: &DbMetrics) -> Self {
-        let gauge = metrics.pending().clone();
-        gauge.inc();
-        Self(gauge)
+impl<'a> Pending<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
     }
 }
 
-impl Drop for Pending {
+impl Drop for Pending<'_> {
     fn drop(&mut self) {
-        self.0.dec();
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -73,7 +73,7 @@ pub(crate) mod sql;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -84,9 +84,6 @@ use sqlx::{Connection, migrate::Migrator};
 use tracing::Instrument;
 
 use crate::deadline::Deadline;
-use crate::metrics::DbMetrics;
-#[cfg(feature = "metrics")]
-use crate::metrics::Metrics;
 use crate::mode::DeadlineMode;
 
 use backend::Backends;
@@ -340,7 +337,8 @@ pub struct Db {
     /// The plain connection settings, for migrations (no per-session limits).
     options: PgConnectOptions,
     config: DbConfig,
-    metrics: Option<DbMetrics>,
+    /// Requests waiting for a connection now.
+    pending: Arc<AtomicUsize>,
 }
 
 impl Db {
@@ -349,13 +347,12 @@ impl Db {
     ///
     /// ```no_run
     /// # use std::time::Duration;
-    /// use deadline_propagation::{db::{Db, DbConfig}, metrics::Metrics};
+    /// use deadline_propagation::db::{Db, DbConfig};
     ///
     /// # #[tokio::main] async fn main() -> Result<(), sqlx::Error> {
-    /// let metrics = Metrics::new("inventory");
     /// let config = DbConfig::default();
     /// // Nothing is connected yet: a database that is down is a 503 per request, not a crash.
-    /// let db = Db::connect_lazy("postgres://app@127.0.0.1/app", config)?.with_metrics(&metrics);
+    /// let db = Db::connect_lazy("postgres://app@127.0.0.1/app", config)?;
     /// # Ok(()) }
     /// ```
     pub fn connect_lazy(url: &str, config: DbConfig) -> Result<Self, sqlx::Error> {
@@ -391,20 +388,8 @@ impl Db {
             deferred: Arc::default(),
             options,
             config,
-            metrics: None,
+            pending: Arc::default(),
         })
-    }
-
-    /// The same pool, reporting to `metrics`: `db_pool_connections{state}` (read at
-    /// each scrape) and `db_pool_pending_acquires`, the gauge that tells a queue for
-    /// connections from a slow database.
-    #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn with_metrics(mut self, metrics: &Metrics) -> Self {
-        self.metrics = Some(metrics.db().clone());
-        let db = self.clone();
-        metrics.on_scrape(move || db.report_pool());
-        self
     }
 
     /// Applies `migrator` on a connection of its own, outside the per-request limits
@@ -467,12 +452,14 @@ impl Db {
         (self.pool.size() as usize).saturating_sub(self.pool.num_idle())
     }
 
-    /// Copies the pool's idle and in-use counts into the gauges (at each scrape).
-    #[cfg(feature = "metrics")]
-    pub(crate) fn report_pool(&self) {
-        if let Some(metrics) = &self.metrics {
-            metrics.set_connections(self.pool.num_idle(), self.in_use());
-        }
+    /// Connections idle in the pool right now.
+    pub fn idle(&self) -> usize {
+        self.pool.num_idle()
+    }
+
+    /// Requests waiting for a connection right now.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
     }
 
     /// Runs `body` in one read-write transaction under `deadline`; commits or rolls back
@@ -551,7 +538,7 @@ impl Db {
         let job = Job {
             pool: self.pool.clone(),
             side_pool: self.side_pool.clone(),
-            metrics: self.metrics.clone(),
+            pending: self.pending.clone(),
             acquire_timeout: self.config.acquire_timeout,
             deadline: deadline.clone(),
             access,

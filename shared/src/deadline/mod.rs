@@ -112,7 +112,6 @@ impl Deadline {
     }
 
     /// Counts, in observe mode, a refusal propagate would have made in `stage`.
-    #[cfg(any(feature = "axum", feature = "http-client", feature = "sqlx"))]
     pub(crate) fn would_refuse(&self, stage: Stage, reason: &'static str) {
         tracing::debug!(stage = stage.as_str(), reason, "propagate would refuse");
         self.log.count_would_refuse(stage, reason);
@@ -193,7 +192,6 @@ impl Deadline {
     }
 
     /// The log that records this request's stages.
-    #[cfg(any(test, feature = "axum", feature = "http-client", feature = "sqlx"))]
     pub(crate) fn log(&self) -> &Arc<StageLog> {
         &self.log
     }

@@ -33,7 +33,6 @@ pub use grpc_timeout::{
 pub use mode::DEADLINE_MODE_HEADER;
 #[cfg(feature = "http-client")]
 pub(crate) use mode::OBSERVE;
-#[cfg(feature = "axum")]
 pub(crate) use mode::{DEADLINE_MODE_HEADER_DISPLAY, observe_requested};
 pub use request_timeout::REQUEST_TIMEOUT_HEADER;
 use request_timeout::parse_digits;

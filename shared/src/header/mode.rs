@@ -18,7 +18,6 @@ use http::HeaderName;
 pub const DEADLINE_MODE_HEADER: HeaderName = HeaderName::from_static("x-deadline-mode");
 
 /// The marker's name as problems spell it.
-#[cfg(feature = "axum")]
 pub(crate) const DEADLINE_MODE_HEADER_DISPLAY: &str = "X-Deadline-Mode";
 
 /// The one value the marker has (the client sends it).
@@ -29,7 +28,6 @@ pub(crate) const OBSERVE: http::HeaderValue = http::HeaderValue::from_static("ob
 /// (ASCII case-insensitive, surrounding whitespace ignored, repeats allowed), `Ok(false)`
 /// without the header, and an error naming the value for anything else: a marker that
 /// is misspelt would otherwise be enforced without anyone noticing. The ingress reads it.
-#[cfg(feature = "axum")]
 pub(crate) fn observe_requested(headers: &http::HeaderMap) -> Result<bool, String> {
     let mut observe = false;
     for value in headers.get_all(DEADLINE_MODE_HEADER) {

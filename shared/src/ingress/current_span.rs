@@ -7,7 +7,7 @@
 /// that clone when it drops, a few hundred instructions of every request for a handle
 /// used once; here the dispatcher is asked for the current span's id, and the value is
 /// recorded on it directly.
-pub(super) fn record(field: &str, value: u64) {
+pub(crate) fn record(field: &str, value: u64) {
     tracing::dispatcher::get_default(|dispatch| {
         let Some((id, metadata)) = dispatch.current_span().into_inner() else {
             return;

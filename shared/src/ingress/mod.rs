@@ -21,12 +21,10 @@ mod current_span;
 mod extract;
 mod future;
 mod layer;
-#[cfg(feature = "metrics")]
-mod metrics;
 mod service;
 
+#[cfg(feature = "metrics")]
+pub(crate) use current_span::record as record_on_current_span;
 pub use future::ResponseFuture;
 pub use layer::DeadlineLayer;
-#[cfg(feature = "metrics")]
-pub use metrics::{instrument, measure};
 pub use service::DeadlineService;

@@ -19,6 +19,9 @@
 
 mod families;
 pub mod names;
+mod server;
+
+pub use server::{instrument, measure};
 
 use std::sync::{Arc, Mutex};
 
@@ -26,22 +29,20 @@ use prometheus_client::registry::Registry;
 
 #[cfg(feature = "sqlx")]
 pub(crate) use families::DbMetrics;
-#[cfg(feature = "axum")]
+pub(crate) use families::DeadlineMetrics;
 pub(crate) use families::HttpServerMetrics;
-#[cfg(any(feature = "axum", feature = "http-client"))]
 pub(crate) use families::SettingsMetrics;
+#[cfg(feature = "tools")]
+pub(crate) use families::ToolMetrics;
 #[cfg(feature = "http-client")]
-pub(crate) use families::{ClientMetrics, PoolGauges, PoolLimits};
-pub(crate) use families::{DeadlineMetrics, ToolMetrics};
+pub(crate) use families::{ClientMetrics, ClientObserver, PoolLimits};
 
 use crate::timing::Report;
 
 /// A gauge that holds seconds (or any float).
-#[cfg(any(feature = "axum", feature = "http-client"))]
 pub(crate) type FloatGauge =
     prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>;
 /// A gauge that counts (a pool's pending calls, requests in flight).
-#[cfg(any(feature = "axum", feature = "sqlx"))]
 pub(crate) type IntGauge = prometheus_client::metrics::gauge::Gauge;
 
 type ScrapeHook = Box<dyn Fn() + Send + Sync>;
@@ -65,10 +66,9 @@ struct Inner {
     deadline: DeadlineMetrics,
     /// The deadline families, as the core's [`Report`].
     report: Arc<dyn Report>,
-    #[cfg(any(feature = "axum", feature = "http-client"))]
     settings: SettingsMetrics,
+    #[cfg(feature = "tools")]
     tools: ToolMetrics,
-    #[cfg(feature = "axum")]
     http: HttpServerMetrics,
     #[cfg(feature = "http-client")]
     client: ClientMetrics,
@@ -97,10 +97,9 @@ impl Metrics {
         let deadline = DeadlineMetrics::register(&mut registry, service);
         let inner = Inner {
             report: Arc::new(deadline.clone()),
-            #[cfg(any(feature = "axum", feature = "http-client"))]
             settings: SettingsMetrics::register(&mut registry, service),
+            #[cfg(feature = "tools")]
             tools: ToolMetrics::register(&mut registry),
-            #[cfg(feature = "axum")]
             http: HttpServerMetrics::register(&mut registry),
             #[cfg(feature = "http-client")]
             client: ClientMetrics::register(&mut registry, deadline.clone()),
@@ -119,7 +118,6 @@ impl Metrics {
     }
 
     /// HTTP server families.
-    #[cfg(feature = "axum")]
     pub(crate) fn http(&self) -> &HttpServerMetrics {
         &self.inner.http
     }
@@ -142,12 +140,12 @@ impl Metrics {
     }
 
     /// Tool call counter.
+    #[cfg(feature = "tools")]
     pub(crate) fn tools(&self) -> &ToolMetrics {
         &self.inner.tools
     }
 
     /// The configuration exported as metrics (budget policy, pool limits).
-    #[cfg(any(feature = "axum", feature = "http-client"))]
     pub(crate) fn settings(&self) -> &SettingsMetrics {
         &self.inner.settings
     }
@@ -195,5 +193,72 @@ impl Metrics {
             .on_scrape
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(feature = "http-client")]
+impl crate::client::BudgetedClient {
+    /// The same client, reporting to `metrics`: its calls, its bulkhead's pending and
+    /// active gauges (pool queueing against a slow downstream), its rejections, its
+    /// attempts, its configured limits, and what its plugins know (admission's
+    /// estimate, hedging's delay). Add it after the other plugins, which it reads.
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn with_metrics(self, metrics: &Metrics) -> Self {
+        let config = self.config();
+        let name = config.name;
+        let settings = metrics.settings();
+        settings.set_pool_limits(
+            name.name(),
+            PoolLimits {
+                max_connections: config.max_connections,
+                pending_max: config.pending_max,
+                acquire_timeout: config.acquire_timeout,
+            },
+        );
+        settings.set_policy_kind("reserve", config.reserve);
+        let families = metrics.client().clone();
+        families.init(name);
+        let client = self.plugin(ClientObserver {
+            client: name.name(),
+            families: families.clone(),
+        });
+        let watched = client.clone();
+        metrics.on_scrape(move || families.read(&watched));
+        client
+    }
+}
+
+#[cfg(feature = "sqlx")]
+impl crate::db::Db {
+    /// The same pool, reporting to `metrics` at each scrape: `db_pool_connections{state}`
+    /// and `db_pool_pending_acquires`, the gauge that tells a queue for connections
+    /// from a slow database.
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn with_metrics(self, metrics: &Metrics) -> Self {
+        let families = metrics.db().clone();
+        let watched = self.clone();
+        metrics.on_scrape(move || families.read(&watched));
+        self
+    }
+}
+
+#[cfg(feature = "tools")]
+impl Metrics {
+    /// Makes the `tool_calls_total` series of each tool in `names` exist from the
+    /// first scrape, one per outcome.
+    pub fn declare_tools<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        use crate::tools::ToolOutcome;
+        self.tools()
+            .init(names, &ToolOutcome::ALL.map(ToolOutcome::as_str));
+    }
+}
+
+#[cfg(feature = "tools")]
+impl crate::tools::ToolBudget {
+    /// The same budget, counting every call in `tool_calls_total{tool_name,outcome}`.
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn with_metrics(self, metrics: &Metrics) -> Self {
+        let tools = metrics.tools().clone();
+        self.observed(move |name, outcome| tools.count(name, outcome.as_str()))
     }
 }

@@ -17,7 +17,6 @@ use crate::deadline::DeadlineExceeded;
 use crate::stage::Stage;
 
 /// The media type of problem bodies.
-#[cfg(feature = "axum")]
 pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
 
 /// An error answer. Build one with the constructors; each names what went wrong in
@@ -62,7 +61,6 @@ struct Body {
 
 /// What the HTTP middleware needs to log a failed request; put into the response's
 /// extensions by `Problem::into_response` (feature `axum`).
-#[cfg(feature = "axum")]
 #[cfg_attr(
     not(feature = "metrics"),
     allow(
@@ -279,8 +277,6 @@ impl From<DeadlineExceeded> for Problem {
 }
 
 /// The answer itself; with the `axum` feature (the rest of this module is the core).
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl axum::response::IntoResponse for Problem {
     fn into_response(self) -> axum::response::Response {
         use http::{HeaderValue, header};
@@ -314,5 +310,5 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-#[cfg(all(test, feature = "axum"))]
+#[cfg(test)]
 mod tests;

@@ -1,6 +1,7 @@
 //! The outbound client's families: requests, the bulkhead's pool, retries, admission,
-//! the wire and the attempts of each call. Every label value is given by the client, as
-//! a plain `&'static str` from a fixed set.
+//! the wire and the attempts of each call, fed by [`ClientObserver`], a plugin of the
+//! client, and read from the client and its plugins at each scrape. Every label value
+//! comes from a fixed set.
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -13,6 +14,9 @@ use prometheus_client::registry::Registry;
 
 use super::exemplar::{LatencyHistogram, latency_histogram_with_exemplars, observe_traced};
 use super::{DeadlineMetrics, Histogram, latency_histogram};
+use crate::client::{
+    ATTEMPTS, AttemptKind, AttemptOutcome, BudgetedClient, Event, Plugin, Reading, Refusal,
+};
 use crate::metrics::names::{
     HTTP_CLIENT_ADMISSION_PROBES_TOTAL, HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL,
     HTTP_CLIENT_ATTEMPTS_TOTAL, HTTP_CLIENT_HEDGE_DELAY_SECONDS,
@@ -45,17 +49,6 @@ struct ClientAttempt {
     client: &'static str,
     kind: &'static str,
     outcome: &'static str,
-}
-
-/// The pending and active gauges of one client; clones share the values. A bulkhead
-/// moves them one step per transition, never `set`s them from counts read a moment
-/// earlier: two releases at once would write the same stale count, stuck above 0.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct PoolGauges {
-    /// Calls waiting for a slot.
-    pub pending: Gauge,
-    /// Calls holding a slot.
-    pub active: Gauge,
 }
 
 /// The outbound client families for one named client.
@@ -158,15 +151,10 @@ impl ClientMetrics {
     }
 
     /// Makes the series of `downstream` exist before its first call: its `client` series
-    /// here, with each of the client's rejection `reasons` and `(kind, outcome)` pairs
-    /// of attempts, and its two `stage` series in the deadline families. A client calls
-    /// this once when it is built, so every label value comes from configuration.
-    pub(crate) fn init(
-        &self,
-        downstream: Downstream,
-        reasons: &[&'static str],
-        attempts: &[(&'static str, &'static str)],
-    ) {
+    /// here, with each rejection reason and `(kind, outcome)` pair of attempts, and its
+    /// two `stage` series in the deadline families. Once per client, when it is built,
+    /// so every label value comes from configuration.
+    pub(crate) fn init(&self, downstream: Downstream) {
         self.deadline.init_downstream(downstream);
         let client = downstream.name();
         let label = ClientLabel { client };
@@ -178,7 +166,8 @@ impl ClientMetrics {
         let _ = self.estimate.get_or_create(&label);
         let _ = self.wire.get_or_create(&label);
         let _ = self.hedge_delay.get_or_create(&label);
-        for &(kind, outcome) in attempts {
+        for (kind, outcome) in ATTEMPTS {
+            let (kind, outcome) = (kind.as_str(), outcome.as_str());
             let _ = self.attempts.get_or_create(&ClientAttempt {
                 client,
                 kind,
@@ -189,7 +178,7 @@ impl ClientMetrics {
         let _ = self
             .admission
             .get_or_create(&ClientReason { client, reason });
-        for &reason in reasons {
+        for reason in Refusal::ALL.map(Refusal::as_str) {
             let _ = self
                 .rejections
                 .get_or_create(&ClientReason { client, reason });
@@ -205,24 +194,15 @@ impl ClientMetrics {
         observe_traced(&self.requests.get_or_create(&labels), took.as_secs_f64());
     }
 
-    /// The pending and active gauges of `client`, for its bulkhead to move.
-    pub(crate) fn pool_gauges(&self, client: &'static str) -> PoolGauges {
-        let label = ClientLabel { client };
-        PoolGauges {
-            pending: self.pending.get_or_create(&label).clone(),
-            active: self.active.get_or_create(&label).clone(),
-        }
-    }
-
     /// Records how long a call waited for its slot.
-    pub(crate) fn observe_acquire(&self, client: &'static str, waited: Duration) {
+    fn observe_acquire(&self, client: &'static str, waited: Duration) {
         self.acquire
             .get_or_create(&ClientLabel { client })
             .observe(waited.as_secs_f64());
     }
 
     /// Counts a call refused as predicted late (`reason="predicted_late"`).
-    pub(crate) fn count_predicted_late(&self, client: &'static str) {
+    fn count_predicted_late(&self, client: &'static str) {
         let reason = "predicted_late";
         self.admission
             .get_or_create(&ClientReason { client, reason })
@@ -230,34 +210,37 @@ impl ClientMetrics {
     }
 
     /// Counts a probe: a call predicted late and sent anyway.
-    pub(crate) fn count_probe(&self, client: &'static str) {
+    fn count_probe(&self, client: &'static str) {
         self.probes.get_or_create(&ClientLabel { client }).inc();
     }
 
-    /// The estimate gauge of `client`, for its admission to set.
-    pub(crate) fn estimate_gauge(&self, client: &'static str) -> Gauge<f64, AtomicU64> {
-        self.estimate.get_or_create(&ClientLabel { client }).clone()
-    }
-
-    /// The wire gauge of `client`, for its wire estimate to set.
-    pub(crate) fn wire_gauge(&self, client: &'static str) -> Gauge<f64, AtomicU64> {
-        self.wire.get_or_create(&ClientLabel { client }).clone()
-    }
-
-    /// The hedge delay gauge of `client`, for its history to set.
-    pub(crate) fn hedge_delay_gauge(&self, client: &'static str) -> Gauge<f64, AtomicU64> {
-        self.hedge_delay
-            .get_or_create(&ClientLabel { client })
-            .clone()
+    /// Copies what `client` and its plugins hold now into the gauges (at each scrape).
+    pub(crate) fn read(&self, client: &BudgetedClient) {
+        let label = ClientLabel {
+            client: client.downstream().name(),
+        };
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.pending
+            .get_or_create(&label)
+            .set(count(client.pending()));
+        self.active
+            .get_or_create(&label)
+            .set(count(client.active()));
+        self.wire
+            .get_or_create(&label)
+            .set(client.wire().as_secs_f64());
+        for reading in client.readings() {
+            let (family, value) = match reading {
+                Reading::LatencyEstimate(d) => (&self.estimate, d),
+                Reading::HedgeDelay(d) => (&self.hedge_delay, d),
+            };
+            family.get_or_create(&label).set(value.as_secs_f64());
+        }
     }
 
     /// Counts one attempt of a call, or one that was not sent.
-    pub(crate) fn count_attempt(
-        &self,
-        client: &'static str,
-        kind: &'static str,
-        outcome: &'static str,
-    ) {
+    fn count_attempt(&self, client: &'static str, kind: AttemptKind, outcome: AttemptOutcome) {
+        let (kind, outcome) = (kind.as_str(), outcome.as_str());
         self.attempts
             .get_or_create(&ClientAttempt {
                 client,
@@ -268,14 +251,39 @@ impl ClientMetrics {
     }
 
     /// Counts a retry (a refused connection, a 503 of a request safe to send twice).
-    pub(crate) fn count_retry(&self, client: &'static str) {
+    fn count_retry(&self, client: &'static str) {
         self.retries.get_or_create(&ClientLabel { client }).inc();
     }
 
     /// Counts a call the bulkhead refused, for `reason`.
-    pub(crate) fn count_rejection(&self, client: &'static str, reason: &'static str) {
+    fn count_rejection(&self, client: &'static str, reason: &'static str) {
         self.rejections
             .get_or_create(&ClientReason { client, reason })
             .inc();
+    }
+}
+
+/// The plugin that counts and times a client's calls into its families.
+#[derive(Debug)]
+pub(crate) struct ClientObserver {
+    pub(crate) client: &'static str,
+    pub(crate) families: ClientMetrics,
+}
+
+impl Plugin for ClientObserver {
+    fn on_event(&self, event: &Event) {
+        let (families, client) = (&self.families, self.client);
+        match *event {
+            Event::SlotWait(waited) => families.observe_acquire(client, waited),
+            Event::Refused(reason) => families.count_rejection(client, reason.as_str()),
+            Event::Probe => families.count_probe(client),
+            Event::PredictedLate => families.count_predicted_late(client),
+            Event::Attempt(attempt) => {
+                families.observe_request(client, &attempt.end.label(), attempt.took);
+            }
+            Event::Counted(kind, outcome) => families.count_attempt(client, kind, outcome),
+            Event::Retry => families.count_retry(client),
+            _ => {}
+        }
     }
 }

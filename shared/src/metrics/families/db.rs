@@ -38,17 +38,15 @@ impl DbMetrics {
         this
     }
 
-    /// Sets the idle and in-use counts.
-    pub(crate) fn set_connections(&self, idle: usize, in_use: usize) {
-        for (state, n) in [("idle", idle), ("in_use", in_use)] {
+    /// Copies the pool's idle, in-use and waiting counts into the gauges (at each
+    /// scrape).
+    pub(crate) fn read(&self, db: &crate::db::Db) {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        for (state, n) in [("idle", db.idle()), ("in_use", db.in_use())] {
             self.connections
                 .get_or_create(&StateLabel { state })
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
+                .set(count(n));
         }
-    }
-
-    /// The pending-acquire gauge, moved by the acquire helper.
-    pub(crate) fn pending(&self) -> &Gauge {
-        &self.pending
+        self.pending.set(count(db.pending()));
     }
 }

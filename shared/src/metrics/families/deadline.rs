@@ -65,9 +65,7 @@ pub(crate) struct DeadlineMetrics {
     /// `deadline_clamped_total`, held so that a request does not look them up in their
     /// family (SipHash of the label set under a lock); the families themselves are
     /// only the registry's. Only the ingress observes them.
-    #[cfg(feature = "axum")]
     inbound_series: Histogram,
-    #[cfg(feature = "axum")]
     clamped_series: Counter,
     remaining: Family<ServiceStage, Histogram, fn() -> Histogram>,
     /// `remaining`'s series by stage, found without hashing their labels: a request
@@ -87,9 +85,7 @@ impl DeadlineMetrics {
         let label = ServiceLabel { service };
         let this = Self {
             service,
-            #[cfg(feature = "axum")]
             inbound_series: inbound.get_or_create_owned(&label),
-            #[cfg(feature = "axum")]
             clamped_series: clamped.get_or_create_owned(&label),
             remaining: Family::new_with_constructor(latency_histogram),
             remaining_at: Arc::default(),
@@ -162,7 +158,6 @@ impl DeadlineMetrics {
 
 /// What the core reports goes to the deadline families.
 impl Report for DeadlineMetrics {
-    #[cfg(feature = "axum")]
     fn inbound(&self, budget: Duration, clamped: bool) {
         self.inbound_series.observe(budget.as_secs_f64());
         if clamped {
@@ -198,7 +193,6 @@ impl Report for DeadlineMetrics {
     }
 
     /// `reason` is one of a fixed set (`deadline`, `predicted_late`, `queue_full`, ...).
-    #[cfg(any(feature = "axum", feature = "http-client", feature = "sqlx"))]
     fn would_refuse(&self, stage: Stage, reason: &'static str) {
         let (service, stage) = (self.service, stage.as_str());
         let labels = StageReason {

@@ -31,8 +31,7 @@ pub(crate) fn latency_histogram_with_exemplars() -> LatencyHistogram {
 /// Observes `seconds`, attaching the current span's trace when it is sampled. The
 /// timestamp lets Prometheus store the exemplar once rather than at every scrape.
 pub(crate) fn observe_traced(histogram: &LatencyHistogram, seconds: f64) {
-    let exemplar =
-        crate::propagation::sampled_trace_id().map(|trace_id| TraceExemplar { trace_id });
+    let exemplar = crate::trace::sampled_trace_id().map(|trace_id| TraceExemplar { trace_id });
     let timestamp = exemplar.as_ref().map(|_| SystemTime::now());
     histogram.observe(seconds, exemplar, timestamp);
 }

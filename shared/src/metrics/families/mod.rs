@@ -10,27 +10,24 @@ mod client;
 #[cfg(feature = "sqlx")]
 mod db;
 mod deadline;
-#[cfg(any(feature = "axum", feature = "http-client"))]
 mod exemplar;
 mod histogram;
-#[cfg(feature = "axum")]
 mod http;
-#[cfg(any(feature = "axum", feature = "http-client"))]
 mod settings;
+#[cfg(feature = "tools")]
 mod tools;
 
 #[cfg(feature = "http-client")]
-pub(crate) use client::{ClientMetrics, PoolGauges};
+pub(crate) use client::{ClientMetrics, ClientObserver};
 #[cfg(feature = "sqlx")]
 pub(crate) use db::DbMetrics;
 pub(crate) use deadline::DeadlineMetrics;
 use histogram::Histogram;
-#[cfg(feature = "axum")]
 pub(crate) use http::HttpServerMetrics;
 #[cfg(feature = "http-client")]
 pub(crate) use settings::PoolLimits;
-#[cfg(any(feature = "axum", feature = "http-client"))]
 pub(crate) use settings::SettingsMetrics;
+#[cfg(feature = "tools")]
 pub(crate) use tools::ToolMetrics;
 
 /// Buckets from 1 ms to 10 s, dense around the budgets this project uses (300 ms to

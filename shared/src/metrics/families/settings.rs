@@ -68,7 +68,6 @@ impl SettingsMetrics {
     }
 
     /// Exports the ingress's budget policy.
-    #[cfg(feature = "axum")]
     pub(crate) fn set_deadline_policy(&self, max: Duration, default: Duration) {
         self.set_policy_kind("max", max);
         self.set_policy_kind("default", default);

@@ -1,5 +1,6 @@
-//! [`HedgePolicy`]: a backup attempt for a call that is slow by bad luck, and the
-//! [`History`] of call times it is timed from.
+//! [`Hedging`]: a backup attempt for a call that is slow by bad luck, timed from a
+//! history of call times, as its [`HedgePolicy`] says. A [`Plugin`] of the budgeted
+//! client.
 //!
 //! # Why hedge
 //!
@@ -39,13 +40,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::metrics::FloatGauge;
+use crate::client::{Event, Plugin, Reading};
 
-/// How a client hedges its calls to one downstream. Off unless set in the client's
-/// configuration.
+/// How a client hedges its calls to one downstream.
 ///
 /// ```
-/// use deadline_propagation::client::HedgePolicy;
+/// use deadline_propagation::hedging::HedgePolicy;
 ///
 /// // A hedge at the p95 of recent calls, never sooner than 5 ms, once 100 calls are known.
 /// let mut hedge = HedgePolicy::default();
@@ -183,43 +183,69 @@ impl Slices {
 }
 
 /// The share of attempts that must finish in what is left for an extra attempt to be
-/// sent: 0.9, so an extra attempt goes out only when nine in ten recent attempts took
-/// less than what it would have. At the median, the rule first tried, half the
-/// borderline ones were still cut (measured in the `tight` run: 82 % fewer cut than
-/// without the rule, where the target was 90 %).
-pub(crate) const LIKELY: f64 = 0.9;
+/// sent: nine in ten (the median, first tried, left half the borderline ones cut).
+const LIKELY: f64 = 0.9;
 
 /// The call times of the last ten seconds, and the two figures read from them on every
 /// call: the hedge's delay and the time an attempt is likely to finish in.
+///
+/// ```
+/// use deadline_propagation::hedging::{HedgePolicy, Hedging};
+/// use deadline_propagation::client::{BudgetedClient, ClientConfig};
+/// use deadline_propagation::Downstream;
+///
+/// let config = ClientConfig::new(Downstream::new("inventory").unwrap(), "http://127.0.0.1:8082");
+/// let client = BudgetedClient::new(config).unwrap().plugin(Hedging::new(HedgePolicy::default()));
+/// ```
 #[derive(Debug)]
-pub(crate) struct History {
+pub struct Hedging {
     policy: HedgePolicy,
     slices: Mutex<Slices>,
     /// 0 while there is no delay (too few calls, or a quantile beyond what was seen).
     delay_nanos: AtomicU64,
     likely_nanos: AtomicU64,
-    /// Shows the delay (`http_client_hedge_delay_seconds`; 0 while there is none).
-    gauge: FloatGauge,
 }
 
-impl History {
-    pub(crate) fn new(policy: HedgePolicy, gauge: FloatGauge) -> Self {
+impl Plugin for Hedging {
+    fn hedge_after(&self) -> Option<Duration> {
+        self.delay()
+    }
+
+    fn likely_attempt(&self) -> Option<Duration> {
+        self.likely()
+    }
+
+    fn deadline_rule(&self) -> bool {
+        self.policy.deadline_aware
+    }
+
+    fn on_event(&self, event: &Event) {
+        if let Event::Attempt(attempt) = event
+            && attempt.learns
+        {
+            self.record(attempt.took, attempt.censored);
+        }
+    }
+
+    fn readings(&self) -> Vec<Reading> {
+        vec![Reading::HedgeDelay(self.delay().unwrap_or_default())]
+    }
+}
+
+impl Hedging {
+    /// Hedging as `policy` says, with no history yet.
+    pub fn new(policy: HedgePolicy) -> Self {
         Self {
             policy,
             slices: Mutex::new(Slices::starting(Instant::now())),
             delay_nanos: AtomicU64::new(0),
             likely_nanos: AtomicU64::new(0),
-            gauge,
         }
-    }
-
-    pub(crate) fn policy(&self) -> &HedgePolicy {
-        &self.policy
     }
 
     /// Records an attempt that ran for `took`; `cut` when it was cut then (at the
     /// deadline, or dropped for its hedge): it would have taken at least `took`.
-    pub(crate) fn record(&self, took: Duration, cut: bool) {
+    fn record(&self, took: Duration, cut: bool) {
         let mut s = self.slices.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         // After a quiet spell longer than the window, nothing in it is recent.
@@ -264,18 +290,17 @@ impl History {
         let likely = s.total.quantile_or_finished(LIKELY);
         drop(s);
         self.delay_nanos.store(nanos(delay), Ordering::Relaxed);
-        self.gauge.set(delay.map_or(0.0, |d| d.as_secs_f64()));
         self.likely_nanos.store(nanos(likely), Ordering::Relaxed);
     }
 
     /// How long the first attempt may run before a hedge goes out; `None` before
     /// [`HedgePolicy::min_samples`] calls, or before any finished.
-    pub(crate) fn delay(&self) -> Option<Duration> {
+    fn delay(&self) -> Option<Duration> {
         duration(self.delay_nanos.load(Ordering::Relaxed))
     }
 
     /// The time nine attempts in ten finish in ([`LIKELY`]); `None` until one is known.
-    pub(crate) fn likely(&self) -> Option<Duration> {
+    fn likely(&self) -> Option<Duration> {
         duration(self.likely_nanos.load(Ordering::Relaxed))
     }
 }
@@ -310,7 +335,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_delay_is_the_quantile_once_enough_calls_are_known() {
-        let history = History::new(HedgePolicy::default(), FloatGauge::default());
+        let history = Hedging::new(HedgePolicy::default());
         // 10..=30 ms, and one call in a hundred stalls for a second.
         for i in 0..99 {
             assert_eq!(history.delay(), None, "after {i} calls");
@@ -329,7 +354,7 @@ mod tests {
             min_delay: MS(5),
             ..HedgePolicy::default()
         };
-        let history = History::new(policy, FloatGauge::default());
+        let history = Hedging::new(policy);
         for _ in 0..200 {
             history.record(Duration::from_micros(200), false);
         }
@@ -339,7 +364,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn with_more_stragglers_than_the_quantile_allows_the_hedge_waits_for_the_finished_calls()
     {
-        let history = History::new(HedgePolicy::default(), FloatGauge::default());
+        let history = Hedging::new(HedgePolicy::default());
         // One call in twenty is a straggler, dropped at 40 ms for its hedge; the others
         // finish in 10 to 30 ms. The p99 is beyond every call that finished.
         for i in 0..400 {
@@ -355,7 +380,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn no_finished_call_means_no_delay() {
-        let history = History::new(HedgePolicy::default(), FloatGauge::default());
+        let history = Hedging::new(HedgePolicy::default());
         for _ in 0..200 {
             history.record(MS(20), true);
         }
@@ -365,7 +390,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn calls_older_than_ten_seconds_are_forgotten() {
-        let history = History::new(HedgePolicy::default(), FloatGauge::default());
+        let history = Hedging::new(HedgePolicy::default());
         for _ in 0..200 {
             history.record(MS(500), false);
         }

@@ -21,8 +21,8 @@ use axum::response::Response;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::DeadlineLayer;
-use crate::metrics::Metrics;
+use super::Metrics;
+use crate::ingress::DeadlineLayer;
 use crate::problem::ProblemReport;
 
 /// The path of the scrape endpoint [`instrument`] adds.
@@ -40,7 +40,7 @@ const METRICS_PATH: &str = "/metrics";
 /// let layer = DeadlineLayer::new(DeadlinePolicy::from_millis(2000, 1000)).probes(["/healthz"]);
 /// let app: Router = instrument(Router::new().route("/healthz", get(|| async { "ok" })), layer, &metrics);
 /// ```
-#[cfg_attr(docsrs, doc(cfg(all(feature = "axum", feature = "metrics"))))]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn instrument(router: axum::Router, layer: DeadlineLayer, metrics: &Metrics) -> axum::Router {
     let router = router.route_layer(layer.probes([METRICS_PATH]).with_metrics(metrics));
     measure(router, metrics)
@@ -49,7 +49,7 @@ pub fn instrument(router: axum::Router, layer: DeadlineLayer, metrics: &Metrics)
 /// What [`instrument`] adds but the deadline layer: the HTTP server middleware and
 /// `GET /metrics`, for routes served without the technique (a service's code path
 /// beside it), measured in the same families.
-#[cfg_attr(docsrs, doc(cfg(all(feature = "axum", feature = "metrics"))))]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn measure(router: axum::Router, metrics: &Metrics) -> axum::Router {
     let scrape = axum::Router::new()
         .route(METRICS_PATH, axum::routing::get(serve_metrics))
@@ -125,7 +125,7 @@ async fn track_http(State(metrics): State<Metrics>, request: Request, next: Next
         deadline.budget_ms = tracing::field::Empty,
         trace_id = tracing::field::Empty,
     );
-    crate::propagation::continue_trace(&span, request.headers());
+    crate::trace::continue_trace(&span, request.headers());
     time_request(metrics, uri, method, request, next)
         .instrument(span)
         .await
@@ -144,7 +144,7 @@ async fn time_request(
     let _in_flight = InFlight::enter(&metrics, &uri);
     let response = next.run(request).await;
     let status = response.status();
-    super::current_span::record("http.response.status_code", u64::from(status.as_u16()));
+    crate::ingress::record_on_current_span("http.response.status_code", u64::from(status.as_u16()));
     metrics
         .http()
         .observe_request(method, &uri, status.as_str(), started.elapsed());

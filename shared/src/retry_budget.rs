@@ -1,5 +1,5 @@
 //! [`RetryBudget`]: how many extra attempts (hedges and retries) a client may send, as a
-//! share of its first attempts.
+//! share of its first attempts; [`RetryTokens`], the [`Plugin`] that spends it.
 //!
 //! An extra attempt is cheap when the downstream is well and costly when it is not: a
 //! downstream that fails everything gets every call twice if each failure is retried,
@@ -16,10 +16,12 @@ use std::sync::Mutex;
 
 use tokio::time::Instant;
 
+use crate::client::{Event, Plugin};
+
 /// The budget of extra attempts of one downstream's client.
 ///
 /// ```
-/// use deadline_propagation::client::RetryBudget;
+/// use deadline_propagation::retry_budget::RetryBudget;
 ///
 /// // At most one extra attempt per 20 first attempts, and one every second anyway.
 /// let mut budget = RetryBudget::default();
@@ -49,16 +51,37 @@ impl Default for RetryBudget {
     }
 }
 
-/// The bucket's state: its tokens and when the floor last trickled in.
+/// The bucket of one client: its tokens and when the floor last trickled in.
+///
+/// ```
+/// use deadline_propagation::retry_budget::{RetryBudget, RetryTokens};
+/// use deadline_propagation::client::{BudgetedClient, ClientConfig};
+/// use deadline_propagation::Downstream;
+///
+/// let config = ClientConfig::new(Downstream::new("inventory").unwrap(), "http://127.0.0.1:8082");
+/// let client = BudgetedClient::new(config).unwrap().plugin(RetryTokens::new(RetryBudget::default()));
+/// ```
 #[derive(Debug)]
-pub(crate) struct Tokens {
+pub struct RetryTokens {
     budget: RetryBudget,
     state: Mutex<(f64, Instant)>,
 }
 
-impl Tokens {
+impl Plugin for RetryTokens {
+    fn allow_extra(&self) -> bool {
+        self.withdraw()
+    }
+
+    fn on_event(&self, event: &Event) {
+        if let Event::Call = event {
+            self.deposit();
+        }
+    }
+}
+
+impl RetryTokens {
     /// A full bucket: a client that has just started may retry a refused first call.
-    pub(crate) fn new(budget: RetryBudget) -> Self {
+    pub fn new(budget: RetryBudget) -> Self {
         Self {
             budget,
             state: Mutex::new((budget.cap, Instant::now())),
@@ -66,13 +89,13 @@ impl Tokens {
     }
 
     /// A first attempt was sent: it earns its share.
-    pub(crate) fn deposit(&self) {
+    fn deposit(&self) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.0 = (state.0 + self.budget.ratio).min(self.budget.cap);
     }
 
     /// Takes a token for an extra attempt; `false` when there is none.
-    pub(crate) fn withdraw(&self) -> bool {
+    fn withdraw(&self) -> bool {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         let trickled =
@@ -89,7 +112,7 @@ impl Tokens {
 
     /// Tokens held now (for tests).
     #[cfg(test)]
-    pub(crate) fn held(&self) -> f64 {
+    fn held(&self) -> f64 {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).0
     }
 }
@@ -114,7 +137,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failing_downstream_gets_at_most_the_ratio_the_floor_and_the_cap_again() {
         let budget = RetryBudget::default();
-        let tokens = Tokens::new(budget);
+        let tokens = RetryTokens::new(budget);
         // 100 first attempts a second for 10 s, each failing and asking for a retry.
         let (mut firsts, mut extras) = (0, 0);
         for _ in 0..1000 {
@@ -136,7 +159,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_floor_lets_a_quiet_client_retry_now_and_then() {
-        let tokens = Tokens::new(RetryBudget {
+        let tokens = RetryTokens::new(RetryBudget {
             ratio: 0.0,
             floor_per_s: 0.5,
             cap: 1.0,
@@ -151,7 +174,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_bucket_never_holds_more_than_its_cap() {
-        let tokens = Tokens::new(RetryBudget::default());
+        let tokens = RetryTokens::new(RetryBudget::default());
         for _ in 0..10_000 {
             tokens.deposit();
         }

@@ -1,5 +1,5 @@
 //! [`Admission`]: refuse a call that the recent latency says cannot finish in time,
-//! before it takes a slot.
+//! before it takes a slot. A [`Plugin`] of the budgeted client.
 //!
 //! A deadline stops a call when its budget runs out; it does not stop the call from
 //! *starting*. With 1 s of downstream latency and a 700 ms budget every call is sent,
@@ -39,25 +39,17 @@
 //! times the longest cut, longer than those callers could wait, by a margin that
 //! callers with much more budget can still afford.
 //!
-//! Why it must be so, as measured from a cold start: a downstream that was fast (5 ms)
-//! turns slow (1 s) while 60 callers a second have 695 ms and 8 a second have 20 ms.
-//! Counted as a call time (twice its budget, 40 ms), a cut short caller looked quick:
-//! three such samples among 61 of the main callers' (1,390 ms) carried 22 % of the
-//! window's weight, since they start last and finish first, so the 10 % quantile was 40
-//! ms, the main callers were all admitted and cut, and 63 calls a second reached a
-//! downstream that could answer none of them. Kaplan–Meier lets a call cut at 20 ms
-//! speak only of the first 20 ms: the chance of finishing by 695 ms is 0 whatever the
-//! short callers' share, so the main callers are refused (4 calls a second: the
-//! probes). A cut call can therefore never lower the estimate; only a call that
-//! finished can say the downstream got quicker.
+//! So a cut call can never lower the estimate; only a call that finished can say the
+//! downstream got quicker. Counted instead as a call time, a caller cut early (one
+//! with a few ms of budget) would look quick, and the callers with the whole budget
+//! would all be admitted and cut (docs/performance.md has the measurement).
 //!
 //! # Noticing recovery
 //!
 //! Refused calls produce no samples, so while refusing the estimate would never change.
 //! One call per [`PROBE_INTERVAL`] is let through anyway (a *probe*), so the estimate
 //! keeps following the downstream and admission reopens within about one interval of
-//! the downstream getting fast. At 4 probes a second, a downstream that gets 70 calls a
-//! second without admission gets about 6 % of them with it.
+//! the downstream getting fast.
 //!
 //! The probe goes to a call with enough budget to learn something: at least
 //! 1/[`MIN_PROBE_SHARE`] of the estimate. Callers like the ones that were cut have about
@@ -73,38 +65,25 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::metrics::FloatGauge;
 use tokio::time::Instant;
 
+use crate::client::{Admit, CallStart, Event, Plugin, Reading};
+
 /// Recent calls the estimate is taken from.
-pub(crate) const WINDOW: usize = 64;
+const WINDOW: usize = 64;
 /// A call's weight halves for every this much earlier it started than the newest.
-pub(crate) const HALF_LIFE: Duration = Duration::from_millis(250);
+const HALF_LIFE: Duration = Duration::from_millis(250);
 /// A call is refused when fewer than this share of recent calls were quick enough.
-pub(crate) const MIN_SUCCESS_CHANCE: f64 = 0.1;
+const MIN_SUCCESS_CHANCE: f64 = 0.1;
 /// When too few calls finished to reach the quantile, the estimate is this many times
 /// the longest cut.
-pub(crate) const CENSORED_FACTOR: u32 = 2;
+const CENSORED_FACTOR: u32 = 2;
 /// While refusing, one call per interval goes through as a probe.
-pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 /// A probe needs at least this fraction (1/N) of the estimate to spend.
-pub(crate) const MIN_PROBE_SHARE: u32 = 4;
+const MIN_PROBE_SHARE: u32 = 4;
 /// How long a due probe waits for a call with enough budget before any call may take it.
-pub(crate) const PROBE_STARVED_AFTER: Duration = Duration::from_secs(1);
-
-/// What to do with one call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// Enough budget for what calls like it took.
-    Admit,
-    /// Predicted late, but sent to learn whether the downstream is quick again.
-    Probe,
-    /// Predicted late: `needed` (pool wait + call) is more than the call has.
-    Refuse {
-        /// What the call would need.
-        needed: Duration,
-    },
-}
+const PROBE_STARVED_AFTER: Duration = Duration::from_secs(1);
 
 /// One call: when it started, how long it ran, and whether it was cut then (it would
 /// have taken at least `took`).
@@ -162,45 +141,85 @@ impl Window {
     }
 }
 
-/// The latency estimate and probe clock of one downstream. Share it behind an `Arc`.
+/// The latency estimate and probe clock of one downstream: a client's plugin.
+///
+/// ```
+/// use deadline_propagation::admission::Admission;
+/// use deadline_propagation::client::{BudgetedClient, ClientConfig};
+/// use deadline_propagation::Downstream;
+///
+/// let config = ClientConfig::new(Downstream::new("inventory").unwrap(), "http://127.0.0.1:8082");
+/// let client = BudgetedClient::new(config).unwrap().plugin(Admission::new());
+/// ```
 #[derive(Debug)]
-pub(crate) struct Admission {
+pub struct Admission {
     samples: Mutex<Window>,
     /// The current estimate in nanoseconds: read on every call without the lock.
     estimate_nanos: AtomicU64,
     /// Nanoseconds after `origin` before which no further probe goes out.
     next_probe: AtomicU64,
     origin: Instant,
-    gauge: FloatGauge,
 }
 
 impl Default for Admission {
     fn default() -> Self {
-        Self::new(FloatGauge::default())
+        Self::new()
     }
 }
 
+impl Plugin for Admission {
+    fn admit(&self, call: &CallStart) -> Admit {
+        let wait = expected_wait(
+            call.active,
+            call.max_in_flight,
+            call.pending,
+            self.estimate(),
+            call.acquire_timeout,
+        );
+        self.check(call.available, wait, call.may_probe)
+    }
+
+    /// What nine recent calls in ten took, for the deadline's check of an extra
+    /// attempt (where no hedging history knows better).
+    fn likely_attempt(&self) -> Option<Duration> {
+        Some(self.quantile(LIKELY))
+    }
+
+    fn on_event(&self, event: &Event) {
+        if let Event::Attempt(attempt) = event
+            && attempt.learns
+        {
+            self.record(attempt.started, attempt.took, attempt.censored);
+        }
+    }
+
+    fn readings(&self) -> Vec<Reading> {
+        vec![Reading::LatencyEstimate(self.estimate())]
+    }
+}
+
+/// The share of attempts that must finish in what is left for an extra attempt to go.
+const LIKELY: f64 = 0.9;
+
 impl Admission {
-    /// An admission with no history (it admits everything until calls are recorded);
-    /// `gauge` shows the estimate (`http_client_latency_estimate_seconds`).
-    pub(crate) fn new(gauge: FloatGauge) -> Self {
+    /// An admission with no history: it admits everything until calls are recorded.
+    pub fn new() -> Self {
         Self {
             samples: Mutex::new(Window::new()),
             estimate_nanos: AtomicU64::new(0),
             next_probe: AtomicU64::new(0),
             origin: Instant::now(),
-            gauge,
         }
     }
 
     /// What a call started now is expected to take (pool wait not included).
-    pub(crate) fn estimate(&self) -> Duration {
+    pub fn estimate(&self) -> Duration {
         Duration::from_nanos(self.estimate_nanos.load(Ordering::Relaxed))
     }
 
     /// The `quantile` of the recent calls (Kaplan–Meier, like the estimate), for the
     /// deadline's check of an extra attempt.
-    pub(crate) fn quantile(&self, quantile: f64) -> Duration {
+    fn quantile(&self, quantile: f64) -> Duration {
         let samples = self
             .samples
             .lock()
@@ -211,21 +230,21 @@ impl Admission {
     /// The verdict for a call with `available` to spend after waiting `wait` for a slot.
     /// `may_probe: false` (observe mode) asks only what the verdict would be, and uses
     /// up no probe.
-    pub(crate) fn check(&self, available: Duration, wait: Duration, may_probe: bool) -> Verdict {
+    fn check(&self, available: Duration, wait: Duration, may_probe: bool) -> Admit {
         let estimate = self.estimate();
         let needed = estimate + wait;
         if available >= needed {
-            Verdict::Admit
+            Admit::Yes
         } else if may_probe && self.take_probe(available >= estimate / MIN_PROBE_SHARE) {
-            Verdict::Probe
+            Admit::Probe
         } else {
-            Verdict::Refuse { needed }
+            Admit::Refuse { needed }
         }
     }
 
     /// Records a call that started at `started` and ran for `took`; `censored` when it
     /// was cut then (at its deadline: it would have taken at least `took`).
-    pub(crate) fn record(&self, started: Instant, took: Duration, censored: bool) {
+    fn record(&self, started: Instant, took: Duration, censored: bool) {
         let mut samples = self
             .samples
             .lock()
@@ -240,7 +259,6 @@ impl Admission {
             u64::try_from(estimate.as_nanos()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
-        self.gauge.set(estimate.as_secs_f64());
     }
 
     /// Takes the probe of the current interval, if nobody has yet: at once for a call
@@ -305,7 +323,7 @@ where
 /// How long a call is expected to wait for a slot: nothing while one is free; else its
 /// place in the queue times how often a slot frees up (`estimate / max_in_flight`),
 /// never more than the pool's own acquire limit.
-pub(crate) fn expected_wait(
+fn expected_wait(
     active: usize,
     max_in_flight: usize,
     pending: usize,
@@ -388,9 +406,9 @@ mod tests {
                 let budget = budget(self.arrivals);
                 self.arrivals += 1;
                 match self.admission.check(budget, Duration::ZERO, true) {
-                    Verdict::Refuse { .. } => self.refused += 1,
+                    Admit::Refuse { .. } => self.refused += 1,
                     verdict => {
-                        if verdict == Verdict::Admit && self.first_admitted_after.is_none() {
+                        if verdict == Admit::Yes && self.first_admitted_after.is_none() {
                             self.first_admitted_after = Some(now);
                         }
                         let took = latency(self.sent);
@@ -615,21 +633,21 @@ mod tests {
         let tiny = MS(1000) / MIN_PROBE_SHARE - MS(1);
         assert!(matches!(
             admission.check(tiny, Duration::ZERO, true),
-            Verdict::Refuse { .. }
+            Admit::Refuse { .. }
         ));
         assert_eq!(
             admission.check(MS(1000) / MIN_PROBE_SHARE, Duration::ZERO, true),
-            Verdict::Probe
+            Admit::Probe
         );
         // Nobody with enough budget comes: after a while any call may probe, so admission
         // still reopens when only short callers are left and the downstream gets quick.
         tokio::time::advance(PROBE_INTERVAL).await;
         assert!(matches!(
             admission.check(tiny, Duration::ZERO, true),
-            Verdict::Refuse { .. }
+            Admit::Refuse { .. }
         ));
         tokio::time::advance(PROBE_STARVED_AFTER).await;
-        assert_eq!(admission.check(tiny, Duration::ZERO, true), Verdict::Probe);
+        assert_eq!(admission.check(tiny, Duration::ZERO, true), Admit::Probe);
     }
 
     #[tokio::test(start_paused = true)]
@@ -639,22 +657,16 @@ mod tests {
         for _ in 0..10 {
             assert!(matches!(
                 admission.check(MS(695), Duration::ZERO, false),
-                Verdict::Refuse { .. }
+                Admit::Refuse { .. }
             ));
         }
-        assert_eq!(
-            admission.check(MS(695), Duration::ZERO, true),
-            Verdict::Probe
-        );
+        assert_eq!(admission.check(MS(695), Duration::ZERO, true), Admit::Probe);
         assert!(matches!(
             admission.check(MS(695), Duration::ZERO, true),
-            Verdict::Refuse { .. }
+            Admit::Refuse { .. }
         ));
         // A caller with more than twice the cut budget can still afford it.
-        assert_eq!(
-            admission.check(MS(1500), Duration::ZERO, true),
-            Verdict::Admit
-        );
+        assert_eq!(admission.check(MS(1500), Duration::ZERO, true), Admit::Yes);
     }
 
     #[test]

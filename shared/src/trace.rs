@@ -1,0 +1,67 @@
+//! W3C trace context across the hop: `traceparent` in, `traceparent` out, and the
+//! sampled trace an exemplar names.
+//!
+//! Written against OpenTelemetry's own propagator and `opentelemetry-http`'s header
+//! adapters (reqwest-tracing lags OpenTelemetry's releases). Without the `otel` feature
+//! no OpenTelemetry layer can be installed, so there is no context to carry, and each
+//! function does nothing. With it, they use the global propagator: set
+//! `TraceContextPropagator` as it where you set up tracing. Each function is built where
+//! something calls it: the client injects, the metrics' HTTP middleware continues the
+//! caller's trace and names it in exemplars.
+
+/// Makes `span` a child of the trace the caller sent in `headers`, if any, and records
+/// the trace id on the span (the JSON logs print it).
+#[cfg(feature = "metrics")]
+pub(crate) fn continue_trace(span: &tracing::Span, headers: &http::HeaderMap) {
+    #[cfg(feature = "otel")]
+    {
+        use opentelemetry::trace::TraceContextExt as _;
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+        let parent = opentelemetry::global::get_text_map_propagator(|p| {
+            p.extract(&opentelemetry_http::HeaderExtractor(headers))
+        });
+        let _ = span.set_parent(parent);
+        let trace_id = span.context().span().span_context().trace_id();
+        if trace_id != opentelemetry::trace::TraceId::INVALID {
+            span.record("trace_id", tracing::field::display(trace_id));
+        }
+    }
+    #[cfg(not(feature = "otel"))]
+    let _ = (span, headers);
+}
+
+/// Writes `span`'s trace context into outbound `headers`.
+#[cfg(feature = "http-client")]
+pub(crate) fn inject(span: &tracing::Span, headers: &mut http::HeaderMap) {
+    #[cfg(feature = "otel")]
+    {
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+        let context = span.context();
+        opentelemetry::global::get_text_map_propagator(|p| {
+            p.inject_context(&context, &mut opentelemetry_http::HeaderInjector(headers));
+        });
+    }
+    #[cfg(not(feature = "otel"))]
+    let _ = (span, headers);
+}
+
+/// The trace id (32 hex digits) of the current span, if an OpenTelemetry layer is
+/// installed and the span is sampled: only then will a backend have stored it.
+#[cfg(feature = "metrics")]
+pub(crate) fn sampled_trace_id() -> Option<String> {
+    #[cfg(feature = "otel")]
+    {
+        use opentelemetry::trace::TraceContextExt as _;
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+        let context = tracing::Span::current().context();
+        let span = context.span();
+        let span_context = span.span_context();
+        (span_context.is_valid() && span_context.is_sampled())
+            .then(|| span_context.trace_id().to_string())
+    }
+    #[cfg(not(feature = "otel"))]
+    None
+}
