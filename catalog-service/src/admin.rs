@@ -15,6 +15,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
 use deadline_propagation::Problem;
+use service_kit::answers::Answers as _;
 use service_kit::json::JsonBody;
 
 use crate::faults::{FaultConfig, Faults};

@@ -17,6 +17,7 @@ use utoipa::ToSchema;
 
 use crate::AppState;
 use crate::budget::Budget;
+use service_kit::answers::Answers as _;
 
 /// The largest quantity one order may ask for.
 pub const MAX_QUANTITY: i64 = 1000;

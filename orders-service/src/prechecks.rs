@@ -36,6 +36,7 @@ use crate::budget::Budget;
 use crate::config::Config;
 use crate::legacy::{Failure, PlainClient};
 use crate::orders::NewOrder;
+use service_kit::answers::Answers as _;
 
 /// One configured check, as `--precheck name=url` gives it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -12,6 +12,7 @@ use axum::extract::{ConnectInfo, Request};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 
+use crate::answers::Answers as _;
 use deadline_propagation::Problem;
 
 /// The largest admin request body: a configuration is a few dozen bytes.

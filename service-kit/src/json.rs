@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use http::{StatusCode, header};
 use serde::de::DeserializeOwned;
 
+use crate::answers::Answers as _;
 use deadline_propagation::Problem;
 
 /// A JSON request body of type `T`, or a 4xx problem that says what was wrong.

@@ -5,6 +5,7 @@
 //! and to guard its admin port; those parts live here, written once for
 //! orders-service and catalog-service. A service of your own brings its own.
 //!
+//! - [`answers`]: the demo's own problem answers (400, 403, 409, 413, 415, 422).
 //! - [`server`]: serving a router with a header read timeout and graceful shutdown,
 //!   the shutdown passed in (as in mini-redis), so tests can stop a server.
 //! - [`admin`]: the loopback-only guard of an admin API.
@@ -19,6 +20,7 @@
 //!   `profiling`, off by default).
 
 pub mod admin;
+pub mod answers;
 pub mod json;
 pub mod metrics;
 pub mod openapi;

@@ -354,6 +354,7 @@ mod tests {
     /// for its status, and a table entry for it; a new kind fails here first.
     #[tokio::test]
     async fn every_problem_the_crate_builds_is_in_the_document() {
+        use crate::answers::Answers as _;
         use axum::response::IntoResponse;
         use deadline_propagation::{Problem, Stage};
 

@@ -18,6 +18,7 @@
 //! Mount the router beside an admin API, behind its loopback guard
 //! ([`crate::admin::guard`]): a profile costs the process CPU and memory while it runs.
 
+use crate::answers::Answers as _;
 use axum::Router;
 use axum::extract::Query;
 use axum::response::Response;

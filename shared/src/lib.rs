@@ -2,52 +2,10 @@
 //!
 //! A client sends its time budget in `X-Request-Timeout-Ms`. The ingress accepts it up
 //! to a maximum and turns it into a [`Deadline`], an absolute instant. Every step after
-//! that (a pooled HTTP call, a database statement, an AI tool call) gets only what is
-//! left, and a step that would start with nothing left is answered with 504 at once,
-//! without doing any I/O. Copy this crate (the folder `shared/`) into your workspace: it
-//! names its own dependencies and builds alone.
-//!
-//! # Module map
-//!
-//! The core is always built; the rest comes with a Cargo feature, all of them on by
-//! default but `tls`. The modules are in layers and import downward only (the order of
-//! the `mod` lines below; `tests/layers.rs` checks it): the core, bottom first the
-//! budget headers, the modes, the trace context and the stage names, then the stage
-//! log, the deadline and the answers; the metrics on the core, with a stand-in that
-//! keeps nothing where the feature is off; and the parts that spend a budget (the
-//! ingress, the client, the database, tool budgets) on both.
-//!
-//! - [`Deadline`] and [`DeadlinePolicy`]: the budget as an absolute instant, clamped at
-//!   the ingress; [`Deadline::run`] is the one function that runs an I/O step under the
-//!   remaining time, and [`Deadline::point_of_no_return`] marks a step (a COMMIT) whose
-//!   outcome must be awaited rather than abandoned.
-//! - [`read_budget`]: the budget headers (`X-Request-Timeout-Ms`, `grpc-timeout`,
-//!   `x-envoy-expected-rq-timeout-ms`), absent, valid or [`InvalidBudget`], never a panic.
-//! - [`Stage`] and [`Downstream`]: the named steps a budget is spent on; the stages of a
-//!   downstream are named by your configuration (`Downstream::new("inventory")`).
-//! - [`Problem`]: the RFC 9457 answer (504 with its stage, 503 with `Retry-After`, 400
-//!   naming a header).
-//! - [`DeadlineMode`] and [`LiveMode`]: propagate, observe (count, refuse nothing) or
-//!   the off switch, changeable at run time.
-//! - [`ToolBudget`]: the budget of an AI assistant's turn shared by its tool calls.
-//! - [`DeadlineLayer`] (feature `axum`): the tower layer that builds the deadline,
-//!   bounds the handler, answers 400 and 504 and writes `Server-Timing`; [`Deadline`] is
-//!   an extractor.
-//! - [`client`] (feature `http-client`): [`BudgetedClient`](client::BudgetedClient),
-//!   which spends only the remaining budget on pool wait + request + body, admits only
-//!   the calls that can finish, and sends the rest of the budget on.
-//! - [`db`] (feature `sqlx`): PostgreSQL under the budget: pool wait, `statement_timeout`
-//!   from the remaining time, a cancel at the deadline, COMMIT as a point of no return.
-//! - [`metrics`] (feature `metrics`): the Prometheus families ([`metrics::names`] lists
-//!   them), and [`instrument`] to wire them with the layer.
-//!
-//! `otel` carries W3C `traceparent` across each hop (a no-op without it), `tls` gives
-//! the client HTTPS.
-//!
-//! The examples, a ladder: `ingress` (the layer alone), `client` (a budgeted call), and
-//! `database` (a whole service), under `shared/examples/`.
-//!
-//! # Example
+//! that (a pooled HTTP call, a SQL statement, a tool call) gets only what is left; a
+//! step that would start with nothing left is answered 504 at once, without any I/O.
+//! Copy this crate (the folder `shared/`) into your workspace: it names its own
+//! dependencies and builds alone.
 //!
 //! ```
 //! use std::time::Duration;
@@ -61,28 +19,46 @@
 //!     Ok("done")
 //! }
 //!
-//! let policy = DeadlinePolicy::from_millis(2000, 1000);
-//! let app: Router = Router::new()
-//!     .route("/", get(handler))
-//!     .route_layer(DeadlineLayer::new(policy));
+//! let policy = DeadlinePolicy::from_millis(2000, 1000); // at most 2 s; 1 s without a header
+//! let app: Router = Router::new().route("/", get(handler)).route_layer(DeadlineLayer::new(policy));
 //! ```
+//!
+//! # Reading order
+//!
+//! The core, always built, in the order a request meets it:
+//!
+//! 1. [`read_budget`] (`header/`): the budget headers, absent, valid or invalid.
+//! 2. [`DeadlinePolicy`] and [`Deadline`] (`deadline/`): the clamp, the instant, and
+//!    [`Deadline::run`], the one function that runs an I/O step under what is left.
+//! 3. [`DeadlineLayer`] (`ingress/`): the tower layer that makes the deadline, races the
+//!    handler against it and writes `Server-Timing` (`timing.rs`).
+//! 4. [`Problem`] (`problem/`): the answers, 504 naming its [`Stage`] (`stage.rs`).
+//! 5. [`DeadlineMode`] (`mode.rs`): propagate, or observe (count, refuse nothing).
+//!
+//! The chain beside it, each on the core alone: [`client`] (feature `http-client`), one
+//! timeout over pool wait, request and body, the budget sent on; then [`db`] (feature
+//! `sqlx`), `statement_timeout` from what is left, a cancel at the deadline, COMMIT as a
+//! point of no return.
+//!
+//! The extras, each opt-in on what it extends: `admission` (refuse calls predicted
+//! late), `hedging` (a backup for a slow call), `retry-budget` (bound extra attempts),
+//! `tools` (an AI assistant's tool budgets), `metrics` (the Prometheus families of the
+//! contract), `otel` (W3C trace context across each hop), `tls` (HTTPS for the client).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The core, always built, bottom first: each module imports only the ones above it
-// (tests/layers.rs checks it). The stage names, the budget headers and the modes are
-// leaves; the trace context is carried only with `otel` (a no-op without it).
-mod header;
-mod mode;
-mod stage;
-mod trace;
-// Where a budget went, the deadline, the answers, and the ingress that makes them.
+// (tests/layers.rs checks it).
 mod deadline;
+mod header;
 mod ingress;
+mod mode;
 mod problem;
+mod stage;
 mod timing;
+mod trace;
 
-// The chain beside the core: each imports only the core.
+// The chain: each imports only the core.
 #[cfg(feature = "http-client")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http-client")))]
 pub mod client;
@@ -107,14 +83,17 @@ pub mod retry_budget;
 #[cfg_attr(docsrs, doc(cfg(feature = "tools")))]
 pub mod tools;
 
+#[cfg(feature = "test-util")]
 #[doc(hidden)]
 pub mod testing;
 
-pub use deadline::{Deadline, DeadlineExceeded, DeadlinePolicy, LiveMode};
-pub use header::{DEADLINE_MODE_HEADER, InvalidBudget, REQUEST_TIMEOUT_HEADER, read_budget};
+pub use deadline::{Deadline, DeadlineExceeded, DeadlinePolicy, NO_RETURN_GRACE};
+#[doc(hidden)]
+pub use header::InvalidValue;
+pub use header::{InvalidBudget, REQUEST_TIMEOUT_HEADER, read_budget};
 pub use ingress::{DeadlineLayer, DeadlineService, ResponseFuture};
 #[cfg(feature = "metrics")]
 pub use metrics::{instrument, measure};
-pub use mode::DeadlineMode;
+pub use mode::{DEADLINE_MODE_HEADER, DeadlineMode, LiveMode};
 pub use problem::Problem;
 pub use stage::{Downstream, InvalidName, Stage};

@@ -4,11 +4,46 @@
 //! The fuzz targets check the header parsers against oracles of their own, and a cost
 //! benchmark times the exact SQL the database envelope sends.
 
-pub use crate::header::{
-    GRPC_TIMEOUT_HEADER, GRPC_TIMEOUT_HEADER_DISPLAY, InvalidValue, MAX_GRPC_DIGITS,
-    MAX_VALUE_BYTES, REQUEST_TIMEOUT_HEADER_DISPLAY, parse_grpc_timeout, parse_grpc_value,
-    parse_millis, parse_request_timeout,
-};
+use std::time::Duration;
+
+pub use crate::header::InvalidValue;
+use crate::header::read_values;
+
+/// gRPC's budget header.
+pub const GRPC_TIMEOUT_HEADER: http::HeaderName = crate::header::GRPC_TIMEOUT_HEADER;
+/// The longest budget header value looked at.
+pub const MAX_VALUE_BYTES: usize = crate::header::MAX_VALUE_BYTES;
+/// The most digits of a `grpc-timeout`.
+pub const MAX_GRPC_DIGITS: usize = crate::header::MAX_GRPC_DIGITS;
+/// Our header, as problems name it.
+pub const REQUEST_TIMEOUT_HEADER_DISPLAY: &str = crate::header::REQUEST_TIMEOUT_HEADER_DISPLAY;
+/// `grpc-timeout`, as problems name it.
+pub const GRPC_TIMEOUT_HEADER_DISPLAY: &str = crate::header::GRPC_TIMEOUT_HEADER_DISPLAY;
+
+/// One value of `X-Request-Timeout-Ms`.
+pub fn parse_millis(raw: &[u8]) -> Result<u64, InvalidValue> {
+    crate::header::parse_millis(raw)
+}
+
+/// One value of `grpc-timeout`.
+pub fn parse_grpc_value(raw: &[u8]) -> Result<Duration, InvalidValue> {
+    crate::header::parse_grpc_value(raw)
+}
+
+/// `X-Request-Timeout-Ms` alone, as [`read_budget`](crate::read_budget) reads it.
+pub fn parse_request_timeout(
+    headers: &http::HeaderMap,
+) -> Result<Option<std::time::Duration>, InvalidValue> {
+    let ms = read_values(headers, &crate::REQUEST_TIMEOUT_HEADER, parse_millis)?;
+    Ok(ms.map(Duration::from_millis))
+}
+
+/// `grpc-timeout` alone, as [`read_budget`](crate::read_budget) reads it.
+pub fn parse_grpc_timeout(
+    headers: &http::HeaderMap,
+) -> Result<Option<std::time::Duration>, InvalidValue> {
+    read_values(headers, &GRPC_TIMEOUT_HEADER, parse_grpc_value)
+}
 
 #[cfg(feature = "sqlx")]
 pub use crate::db::schema::QUERY as DEFERRED_WORK_QUERY;
@@ -30,9 +65,7 @@ pub fn session_options(config: &crate::db::DbConfig) -> String {
 
 /// How often admission lets a probe through while it refuses.
 #[cfg(feature = "admission")]
-pub const PROBE_INTERVAL: std::time::Duration = crate::admission::PROBE_INTERVAL;
-
-pub use crate::deadline::NO_RETURN_GRACE;
+pub const PROBE_INTERVAL: Duration = crate::admission::PROBE_INTERVAL;
 
 /// A deadline `budget` from now in `mode`, as the layer makes one when `mode` is in
 /// force (tests of a step's behaviour per mode, without a request around it).

@@ -1,14 +1,7 @@
-//! [`StageLog`]: where a request's budget went, for `Server-Timing` and the metrics.
-//!
-//! One log is shared by a request's [`Deadline`](crate::Deadline) and every clone or
-//! child of it. Each stage records its duration; the ingress layer turns the entries into
-//! a `Server-Timing` header so a browser's developer tools show where the budget went.
-//!
-//! The log also passes what happens to the budget (accepted, left at a stage's start,
-//! run out, what observe mode would have refused) to a [`Report`], when the service has
-//! one. The core defines the trait and knows nothing of who implements it: the metrics
-//! (feature `metrics`) do, from above, so the core builds and reads the same with or
-//! without them.
+//! [`StageLog`]: where a request's budget went. One log is shared by a request's
+//! [`Deadline`](crate::Deadline) and its clones; the ingress turns it into a
+//! `Server-Timing` header (a browser's developer tools show it), and it tells a
+//! [`Report`] (the metrics, from above) what happens to the budget.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,27 +21,21 @@ pub(crate) trait Report: Send + Sync + std::fmt::Debug {
     fn would_refuse(&self, stage: Stage, reason: &'static str);
 }
 
-/// Where a log or the layer reports; `None` where the service has no
-/// metrics.
-pub(crate) type Reporter = Option<Arc<dyn Report>>;
-
 /// The stages a request went through, and where they are reported.
 #[derive(Debug, Default)]
 pub(crate) struct StageLog {
     entries: Mutex<Vec<(Stage, Duration)>>,
-    report: Reporter,
-    /// How many steps of the request are past their point of no return (a COMMIT on the
-    /// wire). See [`Deadline::point_of_no_return`](crate::Deadline::point_of_no_return).
+    report: Option<Arc<dyn Report>>,
+    /// Steps of the request past their point of no return (a COMMIT on the wire).
     no_return: AtomicUsize,
 }
 
 impl StageLog {
-    /// A log that also reports to `report` (the ingress builds each request's so).
-    pub(crate) fn reporting(report: Reporter) -> Self {
+    /// A log that also reports to `report` (the ingress makes each request's so).
+    pub(crate) fn reporting(report: Option<Arc<dyn Report>>) -> Self {
         Self {
-            entries: Mutex::default(),
             report,
-            no_return: AtomicUsize::new(0),
+            ..Self::default()
         }
     }
 
@@ -63,38 +50,33 @@ impl StageLog {
         self.lock().clone()
     }
 
-    /// The ingress layer's report of the budget it accepted.
-    pub(crate) fn observe_inbound(&self, budget: Duration, clamped: bool) {
+    /// Tells the report, if there is one.
+    fn report(&self, tell: impl FnOnce(&dyn Report)) {
         if let Some(report) = &self.report {
-            report.inbound(budget, clamped);
+            tell(report.as_ref());
         }
+    }
+
+    pub(crate) fn observe_inbound(&self, budget: Duration, clamped: bool) {
+        self.report(|r| r.inbound(budget, clamped));
     }
 
     pub(crate) fn observe_start(&self, stage: Stage, remaining: Duration) {
-        if let Some(report) = &self.report {
-            report.stage_started(stage, remaining);
-        }
+        self.report(|r| r.stage_started(stage, remaining));
     }
 
     pub(crate) fn count_would_refuse(&self, stage: Stage, reason: &'static str) {
-        if let Some(report) = &self.report {
-            report.would_refuse(stage, reason);
-        }
+        self.report(|r| r.would_refuse(stage, reason));
     }
 
     pub(crate) fn count_exceeded(&self, stage: Stage) {
-        if let Some(report) = &self.report {
-            report.exceeded(stage);
-        }
+        self.report(|r| r.exceeded(stage));
     }
 
-    /// Renders the entries as a `Server-Timing` value, followed by `total`.
-    ///
-    /// A stage that ran more than once (three tool calls) is summed into one entry with
-    /// a count, since `Server-Timing` names should be unique. The ingress writes it.
+    /// The entries as a `Server-Timing` value, followed by `total`. A stage that ran
+    /// more than once (three tool calls) is summed, with a count: names should be
+    /// unique. Written piece by piece: every response carries it.
     pub(crate) fn server_timing(&self, total: Duration) -> String {
-        use std::fmt::Write as _;
-
         let mut sums: Vec<(Stage, Duration, u32)> = Vec::new();
         for (stage, took) in self.lock().iter() {
             match sums.iter_mut().find(|(s, _, _)| s == stage) {
@@ -105,26 +87,25 @@ impl StageLog {
                 None => sums.push((*stage, *took, 1)),
             }
         }
-        // Sized for a request's usual handful of stages, so it is not grown on the way.
-        // Written piece by piece rather than with `write!`: every response carries the
-        // header, and the formatting machinery cost more than the rest of it.
         let mut out = String::with_capacity(160);
         for (stage, took, n) in sums {
             out.push_str(stage.as_str());
             out.push_str(";dur=");
-            Tenths::of(took).push_to(&mut out);
+            push_tenths(&mut out, took);
             if n > 1 {
-                let _ = write!(out, ";desc=\"{n} calls\"");
+                out.push_str(";desc=\"");
+                out.push_str(itoa::Buffer::new().format(n));
+                out.push_str(" calls\"");
             }
             out.push_str(", ");
         }
         out.push_str("total;dur=");
-        Tenths::of(total).push_to(&mut out);
+        push_tenths(&mut out, total);
         out
     }
 
-    /// True while a step of the request is past its point of no return (the ingress
-    /// waits a grace for its answer, and the client sends no extra attempt).
+    /// True while a step of the request is past its point of no return: the ingress
+    /// waits a grace for its answer, and the client sends no extra attempt.
     pub(crate) fn past_no_return(&self) -> bool {
         self.no_return.load(Ordering::Acquire) > 0
     }
@@ -145,23 +126,12 @@ impl StageLog {
     }
 }
 
-/// A duration in milliseconds with one decimal, rounded to the nearest tenth, written
-/// from integers: every response carries a few, and formatting them as floats cost
-/// more than the rest of the header.
-struct Tenths(u64);
-
-impl Tenths {
-    fn of(d: Duration) -> Self {
-        let tenths = (d.as_nanos() + 50_000) / 100_000;
-        Self(u64::try_from(tenths).unwrap_or(u64::MAX))
-    }
-
-    /// Appends `12.3` for 123 tenths.
-    fn push_to(&self, out: &mut String) {
-        out.push_str(itoa::Buffer::new().format(self.0 / 10));
-        out.push('.');
-        out.push(char::from(b'0' + (self.0 % 10) as u8));
-    }
+/// Appends `d` in milliseconds with one decimal, rounded to the nearest tenth.
+fn push_tenths(out: &mut String, d: Duration) {
+    let tenths = u64::try_from((d.as_nanos() + 50_000) / 100_000).unwrap_or(u64::MAX);
+    out.push_str(itoa::Buffer::new().format(tenths / 10));
+    out.push('.');
+    out.push(char::from(b'0' + (tenths % 10) as u8));
 }
 
 #[cfg(test)]
@@ -186,7 +156,7 @@ mod tests {
     fn durations_are_milliseconds_rounded_to_the_nearest_tenth() {
         let tenths = |nanos: u64| {
             let mut out = String::new();
-            Tenths::of(Duration::from_nanos(nanos)).push_to(&mut out);
+            push_tenths(&mut out, Duration::from_nanos(nanos));
             out
         };
         assert_eq!(tenths(0), "0.0");

@@ -1,13 +1,6 @@
-//! W3C trace context across the hop: `traceparent` in, `traceparent` out, and the
-//! sampled trace an exemplar names.
-//!
-//! Written against OpenTelemetry's own propagator and `opentelemetry-http`'s header
-//! adapters (reqwest-tracing lags OpenTelemetry's releases). Without the `otel` feature
-//! no OpenTelemetry layer can be installed, so there is no context to carry, and each
-//! function does nothing. With it, they use the global propagator: set
-//! `TraceContextPropagator` as it where you set up tracing. Each function is built where
-//! something calls it: the client injects, the metrics' HTTP middleware continues the
-//! caller's trace and names it in exemplars.
+//! W3C trace context across the hop, with OpenTelemetry's own propagator (set
+//! `TraceContextPropagator` as the global one): each function does nothing without the
+//! `otel` feature, and is built only where the client or the metrics call it.
 
 /// Makes `span` a child of the trace the caller sent in `headers`, if any, and records
 /// the trace id on the span (the JSON logs print it).

@@ -17,6 +17,7 @@ use super::tools::Tool;
 use crate::AppState;
 use crate::budget::Budget;
 use crate::legacy::LEGACY_TIMEOUT;
+use service_kit::answers::Answers as _;
 
 /// Messages longer than this are refused (422): planning is cheap, but not free.
 const MAX_MESSAGE_CHARS: usize = 4000;

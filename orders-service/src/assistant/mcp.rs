@@ -43,6 +43,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use super::tools::Tool;
 use crate::AppState;
 use crate::budget::Budget;
+use service_kit::answers::Answers as _;
 
 /// The MCP handler; one is made per session.
 #[derive(Clone, Debug)]

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 use crate::AppState;
 use crate::budget::Budget;
 use crate::orders::validate_sku;
+use service_kit::answers::Answers as _;
 
 /// A read-only tool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

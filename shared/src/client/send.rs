@@ -30,8 +30,8 @@ use super::{
     Event, Slot,
 };
 use crate::deadline::{Deadline, DeadlineExceeded};
-use crate::header::{DEADLINE_MODE_HEADER, OBSERVE, REQUEST_TIMEOUT_HEADER};
-use crate::mode::DeadlineMode;
+use crate::header::REQUEST_TIMEOUT_HEADER;
+use crate::mode::{DEADLINE_MODE_HEADER, DeadlineMode, OBSERVE};
 
 /// The least budget worth any extra attempt, whatever the plugins know.
 const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);

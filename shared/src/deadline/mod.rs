@@ -1,11 +1,9 @@
 //! The [`Deadline`]: an absolute instant by which a request must be answered.
 //!
-//! Why absolute: a relative timeout ("300 ms") handed to each step in turn lets every step
-//! spend the full amount, so three steps under "300 ms" can take 900 ms. An instant on the
-//! monotonic clock is shared by every step, and each step gets only what is left.
-//!
-//! Why `tokio::time::Instant`: it is monotonic (wall-clock jumps cannot stretch a budget)
-//! and it follows `tokio::time::pause()`, so the time logic is tested without sleeping.
+//! Why absolute: a relative timeout handed to each step in turn lets every step spend
+//! all of it, so three steps under "300 ms" take 900 ms; an instant is shared, and each
+//! step gets only what is left. Why `tokio::time::Instant`: it is monotonic, and it
+//! follows `tokio::time::pause()`, so the time logic is tested without sleeping.
 
 use std::future::IntoFuture;
 use std::sync::Arc;
@@ -18,29 +16,16 @@ use crate::mode::DeadlineMode;
 use crate::stage::Stage;
 use crate::timing::StageLog;
 
-mod live;
-mod no_return;
 mod policy;
 
-pub use live::LiveMode;
-
-pub use no_return::NO_RETURN_GRACE;
 pub use policy::DeadlinePolicy;
 
-/// The budget ran out before or during `stage`.
-///
-/// ```
-/// use std::time::Duration;
-/// use deadline_propagation::{Deadline, DeadlineExceeded, Problem, Stage};
-///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let deadline = Deadline::after(Duration::ZERO);
-/// let exceeded: DeadlineExceeded = deadline.run(Stage::Db, async {}).await.unwrap_err();
-/// assert_eq!(exceeded.stage, Stage::Db);
-/// // A handler's `?` turns it into the 504 problem of the contract.
-/// assert_eq!(Problem::from(exceeded).status().as_u16(), 504);
-/// # }
-/// ```
+/// How long past its deadline a request past its point of no return may still answer:
+/// the ingress's backstop (the database bounds its own wait for a COMMIT by less).
+pub const NO_RETURN_GRACE: Duration = Duration::from_millis(500);
+
+/// The budget ran out before or during `stage`; a handler's `?` turns it into the 504
+/// problem of the contract.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("deadline exceeded in stage {stage} after {elapsed:?} of a {budget:?} budget")]
 pub struct DeadlineExceeded {
@@ -52,23 +37,9 @@ pub struct DeadlineExceeded {
     pub elapsed: Duration,
 }
 
-/// An absolute deadline plus the budget it was created with.
-///
-/// Cheap to clone; clones (and [children](Deadline::child)) share one log of stages, so the
-/// time every stage took ends up in the response's `Server-Timing` header.
-///
-/// ```
-/// use std::time::Duration;
-/// use deadline_propagation::{Deadline, Stage};
-///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let deadline = Deadline::after(Duration::from_millis(300));
-/// // Every I/O step runs under what is left, and is timed for `Server-Timing`.
-/// let answer = deadline.run(Stage::named("catalog"), async { 42 }).await;
-/// assert_eq!(answer, Ok(42));
-/// assert!(deadline.remaining() <= Duration::from_millis(300));
-/// # }
-/// ```
+/// An absolute deadline, the budget it was made with, and the mode it runs in. Cheap to
+/// clone; clones and [children](Deadline::child) share one log of stages, so every
+/// stage's time ends up in the response's `Server-Timing` header.
 #[derive(Clone, Debug)]
 pub struct Deadline {
     started: Instant,
@@ -81,12 +52,10 @@ pub struct Deadline {
 impl Deadline {
     /// A deadline `budget` from now, with a log of its own.
     pub fn after(budget: Duration) -> Self {
-        Self::with_log(Instant::now(), budget, Arc::new(StageLog::default()))
+        Self::with_log(Instant::now(), budget, Arc::default())
     }
 
-    /// A deadline `budget` after `started` that records its stages into `log`. The
-    /// ingress passes the instant the request arrived, which it also reads to time a
-    /// refusal, so a request costs one clock read.
+    /// A deadline `budget` after `started`, recording into `log`.
     pub(crate) fn with_log(started: Instant, budget: Duration, log: Arc<StageLog>) -> Self {
         Self {
             started,
@@ -97,32 +66,16 @@ impl Deadline {
         }
     }
 
-    /// The same deadline, run in `mode`: only the ingress stamps it (the mode in force
-    /// when the request arrived, see [`LiveMode`]), so that no request runs half in one
-    /// mode and half in another.
-    pub(crate) fn with_mode(mut self, mode: DeadlineMode) -> Self {
+    /// The same deadline, run in `mode` (the ingress stamps the mode in force; a job
+    /// started elsewhere may choose its own).
+    pub fn with_mode(mut self, mode: DeadlineMode) -> Self {
         self.mode = mode;
         self
     }
 
-    /// The mode this request runs in: every step reads it here, so a mode switch never
-    /// changes a request half-way.
+    /// The mode this request runs in: every step reads it here.
     pub fn mode(&self) -> DeadlineMode {
         self.mode
-    }
-
-    /// Counts, in observe mode, a refusal propagate would have made in `stage`.
-    pub(crate) fn would_refuse(&self, stage: Stage, reason: &'static str) {
-        tracing::debug!(stage = stage.as_str(), reason, "propagate would refuse");
-        self.log.count_would_refuse(stage, reason);
-    }
-
-    /// The ingress constructor: applies `policy` to the requested budget. Returns the
-    /// deadline and whether the request was clamped.
-    #[cfg(test)]
-    pub(crate) fn inbound(requested: Option<Duration>, policy: &DeadlinePolicy) -> (Self, bool) {
-        let (budget, clamped) = policy.accept(requested);
-        (Self::after(budget), clamped)
     }
 
     /// The instant by which the work must be done.
@@ -135,7 +88,7 @@ impl Deadline {
         self.budget
     }
 
-    /// Time spent since the deadline was created.
+    /// Time spent since the deadline was made.
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
     }
@@ -145,8 +98,7 @@ impl Deadline {
         self.remaining_at(Instant::now())
     }
 
-    /// What is left at `now`: for a step that reads the clock once for both what is
-    /// left and when it started.
+    /// What is left at `now` (a step that reads the clock once).
     pub(crate) fn remaining_at(&self, now: Instant) -> Duration {
         self.at.saturating_duration_since(now)
     }
@@ -156,29 +108,16 @@ impl Deadline {
         Instant::now() >= self.at
     }
 
-    /// The budget to send downstream: `remaining - reserve` in whole milliseconds, or
-    /// `None` when that is less than 1 ms: the budget is spent, and nothing is sent.
-    ///
-    /// The reserve leaves this hop time to turn the downstream's answer into its own. A
-    /// budget no larger than the reserve has nothing left to hand on; sending the call
-    /// anyway with a 1 ms header would only make the downstream do work whose answer
-    /// arrives too late, so the caller must not send it and answers 504 instead.
-    #[cfg(feature = "http-client")]
-    pub(crate) fn outbound_millis(&self, reserve: Duration) -> Option<u64> {
-        let ms = self.remaining().saturating_sub(reserve).as_millis();
+    /// The budget to send downstream: `remaining - keep_back` in whole milliseconds, or
+    /// `None` when that is less than 1 ms: then the call must not be sent (its answer
+    /// would come too late), and the caller answers 504 instead.
+    pub fn outbound_millis(&self, keep_back: Duration) -> Option<u64> {
+        let ms = self.remaining().saturating_sub(keep_back).as_millis();
         (ms > 0).then(|| u64::try_from(ms).unwrap_or(u64::MAX))
     }
 
     /// A deadline for a sub-task that may take at most `cap`: the earlier of this
     /// deadline and now + `cap`. A child never outlives its parent.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let request = deadline_propagation::Deadline::after(Duration::from_millis(300));
-    /// // A tool call capped at 800 ms still ends with the request.
-    /// let tool = request.child(Duration::from_millis(800));
-    /// assert_eq!(tool.instant(), request.instant());
-    /// ```
     pub fn child(&self, cap: Duration) -> Self {
         let now = Instant::now();
         let at = self.at.min(later_by(now, cap));
@@ -196,7 +135,7 @@ impl Deadline {
         &self.log
     }
 
-    /// Describes the budget as spent so far, for errors raised outside [`run`](Self::run).
+    /// The budget as spent so far, for errors raised outside [`run`](Self::run).
     pub fn exceeded(&self, stage: Stage) -> DeadlineExceeded {
         self.log.count_exceeded(stage);
         DeadlineExceeded {
@@ -206,14 +145,18 @@ impl Deadline {
         }
     }
 
-    /// Runs one I/O step under what is left of the budget.
+    /// Counts, in observe mode, a refusal propagate would have made in `stage`.
+    pub(crate) fn would_refuse(&self, stage: Stage, reason: &'static str) {
+        tracing::debug!(stage = stage.as_str(), reason, "propagate would refuse");
+        self.log.count_would_refuse(stage, reason);
+    }
+
+    /// Runs one I/O step under what is left of the budget: the technique's one rule.
     ///
-    /// This is the one rule of the technique in code: if nothing is left, the step is
-    /// never started (a future that is never polled does no I/O); otherwise it is
-    /// raced against the deadline and dropped when the deadline fires. Dropping the
-    /// future is what cancels its work: a reqwest future closes its connection, a
-    /// semaphore waiter leaves the queue. The time the step took is logged under
-    /// `stage` for `Server-Timing` and the metrics.
+    /// If nothing is left, the step never starts (a future never polled does no I/O);
+    /// otherwise it is raced against the deadline and dropped when it fires, which is
+    /// what cancels its work: a reqwest future closes its connection, a waiter leaves
+    /// its queue. Its time is logged under `stage` for `Server-Timing` and the metrics.
     ///
     /// ```
     /// # use std::time::Duration;
@@ -231,7 +174,6 @@ impl Deadline {
     where
         F: IntoFuture,
     {
-        // One read of the clock for both: what is left, and when the step started.
         let started = Instant::now();
         let remaining = self.remaining_at(started);
         self.log.observe_start(stage, remaining);
@@ -239,28 +181,20 @@ impl Deadline {
             return Err(self.exceeded(stage));
         }
         let span = self.stage_span(stage);
-        // Boxed once, so the timeout and the span wrap a pointer: each wrapper would
-        // otherwise move the whole step by value, and an HTTP call's future is
-        // kilobytes (measured: three such copies were a third of what propagate added
-        // to an order's instructions in orders-service). Written into a box allocated
-        // first, the step is made where it stays (`Box::pin` would make it, then copy
-        // it in).
+        // Boxed where it is made (an HTTP call's future is kilobytes): the timeout and
+        // the span then wrap a pointer instead of moving the step.
         let step = Box::into_pin(Box::write(Box::new_uninit(), step.into_future()));
         let outcome = tokio::time::timeout_at(self.at, step)
             .instrument(span.clone())
             .await;
         self.log.record(stage, started.elapsed());
-        match outcome {
-            Ok(output) => Ok(output),
-            Err(_elapsed) => {
-                span.record("outcome", "deadline_exceeded");
-                Err(self.exceeded(stage))
-            }
-        }
+        outcome.map_err(|_elapsed| {
+            span.record("outcome", "deadline_exceeded");
+            self.exceeded(stage)
+        })
     }
 
-    /// The span of one stage. `debug`: recorded when traces are exported (the
-    /// OpenTelemetry layer has its own filter), free otherwise. See `telemetry`.
+    /// The span of one stage.
     pub(crate) fn stage_span(&self, stage: Stage) -> tracing::Span {
         tracing::debug_span!(
             "stage",
@@ -271,13 +205,31 @@ impl Deadline {
             outcome = tracing::field::Empty,
         )
     }
+
+    /// Marks the request as past a point of no return (a COMMIT on the wire) until the
+    /// guard is dropped. Once a COMMIT is sent the server may commit whatever the
+    /// client does, so a 504 at the deadline could no longer truthfully say "nothing
+    /// was written": the ingress waits up to [`NO_RETURN_GRACE`] more for the handler,
+    /// which answers by the outcome.
+    #[must_use = "the point of no return ends when this guard is dropped"]
+    pub fn point_of_no_return(&self) -> impl std::fmt::Debug + Send + Sync + 'static {
+        self.log.enter_no_return();
+        NoReturn(Arc::clone(&self.log))
+    }
 }
 
-/// `from + by`, or a far instant when that is past what the clock can represent.
-///
-/// `Instant + Duration` panics on overflow, and a budget of `Duration::MAX` (a caller's
-/// "no limit") is a valid input, not a reason to crash. Thirty years is tokio's own
-/// "far future": a deadline that never fires in practice.
+/// See [`Deadline::point_of_no_return`].
+#[derive(Debug)]
+struct NoReturn(Arc<StageLog>);
+
+impl Drop for NoReturn {
+    fn drop(&mut self) {
+        self.0.leave_no_return();
+    }
+}
+
+/// `from + by`, or thirty years on (tokio's own far future) when that is past what the
+/// clock holds: a budget of `Duration::MAX` is a valid input, not a reason to panic.
 fn later_by(from: Instant, by: Duration) -> Instant {
     const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
     from.checked_add(by).unwrap_or_else(|| from + FAR_FUTURE)

@@ -2,10 +2,8 @@
 
 use std::time::Duration;
 
-/// How an ingress turns a client's requested budget into an accepted one.
-///
-/// Its fields are private so that no policy can exist whose default exceeds its
-/// maximum, or whose maximum is zero: [`new`](Self::new) clamps both.
+/// How an ingress turns a client's requested budget into an accepted one. No policy
+/// has a default above its maximum or a zero maximum: [`new`](Self::new) clamps both.
 ///
 /// ```
 /// use std::time::Duration;
@@ -42,9 +40,8 @@ impl DeadlinePolicy {
         )
     }
 
-    /// The most this service ever grants, whatever the client asks for. Without it a
-    /// client asking for 60 s would hold a worker, a pool slot and a database
-    /// connection for 60 s.
+    /// The most this service grants: a client asking for 60 s would otherwise hold a
+    /// worker, a pool slot and a connection for 60 s.
     pub fn max(&self) -> Duration {
         self.max
     }
@@ -54,8 +51,8 @@ impl DeadlinePolicy {
         self.default
     }
 
-    /// The budget to accept: `clamp(requested, 1 ms, max)`, or the default when absent.
-    /// The flag says whether the request was clamped, which is counted.
+    /// `clamp(requested, 1 ms, max)`, or the default when absent; and whether it was
+    /// clamped (which is counted).
     pub fn accept(&self, requested: Option<Duration>) -> (Duration, bool) {
         match requested {
             None => (self.default, false),

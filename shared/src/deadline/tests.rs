@@ -8,6 +8,15 @@ fn policy() -> DeadlinePolicy {
     DeadlinePolicy::new(MS(500), MS(300))
 }
 
+/// What the ingress makes of a requested budget: the deadline, and whether it was
+/// clamped.
+impl Deadline {
+    fn inbound(requested: Option<Duration>, policy: &DeadlinePolicy) -> (Self, bool) {
+        let (budget, clamped) = policy.accept(requested);
+        (Self::after(budget), clamped)
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_budget_above_the_maximum_is_clamped_to_it() {
     let (deadline, clamped) = Deadline::inbound(Some(MS(60_000)), &policy());
@@ -56,7 +65,6 @@ async fn remaining_saturates_at_zero() {
     assert!(deadline.is_expired());
 }
 
-#[cfg(feature = "http-client")]
 #[tokio::test(start_paused = true)]
 async fn the_outbound_budget_subtracts_the_reserve_and_is_spent_at_the_reserve() {
     let deadline = Deadline::after(MS(300));

@@ -1,42 +1,19 @@
-//! gRPC's `grpc-timeout`: the budget a gRPC client (or a gRPC-aware proxy) sends.
-//!
-//! The gRPC spec (PROTOCOL-HTTP2.md): `TimeoutValue TimeoutUnit`, the value "a positive
-//! integer as ASCII string of at most 8 digits", the unit one of `H` (hours), `M`
-//! (minutes), `S` (seconds), `m` (milliseconds), `u` (microseconds), `n` (nanoseconds),
-//! case-sensitive: `1s` is not a timeout. Parsed like tonic's `grpc_timeout.rs`: absent,
-//! valid or invalid, with the digits capped before they are multiplied out, so the value
-//! never overflows (99 999 999 hours is far inside a `Duration`). Two choices of ours:
-//! `0` is valid (as in tonic; the clamp raises it to 1 ms), and only ASCII digits are
-//! digits (tonic's `u64::from_str` would take `+5m`; the spec does not).
+//! gRPC's `grpc-timeout` (PROTOCOL-HTTP2.md): 1 to 8 ASCII digits and a unit, `H`, `M`,
+//! `S`, `m`, `u` or `n`, case-sensitive (`1s` is not a timeout). At most 8 digits never
+//! overflow. As tonic, `0` is valid (the clamp raises it to 1 ms); unlike tonic's
+//! `u64::from_str`, a sign is not a digit.
 
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName};
-
-use super::request_timeout::{echo, fold_digits};
-use super::{InvalidValue, MAX_VALUE_BYTES, read_values};
-
-/// The header, lower-case as HTTP/2 sends it.
-pub const GRPC_TIMEOUT_HEADER: HeaderName = HeaderName::from_static("grpc-timeout");
-
-/// How the header is named in messages: the gRPC spec writes it in lower case.
-pub const GRPC_TIMEOUT_HEADER_DISPLAY: &str = "grpc-timeout";
+use super::millis::{echo, fold_digits};
+use super::{InvalidValue, MAX_VALUE_BYTES};
 
 /// The most digits the spec allows before the unit.
-pub const MAX_GRPC_DIGITS: usize = 8;
-
-/// Reads the gRPC budget from `headers`: `Ok(None)` when absent, the value when every
-/// value of the header agrees (`1000m` agrees with `1S`), `Err` otherwise.
-///
-/// The duration is exact (`1n` is one nanosecond); [`read_budget`](super::read_budget)
-/// rounds the budget it chooses up to whole milliseconds.
-pub fn parse_grpc_timeout(headers: &HeaderMap) -> Result<Option<Duration>, InvalidValue> {
-    read_values(headers, &GRPC_TIMEOUT_HEADER, parse_grpc_value)
-}
+pub(crate) const MAX_GRPC_DIGITS: usize = 8;
 
 /// Parses one `grpc-timeout` value. Surrounding spaces and tabs are tolerated, as for
 /// every HTTP field value; anything else outside the grammar is refused.
-pub fn parse_grpc_value(raw: &[u8]) -> Result<Duration, InvalidValue> {
+pub(crate) fn parse_grpc_value(raw: &[u8]) -> Result<Duration, InvalidValue> {
     if raw.len() > MAX_VALUE_BYTES {
         return Err(InvalidValue::TooLong);
     }
@@ -65,8 +42,14 @@ pub fn parse_grpc_value(raw: &[u8]) -> Result<Duration, InvalidValue> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::header::InvalidBudget;
-    use http::HeaderValue;
+    use crate::header::{
+        GRPC_TIMEOUT_HEADER, GRPC_TIMEOUT_HEADER_DISPLAY, InvalidBudget, read_values,
+    };
+    use http::{HeaderMap, HeaderValue};
+
+    fn parse_grpc_timeout(headers: &HeaderMap) -> Result<Option<Duration>, InvalidValue> {
+        read_values(headers, &GRPC_TIMEOUT_HEADER, parse_grpc_value)
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -1,47 +1,36 @@
-//! Parsing the budget headers a request may carry.
-//!
-//! Our own `X-Request-Timeout-Ms` is the one the services send, but a service behind a
-//! proxy or called by a gRPC client receives its budget under another name: Envoy's
-//! `x-envoy-expected-rq-timeout-ms` (whole milliseconds, the same grammar as ours) and
-//! gRPC's `grpc-timeout` (1 to 8 digits and a unit). Ignoring them would let such a
-//! caller's budget run out while this service keeps working, so all three are read by
-//! [`read_budget`]. Each is parsed the way tonic parses `grpc-timeout`: absent, valid or
-//! invalid, and a malformed one is a 400 naming that header, never a panic.
-//!
-//! - `X-Request-Timeout-Ms`, and the one digit parser: [`request_timeout`].
-//! - `x-envoy-expected-rq-timeout-ms`, through the same digit parser: [`envoy`].
-//! - `grpc-timeout`, 1 to 8 digits and a unit: [`grpc_timeout`].
-//! - `X-Deadline-Mode: observe`, the mode that travels with the budget: [`mode`].
+//! The budget headers a request may carry, read by [`read_budget`]: ours
+//! (`X-Request-Timeout-Ms`), Envoy's `x-envoy-expected-rq-timeout-ms` (the same
+//! grammar) and gRPC's `grpc-timeout`, so a caller behind a proxy or a gRPC stub is
+//! heard too. Each is parsed as tonic parses `grpc-timeout`: absent, valid or invalid,
+//! never a panic; a value longer than [`MAX_VALUE_BYTES`] is refused unread.
 
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName};
 
-mod envoy;
 mod grpc_timeout;
-mod mode;
-mod request_timeout;
+mod millis;
 
-use envoy::ENVOY_TIMEOUT_HEADER;
-pub(crate) use envoy::ENVOY_TIMEOUT_HEADER_DISPLAY;
-#[cfg(test)]
-use envoy::parse_envoy_timeout;
-pub use grpc_timeout::{
-    GRPC_TIMEOUT_HEADER, GRPC_TIMEOUT_HEADER_DISPLAY, MAX_GRPC_DIGITS, parse_grpc_timeout,
-    parse_grpc_value,
-};
-pub use mode::DEADLINE_MODE_HEADER;
-#[cfg(feature = "http-client")]
-pub(crate) use mode::OBSERVE;
-pub(crate) use mode::{DEADLINE_MODE_HEADER_DISPLAY, observe_requested};
-pub use request_timeout::REQUEST_TIMEOUT_HEADER;
-use request_timeout::parse_digits;
-pub use request_timeout::{
-    MAX_VALUE_BYTES, REQUEST_TIMEOUT_HEADER_DISPLAY, parse_millis, parse_request_timeout,
-};
+pub(crate) use grpc_timeout::{MAX_GRPC_DIGITS, parse_grpc_value};
+pub(crate) use millis::parse_millis;
 
-/// Why one value of a budget header was refused, without the header's name: the three
-/// parsers share it, and [`InvalidBudget`] puts the name in front.
+/// Our budget header: the caller's remaining budget in whole milliseconds.
+pub const REQUEST_TIMEOUT_HEADER: HeaderName = HeaderName::from_static("x-request-timeout-ms");
+/// gRPC's budget header (PROTOCOL-HTTP2.md).
+pub(crate) const GRPC_TIMEOUT_HEADER: HeaderName = HeaderName::from_static("grpc-timeout");
+/// Envoy's budget header for the request it forwards.
+const ENVOY_TIMEOUT_HEADER: HeaderName = HeaderName::from_static("x-envoy-expected-rq-timeout-ms");
+
+/// Our header as problems name it.
+pub(crate) const REQUEST_TIMEOUT_HEADER_DISPLAY: &str = "X-Request-Timeout-Ms";
+/// `grpc-timeout` as problems name it.
+pub(crate) const GRPC_TIMEOUT_HEADER_DISPLAY: &str = "grpc-timeout";
+const ENVOY_TIMEOUT_HEADER_DISPLAY: &str = "x-envoy-expected-rq-timeout-ms";
+
+/// The longest header value looked at: a real client sends at most 20 digits.
+pub(crate) const MAX_VALUE_BYTES: usize = 256;
+
+/// Why one value of a budget header was refused, without the header's name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[doc(hidden)]
 pub enum InvalidValue {
@@ -67,8 +56,7 @@ pub enum InvalidValue {
     NotAGrpcTimeout(String),
 }
 
-/// Which budget header was refused, and why. The message starts with the header's name,
-/// so the client learns which of its inputs was wrong.
+/// Which budget header was refused, and why; the message starts with its name.
 ///
 /// ```
 /// use http::{HeaderMap, HeaderValue};
@@ -103,21 +91,12 @@ impl InvalidBudget {
     }
 }
 
-/// The caller's budget from every budget header in `headers`: the smallest of those
-/// present, `Ok(None)` when none is, or the first error in the order
-/// `X-Request-Timeout-Ms`, `grpc-timeout`, `x-envoy-expected-rq-timeout-ms`.
-///
-/// The smallest wins because each header is a promise from someone on the path (the
-/// client, a gRPC stub, a proxy) that it stops waiting after that long: work past the
-/// earliest of them is work nobody waits for. One malformed header fails the request even
-/// when another is valid, so a broken client or proxy is noticed instead of silently
-/// running on a different budget.
-///
-/// The result is in whole milliseconds, rounded **up**: a `grpc-timeout` of `1500u` is
-/// 2 ms, `1n` is 1 ms. Every budget in this project (the outbound header, `budget_ms`,
-/// the metrics) is whole milliseconds; rounding up never cuts a caller short of what it
-/// asked for, by less than a millisecond at most, and the clamp raises anything to at
-/// least 1 ms anyway.
+/// The caller's budget: the smallest of the budget headers present (each is a promise
+/// from someone on the path to stop waiting after that long), `Ok(None)` when none is,
+/// or the first error in the order ours, `grpc-timeout`, Envoy's. A malformed header
+/// fails the request even next to a valid one, so a broken client or proxy is noticed;
+/// a repeated one must agree with itself, by value. Rounded **up** to whole
+/// milliseconds (`1500u` is 2 ms), so a caller never gets less than it asked for.
 ///
 /// ```
 /// use std::time::Duration;
@@ -128,17 +107,13 @@ impl InvalidBudget {
 /// assert_eq!(read_budget(&headers), Ok(None));
 /// headers.insert(REQUEST_TIMEOUT_HEADER, HeaderValue::from_static("700"));
 /// headers.insert("grpc-timeout", HeaderValue::from_static("1500u"));
-/// // The smallest wins, rounded up to whole milliseconds.
 /// assert_eq!(read_budget(&headers), Ok(Some(Duration::from_millis(2))));
 /// ```
 pub fn read_budget(headers: &HeaderMap) -> Result<Option<Duration>, InvalidBudget> {
-    // One walk over the request's headers instead of a lookup of each of the three
-    // names: a lookup hashes the name, and every request pays this. A request has a
-    // handful of headers, and a name that is not one of ours differs at its length or
-    // is one of the standard names, so each comparison is a few instructions.
-    let mut ours = Values::new(parse_digits);
+    // One walk over the request's headers: a lookup of each name would hash it.
+    let mut ours = Values::new(parse_millis);
     let mut grpc = Values::new(parse_grpc_value);
-    let mut envoy = Values::new(parse_digits);
+    let mut envoy = Values::new(parse_millis);
     for (name, value) in headers {
         let raw = value.as_bytes();
         if *name == REQUEST_TIMEOUT_HEADER {
@@ -164,33 +139,15 @@ pub fn read_budget(headers: &HeaderMap) -> Result<Option<Duration>, InvalidBudge
 /// `budget` rounded up to a whole number of milliseconds.
 fn ceil_millis(budget: Duration) -> Duration {
     let whole = Duration::new(budget.as_secs(), budget.subsec_millis() * 1_000_000);
-    if whole == budget {
-        whole
-    } else {
-        whole.saturating_add(Duration::from_millis(1))
+    match whole == budget {
+        true => whole,
+        false => whole.saturating_add(Duration::from_millis(1)),
     }
 }
 
-/// Every value of the header `name`, parsed by `parse`: `Ok(None)` when absent, the value
-/// when all agree, [`InvalidValue::Conflicting`] when they do not, or the first error.
-/// Agreement is by value, so `1000m` and `1S` agree.
-fn read_values<T: PartialEq>(
-    headers: &HeaderMap,
-    name: &HeaderName,
-    parse: fn(&[u8]) -> Result<T, InvalidValue>,
-) -> Result<Option<T>, InvalidValue> {
-    let mut values = Values::new(parse);
-    for value in headers.get_all(name) {
-        values.push(value.as_bytes());
-    }
-    values.read
-}
-
-/// The values of one header, read one at a time in the order the request has them:
-/// what [`read_values`] and [`read_budget`] both make of them.
+/// The values of one header in the request's order: `Ok(None)` before the first, the
+/// value while all agree, else the first error.
 struct Values<T> {
-    /// `Ok(None)` before the first value; the value while all agree; the first error,
-    /// which no later value changes.
     read: Result<Option<T>, InvalidValue>,
     parse: fn(&[u8]) -> Result<T, InvalidValue>,
 }
@@ -217,11 +174,39 @@ impl<T: PartialEq> Values<T> {
     }
 }
 
+/// Every value of the header `name`, as [`read_budget`] reads it (the tests hold the
+/// one walk to a lookup of each name).
+#[cfg(any(test, feature = "test-util"))]
+pub(crate) fn read_values<T: PartialEq>(
+    headers: &HeaderMap,
+    name: &HeaderName,
+    parse: fn(&[u8]) -> Result<T, InvalidValue>,
+) -> Result<Option<T>, InvalidValue> {
+    let mut values = Values::new(parse);
+    for value in headers.get_all(name) {
+        values.push(value.as_bytes());
+    }
+    values.read
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use http::HeaderValue;
     use proptest::prelude::*;
+
+    fn parse_request_timeout(h: &HeaderMap) -> Result<Option<Duration>, InvalidValue> {
+        read_values(h, &REQUEST_TIMEOUT_HEADER, parse_millis)
+            .map(|ms| ms.map(Duration::from_millis))
+    }
+
+    fn parse_grpc_timeout(h: &HeaderMap) -> Result<Option<Duration>, InvalidValue> {
+        read_values(h, &GRPC_TIMEOUT_HEADER, parse_grpc_value)
+    }
+
+    fn parse_envoy_timeout(h: &HeaderMap) -> Result<Option<Duration>, InvalidValue> {
+        read_values(h, &ENVOY_TIMEOUT_HEADER, parse_millis).map(|ms| ms.map(Duration::from_millis))
+    }
 
     const MS: fn(u64) -> Duration = Duration::from_millis;
 

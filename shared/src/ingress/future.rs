@@ -3,15 +3,15 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use axum::response::IntoResponse;
 use http::{HeaderName, HeaderValue, Response};
 use pin_project_lite::pin_project;
-use std::time::Duration;
-
 use tokio::time::{Instant, Sleep};
 
 use crate::deadline::{Deadline, NO_RETURN_GRACE};
+use crate::mode::DeadlineMode;
 use crate::problem::Problem;
 use crate::stage::Stage;
 use crate::timing::StageLog;
@@ -38,11 +38,8 @@ pin_project! {
             #[pin]
             timer: Option<Sleep>,
             deadline: Deadline,
-            // Set once the timer has been pushed back for a step past its point of no
-            // return (a COMMIT on the wire).
+            // Set once the timer was pushed back for a COMMIT on the wire.
             extended: bool,
-            // Observe mode: the timer only counts the 504 propagate would answer.
-            observe: bool,
         },
     }
 }
@@ -54,9 +51,8 @@ impl<F> std::fmt::Debug for ResponseFuture<F> {
 }
 
 impl<F> ResponseFuture<F> {
-    /// A refusal before the handler runs (a malformed header). Like every answer it
-    /// says where its time went: only `total`, since no stage ran.
-    pub(crate) fn refuse(problem: Problem, log: &StageLog, arrived: Instant) -> Self {
+    /// A refusal before the handler runs (a malformed header), with `Server-Timing`.
+    pub(super) fn refuse(problem: Problem, log: &StageLog, arrived: Instant) -> Self {
         let response = with_server_timing(problem.into_response(), log, arrived.elapsed());
         Self {
             kind: Kind::Reject {
@@ -65,26 +61,14 @@ impl<F> ResponseFuture<F> {
         }
     }
 
-    pub(crate) fn bounded(handler: F, deadline: Deadline) -> Self {
-        let timer = tokio::time::sleep_until(deadline.instant());
-        Self::run(handler, deadline, Some(timer), false)
-    }
-
-    /// Observe mode: the handler runs to its end, and the deadline passing is counted
-    /// as the 504 `ingress` propagate would have answered.
-    pub(crate) fn observed(handler: F, deadline: Deadline) -> Self {
-        let timer = tokio::time::sleep_until(deadline.instant());
-        Self::run(handler, deadline, Some(timer), true)
-    }
-
-    fn run(handler: F, deadline: Deadline, timer: Option<Sleep>, observe: bool) -> Self {
+    /// The handler, bounded by `deadline` (in observe mode, only timed by it).
+    pub(super) fn run(handler: F, deadline: Deadline) -> Self {
         Self {
             kind: Kind::Run {
                 handler,
-                timer,
+                timer: Some(tokio::time::sleep_until(deadline.instant())),
                 deadline,
                 extended: false,
-                observe,
             },
         }
     }
@@ -99,49 +83,45 @@ where
     type Output = Result<axum::response::Response, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
-            KindProj::Reject { response } => Poll::Ready(Ok(response
-                .take()
-                .expect("ResponseFuture polled after completion"))),
+        let (handler, mut timer, deadline, extended) = match self.project().kind.project() {
+            KindProj::Reject { response } => {
+                let response = response.take().expect("polled after completion");
+                return Poll::Ready(Ok(response));
+            }
             KindProj::Run {
                 handler,
-                mut timer,
+                timer,
                 deadline,
                 extended,
-                observe,
-            } => {
-                // The handler goes first: an answer that is ready at the deadline is
-                // still a good answer.
-                if let Poll::Ready(result) = handler.poll(cx) {
-                    let response = result?.map(axum::body::Body::new);
-                    return Poll::Ready(Ok(timed(response, deadline)));
-                }
-                let Some(mut sleep) = timer.as_mut().as_pin_mut() else {
-                    return Poll::Pending;
-                };
-                ready!(sleep.as_mut().poll(cx));
-                if *observe {
-                    deadline.would_refuse(Stage::Ingress, "deadline");
-                    // The handler, polled above, wakes this future when it is done.
-                    timer.set(None);
-                    return Poll::Pending;
-                }
-                // A COMMIT is on the wire: a 504 now would promise that nothing was
-                // written, which nobody knows yet. Give the handler, which waits for
-                // the outcome, a bounded grace to answer by it.
-                if !*extended && deadline.log().past_no_return() {
-                    *extended = true;
-                    sleep.as_mut().reset(deadline.instant() + NO_RETURN_GRACE);
-                    ready!(sleep.poll(cx));
-                }
-                let response = if *extended {
-                    Problem::outcome_unknown(Stage::Ingress).into_response()
-                } else {
-                    Problem::deadline(deadline.exceeded(Stage::Ingress)).into_response()
-                };
-                Poll::Ready(Ok(timed(response, deadline)))
-            }
+            } => (handler, timer, deadline, extended),
+        };
+        // The handler goes first: an answer ready at the deadline is still an answer.
+        if let Poll::Ready(result) = handler.poll(cx) {
+            let response = result?.map(axum::body::Body::new);
+            return Poll::Ready(Ok(timed(response, deadline)));
         }
+        let Some(mut sleep) = timer.as_mut().as_pin_mut() else {
+            return Poll::Pending;
+        };
+        ready!(sleep.as_mut().poll(cx));
+        if deadline.mode() == DeadlineMode::Observe {
+            // Observe lets the handler run on and counts the 504 propagate would answer.
+            deadline.would_refuse(Stage::Ingress, "deadline");
+            timer.set(None);
+            return Poll::Pending;
+        }
+        // A COMMIT is on the wire: a 504 would promise that nothing was written, which
+        // nobody knows yet. The handler gets a bounded grace to answer by the outcome.
+        if !*extended && deadline.log().past_no_return() {
+            *extended = true;
+            sleep.as_mut().reset(deadline.instant() + NO_RETURN_GRACE);
+            ready!(sleep.poll(cx));
+        }
+        let response = match *extended {
+            true => Problem::outcome_unknown(Stage::Ingress),
+            false => Problem::deadline(deadline.exceeded(Stage::Ingress)),
+        };
+        Poll::Ready(Ok(timed(response.into_response(), deadline)))
     }
 }
 
@@ -154,8 +134,7 @@ fn with_server_timing(
     log: &StageLog,
     total: Duration,
 ) -> axum::response::Response {
-    let value = log.server_timing(total);
-    if let Ok(value) = HeaderValue::from_str(&value) {
+    if let Ok(value) = HeaderValue::from_str(&log.server_timing(total)) {
         response.headers_mut().append(SERVER_TIMING, value);
     }
     response

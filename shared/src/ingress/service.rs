@@ -1,21 +1,33 @@
-//! [`DeadlineService`]: builds the request's [`Deadline`] and starts the race.
+//! [`DeadlineService`]: makes the request's [`Deadline`] and starts the race.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use axum::extract::MatchedPath;
+use axum::extract::{FromRequestParts, MatchedPath};
+use http::request::Parts;
 use http::{Request, Response};
 use tokio::time::Instant;
 use tower::Service;
 
-use super::current_span;
 use super::future::ResponseFuture;
-use super::layer::IngressConfig;
-use crate::deadline::Deadline;
-use crate::header::{DEADLINE_MODE_HEADER_DISPLAY, observe_requested, read_budget};
-use crate::mode::DeadlineMode;
+use crate::deadline::{Deadline, DeadlinePolicy};
+use crate::header::read_budget;
+use crate::mode::{DEADLINE_MODE_HEADER_DISPLAY, DeadlineMode, LiveMode, observe_requested};
 use crate::problem::Problem;
 use crate::stage::Stage;
+use crate::timing::{Report, StageLog};
+
+/// What [`DeadlineLayer`](super::DeadlineLayer) configures.
+#[derive(Clone, Debug)]
+pub(super) struct IngressConfig {
+    pub(super) policy: DeadlinePolicy,
+    pub(super) mode: LiveMode,
+    /// Whether a request may ask to be observed (`X-Deadline-Mode: observe`).
+    pub(super) honour_mode_header: bool,
+    /// Routes whose requests are not reported.
+    pub(super) probes: Vec<&'static str>,
+    pub(super) report: Option<Arc<dyn Report>>,
+}
 
 /// The service made by [`DeadlineLayer`](super::DeadlineLayer).
 #[derive(Clone, Debug)]
@@ -25,7 +37,7 @@ pub struct DeadlineService<S> {
 }
 
 impl<S> DeadlineService<S> {
-    pub(crate) fn new(inner: S, config: Arc<IngressConfig>) -> Self {
+    pub(super) fn new(inner: S, config: Arc<IngressConfig>) -> Self {
         Self { inner, config }
     }
 }
@@ -47,10 +59,15 @@ where
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let arrived = Instant::now();
         let config = &self.config;
-        let log = Arc::new(config.stage_log(is_probe(&request, &config.probes)));
+        // A probe's budget and stages are nobody's: its log reports nowhere.
+        let report = match is_probe(&request, &config.probes) {
+            true => None,
+            false => config.report.clone(),
+        };
+        let log = Arc::new(StageLog::reporting(report));
 
-        // Read once: the whole request runs in the mode in force when it arrived, or in
-        // observe when an observing caller asks for it and this service honours that.
+        // Read once: the request runs in the mode in force when it arrived, or in observe
+        // when an observing caller asks and this service honours that.
         let mut mode = config.mode.get();
         if mode == DeadlineMode::Propagate && config.honour_mode_header {
             match observe_requested(request.headers()) {
@@ -62,11 +79,9 @@ where
                 }
             }
         }
-        // Every budget header counts (ours, grpc-timeout, Envoy's): the smallest wins.
         let (requested, invalid) = match read_budget(request.headers()) {
             Ok(requested) => (requested, false),
-            // Observe refuses nothing: the default budget stands in, and the 400 that
-            // propagate would answer is counted below.
+            // Observe refuses nothing: the default stands in, the 400 is counted below.
             Err(_) if mode == DeadlineMode::Observe => (None, true),
             Err(invalid) => {
                 let problem = Problem::invalid_header(invalid.header(), invalid.to_string());
@@ -81,21 +96,93 @@ where
         }
         deadline.log().observe_start(Stage::Ingress, budget);
         // The server span (opened by the HTTP middleware) declares this field.
-        current_span::record("deadline.budget_ms", budget.as_millis() as u64);
+        record_on_current_span("deadline.budget_ms", budget.as_millis() as u64);
         request.extensions_mut().insert(deadline.clone());
-        if mode == DeadlineMode::Observe {
-            return ResponseFuture::observed(self.inner.call(request), deadline);
-        }
-        ResponseFuture::bounded(self.inner.call(request), deadline)
+        ResponseFuture::run(self.inner.call(request), deadline)
     }
 }
 
-/// Whether `request` is for one of the layer's `probes`: by its route template when
-/// routing has run (the layer is a route layer), else by its path.
+/// Whether `request` is for one of `probes`: by its route template when routing has
+/// run (the layer is a route layer), else by its path.
 fn is_probe<B>(request: &Request<B>, probes: &[&str]) -> bool {
     let path = request
         .extensions()
         .get::<MatchedPath>()
         .map_or(request.uri().path(), MatchedPath::as_str);
     probes.contains(&path)
+}
+
+/// Handlers take the request's `Deadline` as an argument.
+impl<S: Send + Sync> FromRequestParts<S> for Deadline {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        // Only a route without the layer gets here: a wiring bug, not the client's.
+        parts
+            .extensions
+            .get::<Deadline>()
+            .cloned()
+            .ok_or_else(|| Problem::internal("route is missing the DeadlineLayer"))
+    }
+}
+
+/// `Span::current().record(field, value)` without cloning the span in the registry:
+/// every request pays it.
+pub(crate) fn record_on_current_span(field: &str, value: u64) {
+    tracing::dispatcher::get_default(|dispatch| {
+        let Some((id, metadata)) = dispatch.current_span().into_inner() else {
+            return;
+        };
+        let fields = metadata.fields();
+        let Some(field) = fields.field(field) else {
+            return;
+        };
+        let values = [(&field, Some(&value as &dyn tracing::Value))];
+        dispatch.record(&id, &tracing::span::Record::new(&fields.value_set(&values)));
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Id, Record};
+    use tracing_subscriber::layer::{Context, SubscriberExt as _};
+
+    /// A layer that keeps every `u64` recorded on a span after it opened.
+    #[derive(Clone, Default)]
+    struct Recorded(Arc<Mutex<Vec<(String, u64)>>>);
+
+    impl Visit for Recorded {
+        fn record_u64(&mut self, field: &Field, value: u64) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((field.name().to_owned(), value));
+        }
+        fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
+    }
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Recorded {
+        fn on_record(&self, _: &Id, values: &Record<'_>, _: Context<'_, S>) {
+            values.record(&mut self.clone());
+        }
+    }
+
+    #[test]
+    fn a_declared_field_is_recorded_on_the_current_span_and_nothing_else_is() {
+        let recorded = Recorded::default();
+        let subscriber = tracing_subscriber::registry().with(recorded.clone());
+        tracing::subscriber::with_default(subscriber, || {
+            // No current span: nothing to record on.
+            super::record_on_current_span("budget_ms", 1);
+            let span = tracing::info_span!("request", budget_ms = tracing::field::Empty);
+            span.in_scope(|| {
+                super::record_on_current_span("budget_ms", 700);
+                super::record_on_current_span("not_declared", 2);
+            });
+        });
+        assert_eq!(*recorded.0.lock().unwrap(), [("budget_ms".to_owned(), 700)]);
+    }
 }

@@ -71,7 +71,7 @@ impl DeadlineLayer {
         metrics
             .settings()
             .set_deadline_policy(policy.max(), policy.default_budget());
-        self.reporting(Some(metrics.deadline_report()))
+        self.reporting(metrics.deadline_report())
     }
 }
 

@@ -1,35 +1,30 @@
-//! [`Problem`]: the one error answer, `application/problem+json` (RFC 9457).
-//!
-//! Deadline answers carry the extension members `stage`, `budget_ms` and `elapsed_ms`,
-//! so a client sees *where* its budget went. A 503 also carries `Retry-After`: the
-//! request was refused before any work was done and may be retried.
-//!
-//! `into_response` never logs. Internal causes are kept out of the body (the client
-//! cannot act on them) and travel in a response extension ([`ProblemReport`]) to the
-//! HTTP middleware, which logs each failed request once, at a level that fits.
+//! [`Problem`]: the one error answer, `application/problem+json` (RFC 9457). Deadline
+//! answers carry `stage`, `budget_ms` and `elapsed_ms`, so a client sees *where* its
+//! budget went; a 503 carries `Retry-After`. Internal causes never reach the body: they
+//! travel in a response extension to the HTTP middleware, which logs them once.
 
 use std::time::Duration;
 
-use http::StatusCode;
+use axum::response::IntoResponse;
+use http::{HeaderValue, StatusCode, header};
 use serde::Serialize;
 
 use crate::deadline::DeadlineExceeded;
 use crate::stage::Stage;
 
 /// The media type of problem bodies.
-pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
+const PROBLEM_JSON: &str = "application/problem+json";
 
-/// An error answer. Build one with the constructors; each names what went wrong in
-/// words the client can act on. Boxed, so `Result<T, Problem>` stays one pointer wide on
-/// the happy path.
+/// An error answer, boxed so that `Result<T, Problem>` stays one pointer wide.
 ///
 /// ```
-/// use deadline_propagation::{Deadline, Problem};
+/// use deadline_propagation::Problem;
+/// use http::StatusCode;
 ///
-/// // Handlers return `Result<_, Problem>`; with the `axum` feature it is the response.
-/// async fn order(deadline: Deadline, quantity: u32) -> Result<&'static str, Problem> {
+/// async fn order(quantity: u32) -> Result<&'static str, Problem> {
 ///     if quantity == 0 {
-///         return Err(Problem::unprocessable("quantity must be at least 1"));
+///         let detail = "quantity must be at least 1";
+///         return Err(Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "urn:problem:validation", detail));
 ///     }
 ///     Ok("created")
 /// }
@@ -59,27 +54,23 @@ struct Body {
     cause: Option<String>,
 }
 
-/// What the HTTP middleware needs to log a failed request; put into the response's
-/// extensions by `Problem::into_response` (feature `axum`).
+/// What the HTTP middleware logs of a failed request.
 #[cfg_attr(
     not(feature = "metrics"),
-    allow(
-        dead_code,
-        reason = "read by the HTTP middleware, which comes with `metrics`"
-    )
+    allow(dead_code, reason = "read by the metrics' middleware")
 )]
 #[derive(Debug, Clone)]
 pub(crate) struct ProblemReport {
-    /// The HTTP status sent.
     pub status: StatusCode,
-    /// The stage for deadline and overload answers.
     pub stage: Option<Stage>,
-    /// The internal cause, never sent to the client.
+    /// Never sent to the client.
     pub cause: Option<String>,
 }
 
 impl Problem {
-    fn new(status: StatusCode, kind: &'static str, detail: impl Into<String>) -> Self {
+    /// An answer with `status`, the problem type `kind` (a URN the client can match on)
+    /// and a `detail` in words the client can act on.
+    pub fn new(status: StatusCode, kind: &'static str, detail: impl Into<String>) -> Self {
         Self(Box::new(Body {
             kind,
             title: status.canonical_reason().unwrap_or("Error"),
@@ -99,11 +90,6 @@ impl Problem {
         self
     }
 
-    /// 400: the request cannot be understood (malformed JSON, a bad header).
-    pub fn bad_request(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "urn:problem:bad-request", detail)
-    }
-
     /// 400 for an invalid header, naming it in a `header` member.
     pub fn invalid_header(name: &'static str, detail: impl Into<String>) -> Self {
         Self::new(
@@ -114,46 +100,9 @@ impl Problem {
         .with(|b| b.header = Some(name))
     }
 
-    /// 403: the client may not use this endpoint.
-    pub fn forbidden(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, "urn:problem:forbidden", detail)
-    }
-
     /// 404: the named thing does not exist.
     pub fn not_found(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "urn:problem:not-found", detail)
-    }
-
-    /// 409: the request conflicts with the current state (not enough stock).
-    pub fn conflict(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, "urn:problem:conflict", detail)
-    }
-
-    /// 413: the body is over the limit.
-    pub fn payload_too_large(detail: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "urn:problem:payload-too-large",
-            detail,
-        )
-    }
-
-    /// 415: the body is not JSON.
-    pub fn unsupported_media_type(detail: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "urn:problem:unsupported-media-type",
-            detail,
-        )
-    }
-
-    /// 422: well-formed, but a value is missing or out of range.
-    pub fn unprocessable(detail: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "urn:problem:validation",
-            detail,
-        )
     }
 
     /// 504: the budget ran out in `exceeded.stage`.
@@ -170,62 +119,41 @@ impl Problem {
     /// assert_eq!((problem.status().as_u16(), problem.stage()), (504, Some(Stage::named("catalog"))));
     /// ```
     pub fn deadline(exceeded: DeadlineExceeded) -> Self {
+        let stage = exceeded.stage;
+        let detail = format!("the request's time budget ran out in stage {stage}");
         Self::new(
             StatusCode::GATEWAY_TIMEOUT,
             "urn:problem:deadline-exceeded",
-            format!(
-                "the request's time budget ran out in stage {}",
-                exceeded.stage
-            ),
+            detail,
         )
         .with(|b| {
-            b.stage = Some(exceeded.stage);
+            b.stage = Some(stage);
             b.budget_ms = Some(millis(exceeded.budget));
             b.elapsed_ms = Some(millis(exceeded.elapsed));
         })
     }
 
     /// 503: refused before any work because `stage` is saturated; retry after
-    /// `retry_after` (rounded up to whole seconds, at least 1, as `Retry-After` needs).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use deadline_propagation::{Downstream, Problem};
-    ///
-    /// // Sent with `Retry-After: 1` (40 ms rounded up to a whole second).
-    /// let problem = Problem::overloaded(Downstream::new("catalog").unwrap().pool(), Duration::from_millis(40), "queue full");
-    /// assert_eq!(problem.status().as_u16(), 503);
-    /// ```
+    /// `retry_after` (whole seconds, rounded up, at least 1).
     pub fn overloaded(stage: Stage, retry_after: Duration, detail: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "urn:problem:overloaded",
-            detail,
-        )
-        .with(|b| {
+        let status = StatusCode::SERVICE_UNAVAILABLE;
+        Self::new(status, "urn:problem:overloaded", detail).with(|b| {
             b.stage = Some(stage);
             b.retry_after_secs = Some(whole_seconds_up(retry_after).max(1));
         })
     }
 
-    /// 503 for a dependency that is down (database unreachable).
+    /// 503 for a dependency that is down (the database unreachable).
     pub fn unavailable(stage: Stage, cause: impl ToString) -> Self {
-        Self::overloaded(
-            stage,
-            Duration::from_secs(1),
-            format!("a dependency is unavailable ({stage})"),
-        )
-        .with(|b| b.cause = Some(cause.to_string()))
+        let detail = format!("a dependency is unavailable ({stage})");
+        Self::overloaded(stage, Duration::from_secs(1), detail)
+            .with(|b| b.cause = Some(cause.to_string()))
     }
 
     /// 502: a downstream failed in a way that is not the client's fault.
     pub fn bad_gateway(stage: Stage, cause: impl ToString) -> Self {
-        Self::new(
-            StatusCode::BAD_GATEWAY,
-            "urn:problem:bad-gateway",
-            format!("the {stage} dependency failed"),
-        )
-        .with(|b| {
+        let detail = format!("the {stage} dependency failed");
+        Self::new(StatusCode::BAD_GATEWAY, "urn:problem:bad-gateway", detail).with(|b| {
             b.stage = Some(stage);
             b.cause = Some(cause.to_string());
         })
@@ -233,25 +161,18 @@ impl Problem {
 
     /// 500: a bug or an unexpected failure. The cause is logged, never sent.
     pub fn internal(cause: impl ToString) -> Self {
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "urn:problem:internal",
-            "internal error",
-        )
-        .with(|b| b.cause = Some(cause.to_string()))
+        let status = StatusCode::INTERNAL_SERVER_ERROR;
+        Self::new(status, "urn:problem:internal", "internal error")
+            .with(|b| b.cause = Some(cause.to_string()))
     }
 
-    /// 500: a COMMIT was sent but its outcome could not be learned in time. Unlike a
-    /// 504, this does not promise that nothing was written: a retry with the same
-    /// `Idempotency-Key` finds the order if it was committed.
+    /// 500: a COMMIT was sent but its outcome could not be learned in time: unlike a 504
+    /// it does not promise that nothing was written.
     pub fn outcome_unknown(stage: Stage) -> Self {
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "urn:problem:outcome-unknown",
-            "the commit was sent but its outcome is unknown; retry with the same \
-             Idempotency-Key to learn it",
-        )
-        .with(|b| b.stage = Some(stage))
+        let detail = "the commit was sent but its outcome is unknown; retry with the same \
+                      Idempotency-Key to learn it";
+        let status = StatusCode::INTERNAL_SERVER_ERROR;
+        Self::new(status, "urn:problem:outcome-unknown", detail).with(|b| b.stage = Some(stage))
     }
 
     /// The HTTP status.
@@ -264,7 +185,7 @@ impl Problem {
         self.0.stage
     }
 
-    /// The human-readable explanation sent to the client.
+    /// The explanation sent to the client.
     pub fn detail(&self) -> &str {
         &self.0.detail
     }
@@ -276,11 +197,8 @@ impl From<DeadlineExceeded> for Problem {
     }
 }
 
-/// The answer itself; with the `axum` feature (the rest of this module is the core).
-impl axum::response::IntoResponse for Problem {
+impl IntoResponse for Problem {
     fn into_response(self) -> axum::response::Response {
-        use http::{HeaderValue, header};
-
         let status = self.status();
         let body = *self.0;
         let report = ProblemReport {
@@ -300,8 +218,7 @@ impl axum::response::IntoResponse for Problem {
     }
 }
 
-/// `Retry-After` counts whole seconds. Rounding down would tell a client to come back
-/// before the wait is over (1.5 s as "1"), so any fraction counts as one more second.
+/// Whole seconds for `Retry-After`, rounded up: never sooner than the wait.
 fn whole_seconds_up(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }

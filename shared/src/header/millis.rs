@@ -1,54 +1,17 @@
-//! Parsing the `X-Request-Timeout-Ms` header, and the digit parser
-//! `x-envoy-expected-rq-timeout-ms` shares with it.
-//!
-//! The value is the caller's *remaining* budget in milliseconds, relative, so the clocks
-//! of two hosts never need to agree. Parsing tells three cases apart, like tonic's
-//! `grpc-timeout`: absent (use the default), valid, and invalid (answer 400). Anything
-//! that is not a plain run of ASCII digits is invalid: a sign, a fraction, an exponent,
-//! a hex prefix, non-ASCII digits, or a value larger than a `u64` holds. Leading zeros
-//! add nothing and are skipped, however many there are. The work is bounded twice over:
-//! a value longer than [`MAX_VALUE_BYTES`] is refused before it is looked at, and at most
-//! 20 significant digits are ever multiplied out, so a hostile header costs nothing.
-//! Nothing here can panic.
+//! Whole milliseconds, the grammar of `X-Request-Timeout-Ms` and Envoy's
+//! `x-envoy-expected-rq-timeout-ms`: one parser, so the two can never disagree about
+//! what a valid value is. Anything but ASCII digits (and whitespace around them) is
+//! invalid: a sign, a fraction, an exponent, a hex prefix, non-ASCII digits, a value
+//! larger than a `u64`. Leading zeros add nothing and are skipped.
 
-use std::time::Duration;
-
-use http::{HeaderMap, HeaderName};
-
-use super::{InvalidValue, read_values};
-
-/// The budget header, lower-case as HTTP/2 and `http` spell it.
-pub const REQUEST_TIMEOUT_HEADER: HeaderName = HeaderName::from_static("x-request-timeout-ms");
-
-/// How the header is spelled in messages, for humans.
-pub const REQUEST_TIMEOUT_HEADER_DISPLAY: &str = "X-Request-Timeout-Ms";
-
-/// The longest header value looked at. A real client sends at most 20 digits; this
-/// leaves room for padding and zeros while keeping one pass over the value cheap.
-pub const MAX_VALUE_BYTES: usize = 256;
+use super::{InvalidValue, MAX_VALUE_BYTES};
 
 /// `u64::MAX` has 20 decimal digits: more significant digits cannot fit, so they are
 /// refused without being multiplied out.
 const MAX_SIGNIFICANT_DIGITS: usize = 20;
 
-/// Reads the caller's budget from `headers`.
-///
-/// `Ok(None)` when the header is absent, `Ok(Some(budget))` for one valid value (or the
-/// same value repeated), `Err` otherwise. Zero is valid here; the clamp raises it to 1 ms.
-pub fn parse_request_timeout(headers: &HeaderMap) -> Result<Option<Duration>, InvalidValue> {
-    let ms = read_values(headers, &REQUEST_TIMEOUT_HEADER, parse_digits)?;
-    Ok(ms.map(Duration::from_millis))
-}
-
-/// Parses one header value: optional surrounding spaces or tabs around ASCII digits.
-pub fn parse_millis(raw: &[u8]) -> Result<u64, InvalidValue> {
-    parse_digits(raw)
-}
-
-/// The one digit parser, shared by `X-Request-Timeout-Ms` and
-/// `x-envoy-expected-rq-timeout-ms` (the same grammar): the header's name is added by
-/// the caller, so both headers refuse exactly the same values.
-pub(super) fn parse_digits(raw: &[u8]) -> Result<u64, InvalidValue> {
+/// Parses one value: ASCII digits, with optional spaces or tabs around them.
+pub(crate) fn parse_millis(raw: &[u8]) -> Result<u64, InvalidValue> {
     if raw.len() > MAX_VALUE_BYTES {
         return Err(InvalidValue::TooLong);
     }
@@ -85,8 +48,15 @@ pub(super) fn echo(value: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
+    use crate::header::{REQUEST_TIMEOUT_HEADER, read_values};
+    use http::{HeaderMap, HeaderValue};
     use proptest::prelude::*;
+    use std::time::Duration;
+
+    fn parse_request_timeout(headers: &HeaderMap) -> Result<Option<Duration>, InvalidValue> {
+        read_values(headers, &REQUEST_TIMEOUT_HEADER, parse_millis)
+            .map(|ms| ms.map(Duration::from_millis))
+    }
 
     fn parse_one(raw: &[u8]) -> Result<Option<Duration>, InvalidValue> {
         let mut headers = HeaderMap::new();
@@ -208,6 +178,57 @@ mod tests {
         fn any_u64_round_trips(n in any::<u64>(), pad in 0usize..3, zeros in 0usize..100) {
             let text = format!("{}{}{n}{}", " ".repeat(pad), "0".repeat(zeros), "\t".repeat(pad));
             prop_assert_eq!(parse_millis(text.as_bytes()), Ok(n));
+        }
+    }
+
+    const ENVOY_TIMEOUT_HEADER: http::HeaderName =
+        http::HeaderName::from_static("x-envoy-expected-rq-timeout-ms");
+
+    fn parse_envoy(values: &[&str]) -> Result<Option<Duration>, InvalidValue> {
+        let mut headers = HeaderMap::new();
+        for value in values {
+            headers.append(ENVOY_TIMEOUT_HEADER, HeaderValue::from_str(value).unwrap());
+        }
+        read_values(&headers, &ENVOY_TIMEOUT_HEADER, parse_millis)
+            .map(|ms| ms.map(Duration::from_millis))
+    }
+
+    #[test]
+    fn envoys_header_is_absent_valid_and_invalid_like_ours() {
+        let ms = |n| Ok(Some(Duration::from_millis(n)));
+        assert_eq!(parse_envoy(&[]), Ok(None));
+        assert_eq!(parse_envoy(&["250"]), ms(250));
+        assert_eq!(parse_envoy(&[" 0250 "]), ms(250));
+        assert_eq!(parse_envoy(&["0"]), ms(0));
+        assert_eq!(parse_envoy(&["250", "250"]), ms(250));
+        assert_eq!(parse_envoy(&[""]), Err(InvalidValue::Empty));
+        assert_eq!(
+            parse_envoy(&["-1"]),
+            Err(InvalidValue::NotAnInteger("-1".into()))
+        );
+        assert_eq!(
+            parse_envoy(&["250m"]),
+            Err(InvalidValue::NotAnInteger("250m".into()))
+        );
+        assert_eq!(
+            parse_envoy(&["18446744073709551616"]),
+            Err(InvalidValue::TooLarge)
+        );
+        assert_eq!(parse_envoy(&["250", "300"]), Err(InvalidValue::Conflicting));
+    }
+
+    #[test]
+    fn every_error_message_names_envoys_header() {
+        for reason in [
+            InvalidValue::Empty,
+            InvalidValue::NotAnInteger("x".into()),
+            InvalidValue::TooLarge,
+            InvalidValue::TooLong,
+            InvalidValue::Conflicting,
+        ] {
+            let err = crate::header::InvalidBudget::new("x-envoy-expected-rq-timeout-ms", reason)
+                .to_string();
+            assert!(err.starts_with("x-envoy-expected-rq-timeout-ms "), "{err}");
         }
     }
 }
