@@ -337,7 +337,7 @@ async fn a_commit_whose_outcome_never_comes_is_a_500_that_promises_nothing() {
     assert_eq!(json(&body)["type"], "urn:problem:outcome-unknown");
     assert_eq!(
         started.elapsed(),
-        MS(300) + deadline_propagation::testing::NO_RETURN_GRACE,
+        MS(300) + deadline_propagation::NO_RETURN_GRACE,
         "bounded by the grace"
     );
 }
