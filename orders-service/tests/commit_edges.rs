@@ -236,32 +236,9 @@ async fn transactions_with_alike_budgets_add_no_statement_and_each_connection_le
 /// as the app.
 async fn app_whose_commits_wait() -> (test_support::PgCluster, TestApp) {
     let (cluster, database) = own_cluster().await;
-    // The throwaway cluster turns synchronous_commit off for speed; this database's
-    // sessions turn it back on.
-    let mut admin = sqlx::PgConnection::connect(&database.url).await.unwrap();
-    sqlx::query("ALTER DATABASE postgres SET synchronous_commit = on")
-        .execute(&mut admin)
-        .await
-        .unwrap();
+    let url = database.url.clone();
     let app = spawn_app_on(database, |_| {}).await;
-    // Two statements: ALTER SYSTEM cannot run inside the implicit transaction of a batch.
-    for sql in [
-        "ALTER SYSTEM SET synchronous_standby_names = 'ghost'",
-        "SELECT pg_reload_conf()",
-    ] {
-        sqlx::query(sql).execute(&app.side).await.unwrap();
-    }
-    // The reload reaches each backend at its next command; wait until a fresh session has it.
-    wait_until("the standby setting is in force", MS(3000), || async {
-        sqlx::query_scalar::<_, String>(
-            "SELECT setting FROM pg_settings WHERE name = 'synchronous_standby_names'",
-        )
-        .fetch_one(&app.side)
-        .await
-        .unwrap()
-            == "ghost"
-    })
-    .await;
+    common::wait_for_a_ghost_standby(&url, &app.side).await;
     (cluster, app)
 }
 

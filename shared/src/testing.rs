@@ -45,10 +45,27 @@ pub fn parse_grpc_timeout(
     read_values(headers, &GRPC_TIMEOUT_HEADER, parse_grpc_value)
 }
 
+/// What the envelope asks to learn whether the schema defers work to COMMIT.
 #[cfg(feature = "sqlx")]
-pub use crate::db::schema::QUERY as DEFERRED_WORK_QUERY;
+pub const DEFERRED_WORK_QUERY: &str = crate::db::sql::DEFERRED_WORK;
+
+/// The batch that opens a transaction, as the envelope sends it.
 #[cfg(feature = "sqlx")]
-pub use crate::db::sql::{Access, begin_sql, commit_sql};
+pub fn begin_sql(read_only: bool, limit_ms: Option<u64>) -> String {
+    use crate::db::sql::Access;
+    let access = if read_only {
+        Access::ReadOnly
+    } else {
+        Access::ReadWrite
+    };
+    crate::db::sql::begin_sql(access, limit_ms).into_owned()
+}
+
+/// The batch that commits, as the envelope sends it.
+#[cfg(feature = "sqlx")]
+pub fn commit_sql(deferred: bool, limit_ms: u64) -> String {
+    crate::db::sql::commit_sql(deferred, limit_ms).into_owned()
+}
 
 /// The bounds every pooled session of [`Db`](crate::db::Db) carries with `config`, as
 /// libpq's `PGOPTIONS` spells them (`-c name=value ...`), so pgbench sessions can carry

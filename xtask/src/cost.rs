@@ -30,9 +30,7 @@ use std::process::Command;
 
 use anyhow::Context as _;
 use deadline_propagation::db::DbConfig;
-use deadline_propagation::testing::{
-    Access, DEFERRED_WORK_QUERY, begin_sql, commit_sql, session_options,
-};
+use deadline_propagation::testing::{DEFERRED_WORK_QUERY, begin_sql, commit_sql, session_options};
 use orders_service::orders::PLACE_ORDER;
 use serde::Serialize;
 use sqlx::Connection as _;
@@ -113,12 +111,12 @@ pub fn script(mode: &str, deferred: bool) -> String {
     let (begin, commit) = match mode {
         "legacy" => ("BEGIN".into(), "COMMIT".into()),
         "propagate" => (
-            begin_sql(Access::ReadWrite, None),
-            commit_sql(deferred, LIMIT_MS),
+            begin_sql(false, None).into(),
+            commit_sql(deferred, LIMIT_MS).into(),
         ),
         _ => (
-            begin_sql(Access::ReadWrite, Some(LIMIT_MS)),
-            commit_sql(deferred, LIMIT_MS),
+            begin_sql(false, Some(LIMIT_MS)).into(),
+            commit_sql(deferred, LIMIT_MS).into(),
         ),
     };
     let compound = |sql: std::borrow::Cow<str>| sql.replace("; ", " \\; ");

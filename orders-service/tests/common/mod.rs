@@ -352,3 +352,34 @@ pub async fn wait_for_idle_pool(app: &TestApp) {
     .await;
     assert_eq!(app.backends_in_state("idle in transaction").await, 0);
 }
+
+/// Makes every COMMIT on the database at `url` wait, after its commit record is
+/// written, for a synchronous standby that never answers (set through `admin`, a pool
+/// on the same cluster).
+pub async fn wait_for_a_ghost_standby(url: &str, admin: &PgPool) {
+    // The throwaway cluster turns synchronous_commit off for speed; this database's
+    // sessions turn it back on.
+    let mut session = sqlx::PgConnection::connect(url).await.unwrap();
+    sqlx::query("ALTER DATABASE postgres SET synchronous_commit = on")
+        .execute(&mut session)
+        .await
+        .unwrap();
+    // Two statements: ALTER SYSTEM cannot run inside the implicit transaction of a batch.
+    for sql in [
+        "ALTER SYSTEM SET synchronous_standby_names = 'ghost'",
+        "SELECT pg_reload_conf()",
+    ] {
+        sqlx::query(sql).execute(admin).await.unwrap();
+    }
+    // The reload reaches each backend at its next command; wait until a fresh session has it.
+    test_support::wait_until("the standby setting is in force", MS(3000), || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT setting FROM pg_settings WHERE name = 'synchronous_standby_names'",
+        )
+        .fetch_one(admin)
+        .await
+        .unwrap()
+            == "ghost"
+    })
+    .await;
+}

@@ -63,7 +63,7 @@ impl Db {
     /// transaction runs as code without the technique would. Known sessions with the
     /// server's own value cost no I/O; each session is reset at most once per switch.
     async fn without_limit(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-        let session = self.backends.of(conn).await?;
+        let session = self.sessions.of(conn).await?;
         if session.limit.needs_reset() {
             sqlx::raw_sql("SET statement_timeout = DEFAULT")
                 .execute(&mut *conn)

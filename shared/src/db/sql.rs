@@ -1,29 +1,26 @@
-//! The SQL that opens and commits a transaction with its server-side limit: two
-//! simple-query batches, each one round trip, made only of utility statements (`SET`
-//! needs no snapshot and no plan, so the envelope costs next to nothing; a `SELECT
-//! set_config(...)` would cost both). Kept apart from the task that sends them so that
-//! a benchmark (`testing::begin_sql`) can time exactly these statements with pgbench.
+//! The SQL the envelope sends: the batch that opens a transaction with its limit, the
+//! batch that commits it, and whether the schema can leave work to COMMIT. Each batch
+//! is one round trip of utility statements (`SET` needs no snapshot and no plan; a
+//! `SELECT set_config(..)` needs both).
 
 use std::borrow::Cow;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sqlx::PgExecutor;
+use tokio::time::Instant;
 
 /// Read-write or read-only: whether the transaction is opened `READ ONLY`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
-    /// `BEGIN`: the default of [`Db::transaction`](super::Db::transaction).
+pub(crate) enum Access {
     ReadWrite,
-    /// `BEGIN READ ONLY`, as [`Db::read`](super::Db::read) opens it.
     ReadOnly,
 }
 
-/// The batch that opens a transaction: `BEGIN`, and the statement limit where the one
-/// in force on the session does not serve (`limit_ms`; see `limit.rs`), in one round
-/// trip of utility statements. The limit is the session's (no `LOCAL`): in force after
-/// COMMIT for the next transaction whose budget is alike, undone by ROLLBACK.
-///
-/// `statement_timeout` also bounds lock waits (a statement waiting on a lock is still
-/// running), so no `lock_timeout` is set beside it. Nothing names the transaction: a
-/// cancel finds its backend by the connection (see `backend.rs`).
-pub fn begin_sql(access: Access, limit_ms: Option<u64>) -> Cow<'static, str> {
+/// `BEGIN`, with the session's limit where the one in force does not serve (see
+/// `session.rs`). `statement_timeout` bounds lock waits too, so no `lock_timeout`.
+pub(crate) fn begin_sql(access: Access, limit_ms: Option<u64>) -> Cow<'static, str> {
     let begin = match access {
         Access::ReadWrite => "BEGIN",
         Access::ReadOnly => "BEGIN READ ONLY",
@@ -31,33 +28,27 @@ pub fn begin_sql(access: Access, limit_ms: Option<u64>) -> Cow<'static, str> {
     match limit_ms {
         // A simple query takes no bind parameters; the value is an integer.
         Some(limit_ms) => format!("{begin}; SET statement_timeout = {limit_ms}").into(),
-        // The usual case: no text to build.
         None => begin.into(),
     }
 }
 
-/// The batch that commits. Where the schema can leave work to COMMIT (`deferred`, see
-/// `schema.rs`): the limit re-set to what is left, then that work (deferred constraints
-/// and constraint triggers) fired as an ordinary statement under the limit, then
-/// `COMMIT`. PostgreSQL switches the statement timer off before it commits, so deferred
-/// work left to `COMMIT` itself would run unbounded; fired by `SET CONSTRAINTS ALL
-/// IMMEDIATE` it is stopped at the deadline and the transaction rolls back. Where the
-/// schema has no such work, `COMMIT` alone: the timer would bound nothing in it. This
-/// limit is `LOCAL`: it ends with the transaction, and the session's stays in force.
-pub fn commit_sql(deferred: bool, limit_ms: u64) -> Cow<'static, str> {
-    if deferred {
-        format!("SET LOCAL statement_timeout = {limit_ms}; SET CONSTRAINTS ALL IMMEDIATE; COMMIT")
-            .into()
-    } else {
-        "COMMIT".into()
+/// The batch that commits. PostgreSQL turns its statement timer off before COMMIT and
+/// only then fires deferred work (deferred constraints, constraint triggers), which
+/// would run unbounded; where the schema has any, `SET CONSTRAINTS ALL IMMEDIATE` fires
+/// it first as an ordinary statement under a `LOCAL` limit of what is left. Where it
+/// has none, `COMMIT` alone.
+pub(crate) fn commit_sql(deferred: bool, limit_ms: u64) -> Cow<'static, str> {
+    match deferred {
+        true => format!(
+            "SET LOCAL statement_timeout = {limit_ms}; SET CONSTRAINTS ALL IMMEDIATE; COMMIT"
+        )
+        .into(),
+        false => "COMMIT".into(),
     }
 }
 
-/// Runs one of the batches above as a simple query (a text made here is checked SQL)
-/// and reads its replies to the end, failing with the first error, as `execute` does.
-/// The replies are read from sqlx's stream directly: `execute` wraps that stream in
-/// two more boxed layers (a filter and a collect), two allocations and their polls for
-/// every `BEGIN` and `COMMIT`, which count on the happy path.
+/// Runs a batch above and reads its replies to the end, failing with the first error.
+/// Read from sqlx's stream directly: `execute` adds two boxed layers per batch.
 pub(super) async fn run_batch(
     conn: &mut sqlx::PgConnection,
     sql: Cow<'static, str>,
@@ -72,4 +63,75 @@ pub(super) async fn run_batch(
     let mut replies = conn.fetch_many(batch);
     while replies.try_next().await?.is_some() {}
     Ok(())
+}
+
+/// Deferrable constraints and deferrable constraint triggers, in any schema.
+pub(crate) const DEFERRED_WORK: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint \
+     WHERE condeferrable) OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgdeferrable)";
+
+/// How old a reading of the schema may get before a transaction asks for a new one.
+const REFRESH: Duration = Duration::from_secs(60);
+
+/// Whether the schema can leave work to COMMIT, read after migrations, on
+/// `learn_schema`, and in the background once a minute. Until it is known, every COMMIT
+/// fires deferred work; a schema changed in between is still bounded by the cancel at
+/// the deadline, which aborts deferred work until the commit record is written.
+#[derive(Debug, Default)]
+pub(super) struct DeferredWork {
+    known: Mutex<Option<(bool, Instant)>>,
+    /// A background reading is under way.
+    reading: AtomicBool,
+}
+
+impl DeferredWork {
+    /// Whether a COMMIT must fire deferred work first: yes until the schema is known.
+    pub(super) fn possible(&self) -> bool {
+        self.known().is_none_or(|(exists, _)| exists)
+    }
+
+    /// Whether a background reading should start now: the last is missing or old, and
+    /// none is under way (the caller then starts it, and [`learn`](Self::learn) ends it).
+    pub(super) fn claim_refresh(&self) -> bool {
+        let stale = self.known().is_none_or(|(_, at)| at.elapsed() >= REFRESH);
+        stale && !self.reading.swap(true, Ordering::AcqRel)
+    }
+
+    fn known(&self) -> Option<(bool, Instant)> {
+        *self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads the schema through `on`, keeps the reading, and says whether deferred work
+    /// exists.
+    pub(super) async fn learn<'e>(&self, on: impl PgExecutor<'e>) -> Result<bool, sqlx::Error> {
+        let read = sqlx::query_scalar::<_, bool>(DEFERRED_WORK)
+            .fetch_one(on)
+            .await;
+        self.reading.store(false, Ordering::Release);
+        let exists = read?;
+        *self.known.lock().unwrap_or_else(|e| e.into_inner()) = Some((exists, Instant::now()));
+        Ok(exists)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_schema_is_read_again_once_a_reading_is_old_and_one_reading_at_a_time() {
+        let work = DeferredWork::default();
+        assert!(
+            work.possible(),
+            "until the schema is read, deferred work is assumed"
+        );
+        assert!(work.claim_refresh());
+        assert!(!work.claim_refresh(), "one reading at a time");
+        work.reading.store(false, Ordering::Release);
+        *work.known.lock().unwrap() = Some((false, Instant::now()));
+        assert!(!work.possible());
+        assert!(!work.claim_refresh(), "a fresh reading holds");
+        tokio::time::advance(REFRESH).await;
+        assert!(work.claim_refresh(), "a minute old: read again");
+        assert!(!work.possible(), "the old reading still decides meanwhile");
+    }
 }
