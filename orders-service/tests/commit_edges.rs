@@ -245,16 +245,7 @@ async fn app_whose_commits_wait() -> (test_support::PgCluster, TestApp) {
 /// Waits until a COMMIT waits for the standby, then terminates its session: the
 /// connection is lost after the commit record, as in a failover or a network cut.
 async fn lose_the_waiting_commit(app: &TestApp) {
-    wait_until("a COMMIT waits for the standby", MS(1500), || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
-        )
-        .fetch_one(&app.side)
-        .await
-        .unwrap()
-            == 1
-    })
-    .await;
+    common::wait_for_one_waiting_on(&app.side, "SyncRep").await;
     sqlx::query(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
     )

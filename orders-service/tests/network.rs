@@ -244,18 +244,7 @@ async fn a_partition_during_commit_is_never_a_504_and_a_replay_tells_the_table()
     // As after a migration: the service reads that the schema now defers work.
     assert!(app.state.db.learn_schema().await.unwrap());
     let order = order_in_background(&app, "SKU-00044", Some("k-cut-commit"));
-    wait_until("the COMMIT's deferred work runs", MS(2000), || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name <> $1 \
-             AND wait_event = 'PgSleep'",
-        )
-        .bind(TEST_SESSION)
-        .fetch_one(&app.side)
-        .await
-        .unwrap()
-            == 1
-    })
-    .await;
+    common::wait_for_one_waiting_on(&app.side, "PgSleep").await;
     link.partition();
     let (status, body, took) = order.await.unwrap();
     assert!(
@@ -313,16 +302,7 @@ async fn a_commit_cut_off_while_it_waits_for_a_standby_is_answered_within_its_gr
     common::wait_for_a_ghost_standby(&url, &app.side).await;
     let link = Link::to(cluster.port());
     let order = order_in_background(&app, "SKU-00045", Some("k-cut-standby"));
-    wait_until("a COMMIT waits for the standby", MS(3000), || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
-        )
-        .fetch_one(&app.side)
-        .await
-        .unwrap()
-            == 1
-    })
-    .await;
+    common::wait_for_one_waiting_on(&app.side, "SyncRep").await;
     link.partition();
     let (status, body, took) = order.await.unwrap();
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");

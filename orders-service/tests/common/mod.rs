@@ -383,3 +383,22 @@ pub async fn wait_for_a_ghost_standby(url: &str, admin: &PgPool) {
     })
     .await;
 }
+
+/// Waits until one session of the database `side` watches waits on `wait_event`
+/// (`SyncRep`: a COMMIT waiting for the standby; `PgSleep`: a statement sleeping).
+pub async fn wait_for_one_waiting_on(side: &PgPool, wait_event: &str) {
+    let what = format!("a session waits on {wait_event}");
+    test_support::wait_until(&what, MS(3000), || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = $1 \
+             AND application_name <> $2",
+        )
+        .bind(wait_event)
+        .bind(TEST_SESSION)
+        .fetch_one(side)
+        .await
+        .unwrap()
+            == 1
+    })
+    .await;
+}
