@@ -134,7 +134,7 @@ pub fn script(mode: &str, deferred: bool) -> String {
 pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
     let out = args.out.unwrap_or_else(|| workspace().join("results/cost"));
     std::fs::create_dir_all(out.join("pgbench"))?;
-    let commit = crate::experiment::commit();
+    let commit = crate::stack::commit();
     let options = match args.session_bounds.as_str() {
         "on" => session_options(&DbConfig::default()),
         _ => String::new(),

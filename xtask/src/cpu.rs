@@ -32,7 +32,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
@@ -42,7 +42,7 @@ use test_support::PgCluster;
 use crate::meter::Meter;
 use crate::scenario::{Model, Scenario};
 use crate::stack::{Ports, ServiceEnv, Services, fresh_database};
-use crate::stats::{Request, Spread, quantile, spread};
+use crate::stats::{Request, Spread, quantile, spread, unix_ms};
 use reference::Reference;
 
 mod reference;
@@ -251,12 +251,6 @@ struct Reading {
     reference_ns: u64,
     /// Calls the control has answered.
     reference_calls: u64,
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Reads the three processes' CPU and the orders created so far, and the control's
@@ -644,7 +638,7 @@ pub async fn run(args: CpuArgs) -> anyhow::Result<Vec<CpuReport>> {
         .out
         .clone()
         .unwrap_or_else(|| crate::stack::workspace().join("results/cpu"));
-    let commit = crate::experiment::commit();
+    let commit = crate::stack::commit();
     if !args.no_build {
         crate::stack::build_services(&args.profile)?;
     }

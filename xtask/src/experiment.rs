@@ -146,7 +146,7 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
     });
     // Stamped before anything is written: the figures speak for the code as it was
     // when the run started.
-    let commit = commit();
+    let commit = stack::commit();
     let ctx = prepare(&args, &out).await?;
     let prometheus = match args.prometheus {
         true => Some(Prometheus::start(&ctx.ports, &out.join("runs/prometheus")).await?),
@@ -287,36 +287,6 @@ fn keep_flamegraphs(out: &Path, sides: &[Side; 2]) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The commit the figures speak for: `HEAD`, with `-dirty` when code differs from it.
-/// Results folders do not count: a run that publishes into `docs/results/` while an
-/// earlier scenario's results wait to be committed still ran the committed code.
-pub fn commit() -> String {
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .current_dir(workspace())
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-    };
-    let Some(head) = git(&["rev-parse", "--short=12", "HEAD"]) else {
-        return "unknown".to_owned();
-    };
-    let changes = git(&[
-        "status",
-        "--porcelain",
-        "--",
-        ".",
-        ":(exclude)docs/results",
-        ":(exclude)results",
-    ]);
-    match changes {
-        Some(changes) if changes.is_empty() => head,
-        _ => format!("{head}-dirty"),
-    }
 }
 
 /// `summary.json`, `summary.md`, `timeseries.json` and the k6 summaries: small files

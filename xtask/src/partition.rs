@@ -12,9 +12,8 @@ use test_support::net::Link;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::run::unix_ms;
 use crate::scenario::Partition;
-use crate::stats::Second;
+use crate::stats::{Second, unix_ms};
 
 /// A transaction older than this has lost its client: the service grants no budget
 /// longer (`DEADLINE_MAX_MS`), so nothing a client still waits for runs this long.

@@ -2,7 +2,7 @@
 //! warm-up, the fault, the load, the drain, the figures. Each step is one function.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use deadline_propagation::metrics::names;
@@ -15,7 +15,7 @@ use crate::partition::{self, Held};
 use crate::sampler::{self, Runtime, Sample, Sampler};
 use crate::scenario::{Fault, Load, Side};
 use crate::stack::{Ports, ServiceEnv, Services, fresh_database};
-use crate::stats::{self, Second};
+use crate::stats::{self, Second, unix_ms};
 
 /// What every run of one invocation shares.
 pub struct Context {
@@ -667,13 +667,6 @@ fn predicted_late(series: &[Series]) -> f64 {
         &labels,
     )
     .unwrap_or(0.0)
-}
-
-/// Now, in ms since the Unix epoch (k6 logs arrivals on the same clock).
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> f64 {

@@ -21,6 +21,36 @@ pub fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
+/// The commit the figures speak for: `HEAD`, with `-dirty` when code differs from it.
+/// Results folders do not count: a run that publishes into `docs/results/` while an
+/// earlier scenario's results wait to be committed still ran the committed code.
+pub fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(workspace())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let Some(head) = git(&["rev-parse", "--short=12", "HEAD"]) else {
+        return "unknown".to_owned();
+    };
+    let changes = git(&[
+        "status",
+        "--porcelain",
+        "--",
+        ".",
+        ":(exclude)docs/results",
+        ":(exclude)results",
+    ]);
+    match changes {
+        Some(changes) if changes.is_empty() => head,
+        _ => format!("{head}-dirty"),
+    }
+}
+
 /// Builds both services with cargo for `profile` (`dev` or `release`).
 pub fn build_services(profile: &str) -> anyhow::Result<()> {
     build_services_with(profile, &[])

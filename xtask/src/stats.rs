@@ -4,6 +4,8 @@
 //! whenever it was answered. That is what a caller sees, and it keeps a slow answer
 //! from being credited to the second in which the service finally produced it.
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use serde::{Deserialize, Serialize};
 
 /// One order request as k6 logged it.
@@ -51,6 +53,13 @@ pub fn parse_request_log(text: &str) -> Vec<Request> {
             })
         })
         .collect()
+}
+
+/// Now, in ms since the Unix epoch (k6 logs arrivals on the same clock).
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Median, smallest and largest of a figure over the repeats of one mode.
