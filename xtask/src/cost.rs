@@ -2,8 +2,9 @@
 //!
 //! The `happy` experiment measures the whole machine (k6, both services and PostgreSQL
 //! on two cores). This isolates the database's share: pgbench runs the order
-//! transaction as each mode sends it, with the service's own SQL ([`PLACE_ORDER`],
-//! [`begin_sql`], [`commit_sql`]), three round trips each:
+//! transaction as each mode sends it, with the service's own SQL ([`PLACE_ORDER`], a
+//! copy a test holds to orders-service's, [`begin_sql`], [`commit_sql`]), three round
+//! trips each:
 //!
 //! - legacy: `BEGIN`; the statement; `COMMIT`;
 //! - propagate: what the service sends when budgets are alike (every order here has the
@@ -33,7 +34,6 @@ use deadline_propagation::db::DbConfig;
 use deadline_propagation::testing::{
     Access, DEFERRED_WORK_QUERY, begin_sql, commit_sql, session_options,
 };
-use orders_service::orders::PLACE_ORDER;
 use serde::Serialize;
 use sqlx::Connection as _;
 use test_support::PgCluster;
@@ -62,6 +62,33 @@ pub struct CostArgs {
     /// both figures, not their ratio.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub session_bounds: String,
+}
+
+/// orders-service's `orders::PLACE_ORDER`, copied so that the harness does not build the
+/// service (the test `the_statement_is_the_services` keeps the two equal).
+pub const PLACE_ORDER: &str = "\
+    WITH placed AS ( \
+        INSERT INTO orders (sku, quantity, unit_price_cents, total_cents, idempotency_key) \
+        VALUES ($1, $2, $3, $4, $5) \
+        ON CONFLICT (idempotency_key) DO NOTHING \
+        RETURNING id, sku, quantity, unit_price_cents, total_cents, created_at \
+    ), taken AS ( \
+        UPDATE inventory SET available = available - $2 \
+        WHERE sku = $1 AND available >= $2 AND EXISTS (SELECT 1 FROM placed) \
+        RETURNING 1 \
+    ) \
+    SELECT placed.*, EXISTS (SELECT 1 FROM taken) AS stock_taken FROM placed";
+
+/// The orders schema, from orders-service's migrations as they are on disk.
+async fn migrate(url: &str) -> anyhow::Result<()> {
+    let migrations = workspace().join("orders-service/migrations");
+    let mut conn = sqlx::PgConnection::connect(url).await?;
+    sqlx::migrate::Migrator::new(migrations)
+        .await?
+        .run(&mut conn)
+        .await?;
+    conn.close().await?;
+    Ok(())
 }
 
 /// The limit the batches carry: what a 700 ms budget gives the first statement.
@@ -143,8 +170,8 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
     // What the service learns of the orders schema at start-up decides its COMMIT.
     let deferred = {
         let url = fresh_database(&cluster, "cost_schema").await?;
+        migrate(&url).await?;
         let mut conn = sqlx::PgConnection::connect(&url).await?;
-        orders_service::MIGRATOR.run(&mut conn).await?;
         let deferred: bool = sqlx::query_scalar(DEFERRED_WORK_QUERY)
             .fetch_one(&mut conn)
             .await?;
@@ -160,10 +187,7 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
         order.rotate_left(repeat as usize % MODES.len());
         for mode in order {
             let database = format!("cost_{repeat}_{}", mode.replace('-', "_"));
-            let url = fresh_database(&cluster, &database).await?;
-            let mut conn = sqlx::PgConnection::connect(&url).await?;
-            orders_service::MIGRATOR.run(&mut conn).await?;
-            conn.close().await?;
+            migrate(&fresh_database(&cluster, &database).await?).await?;
             let output = Command::new(cluster.bin("pgbench"))
                 .env("PGOPTIONS", &options)
                 .args([
@@ -311,6 +335,11 @@ mod tests {
             assert!(!text.contains('$'), "a parameter was left: {text}");
             assert!(text.contains("INSERT INTO orders"));
         }
+    }
+
+    #[test]
+    fn the_statement_is_the_services() {
+        assert_eq!(PLACE_ORDER, orders_service::orders::PLACE_ORDER);
     }
 
     #[test]
