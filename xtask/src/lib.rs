@@ -18,9 +18,6 @@
 //! a [`meter`]. [`partition`] cuts the link to PostgreSQL during the `partition` scenario
 //! and watches what the server holds meanwhile.
 //!
-//! The documentation: [`links`] checks that every relative link of every Markdown file
-//! resolves, headings included.
-//!
 //! The Docker path: [`images`] makes the images docker-compose.yml runs without a
 //! registry; [`compose`] brings that stack up and checks it from the host.
 
@@ -36,7 +33,6 @@ pub mod examples;
 pub mod experiment;
 pub mod images;
 pub mod k6;
-pub mod links;
 pub mod meter;
 pub mod partition;
 pub mod prometheus;

@@ -7,7 +7,6 @@
 //! - `cost`: the order transaction alone under pgbench, legacy against propagate;
 //! - `readme-tables`: the result tables of the README and docs/experiment.md, from the
 //!   committed `docs/results/`;
-//! - `check-links`: every relative link of every Markdown file resolves;
 //! - `images`: the images docker-compose.yml runs, made without a registry;
 //! - `compose-check`: docker-compose.yml's stack up in containers, checked from the host.
 
@@ -47,9 +46,6 @@ enum Command {
     /// `<!-- tables:begin -->` and `<!-- tables:end -->` lines) from
     /// docs/results/*/summary.json.
     ReadmeTables(ReadmeArgs),
-    /// Check every relative link and `#anchor` of every Markdown file git has; fails
-    /// naming file:line for each one that does not resolve.
-    CheckLinks,
     /// Make the images docker-compose.yml runs (but Grafana, Jaeger and k6) without a
     /// registry: Debian's packages by debootstrap, the services from the host's build.
     Images(xtask::images::ImagesArgs),
@@ -126,7 +122,6 @@ async fn main() -> ExitCode {
             .map(|()| 0),
         Command::CopyCheck => xtask::copy_check::copy_check().map(|()| 0),
         Command::ReadmeTables(args) => readme_command(&args),
-        Command::CheckLinks => check_links_command(),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -178,16 +173,4 @@ fn readme_command(args: &ReadmeArgs) -> anyhow::Result<u8> {
         }
     }
     Ok(u8::from(stale))
-}
-
-fn check_links_command() -> anyhow::Result<u8> {
-    let (files, problems) = xtask::links::check_repository(&stack::workspace())?;
-    for problem in &problems {
-        println!("{problem}");
-    }
-    println!(
-        "check-links: {files} Markdown files, {} broken links",
-        problems.len()
-    );
-    Ok(u8::from(!problems.is_empty()))
 }
