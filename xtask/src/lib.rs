@@ -12,8 +12,7 @@
 //! figures; [`summary`] aggregates them; [`check`] applies the acceptance rules;
 //! [`chart`] draws; [`prometheus`] and [`dashboards`] (with [`promql`]) check the
 //! dashboards' queries and the rules;
-//! [`readme`] turns the committed summaries into the result tables of the README and
-//! docs/experiment.md. [`cost`] measures the technique's cost to PostgreSQL alone, with
+//! [`tables`] renders the committed summaries into the result tables of the docs. [`cost`] measures the technique's cost to PostgreSQL alone, with
 //! pgbench; [`cpu`] prices it as CPU per order of each process at a fixed rate, read by
 //! a [`meter`]. [`partition`] cuts the link to PostgreSQL during the `partition` scenario
 //! and watches what the server holds meanwhile.
@@ -37,10 +36,10 @@ pub mod meter;
 pub mod partition;
 pub mod prometheus;
 pub mod promql;
-pub mod readme;
 pub mod run;
 pub mod sampler;
 pub mod scenario;
 pub mod stack;
 pub mod stats;
 pub mod summary;
+pub mod tables;

@@ -5,8 +5,7 @@
 //! - `stack -- <command>`: a running stack for an outside check (the MCP SDK check);
 //! - `dashboards`: the Grafana dashboards' static checks;
 //! - `cost`: the order transaction alone under pgbench, legacy against propagate;
-//! - `readme-tables`: the result tables of the README and docs/experiment.md, from the
-//!   committed `docs/results/`;
+//! - `readme-tables`: the result tables of the docs, from the committed `docs/results/`;
 //! - `images`: the images docker-compose.yml runs, made without a registry;
 //! - `compose-check`: docker-compose.yml's stack up in containers, checked from the host.
 
@@ -42,9 +41,9 @@ enum Command {
     /// Pool the pairs of several `cpu` runs (each folder's cpu.json) into one table, as
     /// if one run had made them all: how docs/experiment.md pools runs of one build.
     CpuPool(xtask::cpu::CpuPoolArgs),
-    /// Regenerate the result tables of README.md and docs/experiment.md (between their
-    /// `<!-- tables:begin -->` and `<!-- tables:end -->` lines) from
-    /// docs/results/*/summary.json.
+    /// Regenerate the result tables of README.md and docs/*.md (each between a
+    /// `<!-- results:DIR [FIGURE ...] -->` and a `<!-- results:end -->` line) from
+    /// docs/results/DIR/summary.json.
     ReadmeTables(ReadmeArgs),
     /// Make the images docker-compose.yml runs (but Grafana, Jaeger and k6) without a
     /// registry: Debian's packages by debootstrap, the services from the host's build.
@@ -159,18 +158,17 @@ fn dashboards_command() -> anyhow::Result<u8> {
 }
 
 fn readme_command(args: &ReadmeArgs) -> anyhow::Result<u8> {
-    let outcomes = xtask::readme::update(&stack::workspace(), args.check)?;
-    let mut stale = false;
-    for outcome in &outcomes {
-        let (file, block) = (outcome.file.display(), outcome.block);
-        match (outcome.changed, args.check) {
-            (false, _) => println!("{file} ({block}): up to date"),
-            (true, false) => println!("{file} ({block}): regenerated"),
-            (true, true) => {
-                println!("FAIL {file} ({block}): out of date (run `cargo xtask readme-tables`)");
-                stale = true;
-            }
+    let workspace = stack::workspace();
+    let changed = xtask::tables::update(&workspace, args.check)?;
+    for file in &changed {
+        let file = file.strip_prefix(&workspace).unwrap_or(file).display();
+        match args.check {
+            true => println!("FAIL {file}: tables out of date (run `cargo xtask readme-tables`)"),
+            false => println!("{file}: tables regenerated"),
         }
     }
-    Ok(u8::from(stale))
+    if changed.is_empty() {
+        println!("readme-tables: every table is up to date");
+    }
+    Ok(u8::from(args.check && !changed.is_empty()))
 }
