@@ -1,25 +1,26 @@
-//! The chart of one scenario: legacy and propagate over time, one panel per question.
-//!
-//! plotters' SVG backend writes `<text>` elements and, with no font feature enabled,
-//! measures text with its built-in estimate: no system fonts are needed to draw, and
-//! the viewer's browser renders the labels.
+//! The chart of one scenario: the first run of each side over time, one panel per
+//! question, drawn as plain SVG (a polyline per side on a shared time axis, the
+//! fault's window shaded, a panel's limit dashed).
 
+use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::Context as _;
-use plotters::prelude::*;
 
 use crate::diagnosis::SATURATED_BUSY_RATIO;
 use crate::run::ModeRun;
 use crate::sampler::{Runtime, Sample};
 use crate::summary::Summary;
 
-const LEGACY: RGBColor = RGBColor(0xd6, 0x27, 0x28);
-const PROPAGATE: RGBColor = RGBColor(0x1f, 0x77, 0xb4);
-const LIMIT: RGBColor = RGBColor(0x55, 0x55, 0x55);
-
-/// One mode's line in a panel: its points, colour and name.
-type Line<'a> = (Vec<(f64, f64)>, RGBColor, &'a str);
+/// The sides' colours, in table order; the fault's window and the cut's.
+const COLOURS: [&str; 2] = ["#d62728", "#1f77b4"];
+const FAULT: &str = "#f3e9d2";
+const CUT: &str = "#ddddee";
+/// The chart's width, a panel's height, and the plot's margins in a panel.
+const WIDTH: f64 = 960.0;
+const PANEL: f64 = 200.0;
+const LEFT: f64 = 60.0;
+const RIGHT: f64 = 20.0;
 
 /// One panel: a title, a value per point in time, and an optional limit line.
 struct Panel {
@@ -108,120 +109,134 @@ fn busy_series(run: &ModeRun, runtime: fn(&Sample) -> Option<Runtime>) -> Vec<(f
         .collect()
 }
 
-/// Draws `path` from the first run of each mode.
+/// Draws `path` from the first run of each side.
 pub fn draw(path: &Path, summary: &Summary, runs: &[ModeRun]) -> anyhow::Result<()> {
-    let first = |mode: &str| runs.iter().find(|r| r.mode == mode);
-    let shown: Vec<(&ModeRun, RGBColor)> = summary
+    let shown: Vec<(&ModeRun, &str)> = summary
         .sides
         .iter()
-        .zip([LEGACY, PROPAGATE])
-        .filter_map(|(m, c)| first(m).map(|r| (r, c)))
+        .zip(COLOURS)
+        .filter_map(|(side, colour)| Some((runs.iter().find(|r| &r.mode == side)?, colour)))
         .collect();
-    // Runs without runtime readings (older results, or the metrics off) draw no
-    // runtime panels.
+    // Runs without runtime readings (the metrics off) draw no runtime panels.
     let mut panels = panels(summary);
     panels.retain(|p| shown.iter().any(|(r, _)| !(p.series)(r).is_empty()));
-    let root = SVGBackend::new(path, (960, 260 * panels.len() as u32 + 60)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let title = format!(
-        "{}: {} vs {} (commit {}, {} build, first run of each)",
+    let duration = summary.load["duration"].as_f64().unwrap_or(30.0);
+    let x_end = shown
+        .iter()
+        .flat_map(|(r, _)| panels.iter().flat_map(|p| (p.series)(r)))
+        .fold(duration, |end, (t, _)| end.max(t));
+    let x = |t: f64| LEFT + t / x_end * (WIDTH - LEFT - RIGHT);
+    // The fault's window (the whole load, or until it was removed) and the cut's.
+    let fault_end = shown.iter().find_map(|(r, _)| r.fault_removed_at);
+    let mut bands = Vec::new();
+    if summary.load["fault"].is_object() {
+        bands.push((
+            0.0,
+            fault_end.unwrap_or(duration),
+            FAULT,
+            "catalog fault on",
+        ));
+    }
+    if let Some([cut, healed]) = shown.iter().find_map(|(r, _)| r.partition_at) {
+        bands.push((cut, healed, CUT, "link to PostgreSQL cut"));
+    }
+    let height = 60.0 + PANEL * panels.len() as f64;
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" \
+         fill=\"white\"/>\n<text x=\"20\" y=\"24\" font-size=\"16\">{}: {} vs {} (commit {}, \
+         {} build, first run of each)</text>\n",
         summary.scenario, summary.sides[0], summary.sides[1], summary.commit, summary.profile
     );
-    let (header, body) = root.split_vertically(60);
-    header.draw_text(
-        &title,
-        &("sans-serif", 18).into_text_style(&header),
-        (20, 20),
-    )?;
-    let duration = summary.load["duration"].as_f64().unwrap_or(30.0);
-    for (area, panel) in body.split_evenly((panels.len(), 1)).iter().zip(&panels) {
-        draw_panel(area, panel, &shown, duration, summary)?;
+    let legend = shown.iter().map(|(r, c)| (r.mode.as_str(), *c));
+    let legend = legend.chain(bands.iter().map(|&(.., colour, label)| (label, colour)));
+    for (i, (label, colour)) in legend.enumerate() {
+        let left = 20.0 + 180.0 * i as f64;
+        writeln!(
+            svg,
+            "<rect x=\"{left}\" y=\"36\" width=\"14\" height=\"10\" fill=\"{colour}\"/><text x=\"{}\" y=\"46\">{label}</text>",
+            left + 18.0
+        )?;
     }
-    root.present().context("cannot write the chart")?;
-    Ok(())
+    for (i, panel) in panels.iter().enumerate() {
+        let (top, bottom) = (
+            60.0 + PANEL * i as f64 + 24.0,
+            60.0 + PANEL * (i + 1) as f64 - 24.0,
+        );
+        let lines: Vec<(Vec<(f64, f64)>, &str)> =
+            shown.iter().map(|(r, c)| ((panel.series)(r), *c)).collect();
+        let y_max = lines
+            .iter()
+            .flat_map(|(points, _)| points.iter().map(|p| p.1))
+            .chain(panel.limit.map(|l| l.0))
+            .fold(1.0, f64::max)
+            * 1.15;
+        let y = |v: f64| bottom - v / y_max * (bottom - top);
+        writeln!(
+            svg,
+            "<text x=\"{LEFT}\" y=\"{}\" font-size=\"14\">{}</text>",
+            top - 8.0,
+            panel.title
+        )?;
+        for &(from, to, colour, _) in &bands {
+            writeln!(
+                svg,
+                "<rect x=\"{:.1}\" y=\"{top}\" width=\"{:.1}\" height=\"{}\" fill=\"{colour}\"/>",
+                x(from),
+                x(to) - x(from),
+                bottom - top
+            )?;
+        }
+        writeln!(
+            svg,
+            "<rect x=\"{LEFT}\" y=\"{top}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>",
+            WIDTH - LEFT - RIGHT,
+            bottom - top
+        )?;
+        writeln!(
+            svg,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text><text x=\"{}\" y=\"{bottom}\" text-anchor=\"end\">0</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{x_end:.0} s</text>",
+            LEFT - 4.0,
+            top + 10.0,
+            round(y_max),
+            LEFT - 4.0,
+            WIDTH - RIGHT,
+            bottom + 14.0
+        )?;
+        if let Some((limit, label)) = panel.limit {
+            let (right, at) = (WIDTH - RIGHT, y(limit));
+            writeln!(
+                svg,
+                "<line x1=\"{LEFT}\" x2=\"{right}\" y1=\"{at:.1}\" y2=\"{at:.1}\" \
+                 stroke=\"#555\" stroke-dasharray=\"6 4\"/><text x=\"{}\" y=\"{:.1}\" \
+                 fill=\"#555\">{label}</text>",
+                LEFT + 6.0,
+                at - 4.0
+            )?;
+        }
+        for (points, colour) in lines {
+            let points: Vec<String> = points
+                .iter()
+                .map(|&(t, v)| format!("{:.1},{:.1}", x(t), y(v)))
+                .collect();
+            writeln!(
+                svg,
+                "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.5\" points=\"{}\"/>",
+                points.join(" ")
+            )?;
+        }
+    }
+    svg.push_str("</svg>\n");
+    std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))
 }
 
-fn draw_panel(
-    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
-    panel: &Panel,
-    shown: &[(&ModeRun, RGBColor)],
-    duration: f64,
-    summary: &Summary,
-) -> anyhow::Result<()> {
-    let data: Vec<Line<'_>> = shown
-        .iter()
-        .map(|(r, c)| ((panel.series)(r), *c, r.mode.as_str()))
-        .collect();
-    let top = data
-        .iter()
-        .flat_map(|(points, _, _)| points.iter().map(|p| p.1))
-        .chain(panel.limit.map(|l| l.0))
-        .fold(1.0, f64::max)
-        * 1.15;
-    let x_end = data
-        .iter()
-        .flat_map(|(p, _, _)| p.iter().map(|p| p.0))
-        .fold(duration, f64::max);
-    let mut chart = ChartBuilder::on(area)
-        .caption(panel.title, ("sans-serif", 15))
-        .margin(8)
-        .x_label_area_size(28)
-        .y_label_area_size(56)
-        .build_cartesian_2d(0.0..x_end, 0.0..top)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds since the load started")
-        .light_line_style(WHITE)
-        .draw()?;
-    // The fault window: the whole load, or until `recovery` removed it.
-    let fault_end = shown
-        .iter()
-        .find_map(|(r, _)| r.fault_removed_at)
-        .unwrap_or(duration);
-    if summary.load["fault"].is_object() {
-        chart
-            .draw_series([Rectangle::new(
-                [(0.0, 0.0), (fault_end, top)],
-                RGBColor(0xf3, 0xe9, 0xd2).filled(),
-            )])?
-            .label("catalog fault on")
-            .legend(|(x, y)| {
-                Rectangle::new(
-                    [(x, y - 5), (x + 14, y + 5)],
-                    RGBColor(0xf3, 0xe9, 0xd2).filled(),
-                )
-            });
+/// A value as an axis label: whole numbers from 10 up, two decimals below.
+fn round(value: f64) -> String {
+    if value >= 10.0 {
+        format!("{value:.0}")
+    } else {
+        format!("{value:.2}")
     }
-    // The cut of the link to PostgreSQL (`partition`).
-    if let Some([cut, healed]) = shown.iter().find_map(|(r, _)| r.partition_at) {
-        let grey = RGBColor(0xdd, 0xdd, 0xe8);
-        chart
-            .draw_series([Rectangle::new([(cut, 0.0), (healed, top)], grey.filled())])?
-            .label("link to PostgreSQL cut")
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], grey.filled()));
-    }
-    if let Some((limit, label)) = panel.limit {
-        chart
-            .draw_series(LineSeries::new(
-                [(0.0, limit), (x_end, limit)],
-                LIMIT.stroke_width(1),
-            ))?
-            .label(label)
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 14, y)], LIMIT));
-    }
-    for (points, color, mode) in data {
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))?
-            .label(mode)
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], color.stroke_width(2)));
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(LIMIT)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()?;
-    Ok(())
 }
 
 /// `--replot DIR`: redraws `DIR/chart.svg` from `DIR/summary.json` and
