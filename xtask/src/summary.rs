@@ -70,7 +70,7 @@ impl Summary {
             .map(|r| RunFigures {
                 mode: r.mode.clone(),
                 repeat: r.repeat,
-                figures: flatten(&r.figures),
+                figures: r.figures.clone(),
             })
             .collect();
         let budget_ms = load["budget_ms"].as_f64().unwrap_or(f64::NAN);
@@ -154,17 +154,6 @@ impl Summary {
             _ => None,
         }
     }
-}
-
-/// The figures as name → value; `None` figures are left out.
-fn flatten(figures: &impl Serialize) -> BTreeMap<String, f64> {
-    let value = serde_json::to_value(figures).unwrap_or_default();
-    value
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| v.as_f64().map(|v| (k.clone(), v)))
-        .collect()
 }
 
 /// The rows of the markdown table: figure, decimals, label.
@@ -293,13 +282,14 @@ mod tests {
         ModeRun {
             mode: side.into(),
             repeat,
-            figures: crate::run::Figures {
-                created_per_s: created,
-                orders_busy_ratio: busy,
-                catalog_busy_ratio: busy,
-                catalog_call_mean_ms: Some(400.0),
-                ..Default::default()
-            },
+            figures: [
+                ("created_per_s", Some(created)),
+                ("catalog_call_mean_ms", Some(400.0)),
+            ]
+            .into_iter()
+            .chain(["orders_busy_ratio", "catalog_busy_ratio"].map(|f| (f, busy)))
+            .filter_map(|(f, v)| Some((f.to_owned(), v?)))
+            .collect(),
             samples: Vec::new(),
             seconds: Vec::new(),
             fault_removed_at: None,
