@@ -268,27 +268,18 @@ fn check_datasource_variable(dashboard: &Value) -> Result<(), String> {
 /// The series the recording rules in `dir` (`*.rules.yml`) write: their `record:` names.
 pub fn recording_rules(dir: &Path) -> anyhow::Result<BTreeSet<String>> {
     let mut names = BTreeSet::new();
-    for path in rule_files(dir)? {
-        let text = std::fs::read_to_string(&path)?;
-        for line in text.lines() {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
+        let path = entry?.path();
+        if !path.to_string_lossy().ends_with(".rules.yml") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&path)?.lines() {
             if let Some(name) = line.trim().trim_start_matches("- ").strip_prefix("record:") {
                 names.insert(name.trim().trim_matches('"').to_owned());
             }
         }
     }
     Ok(names)
-}
-
-/// The rule files Prometheus loads (`prometheus/rules/*.rules.yml`).
-pub fn rule_files(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot read {}", dir.display()))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.to_string_lossy().ends_with(".rules.yml"))
-        .collect();
-    files.sort();
-    Ok(files)
 }
 
 /// Each dashboard variable's default, as Grafana would interpolate it.

@@ -19,11 +19,6 @@ pub struct Prometheus {
     _process: ServiceProcess,
 }
 
-/// The repository's rule files (recording rules and alerts).
-fn rules_dir() -> std::path::PathBuf {
-    workspace().join("prometheus/rules")
-}
-
 /// `prometheus.local.yml` with the services' real ports, 1 s scrape and evaluation
 /// intervals, and the rule files by absolute path.
 pub fn config(ports: &Ports) -> anyhow::Result<String> {
@@ -46,7 +41,10 @@ pub fn config(ports: &Ports) -> anyhow::Result<String> {
         // The configuration is written to a temporary folder; the rules stay here.
         (
             "\"rules/*.rules.yml\"",
-            format!("\"{}/*.rules.yml\"", rules_dir().display()),
+            format!(
+                "\"{}/rules/*.rules.yml\"",
+                workspace().join("prometheus").display()
+            ),
         ),
     ];
     for (old, new) in replacements {
@@ -101,12 +99,6 @@ impl Prometheus {
         )
     }
 
-    /// An instant query at `at` (Unix seconds): `Ok(true)` when it returned data
-    /// (a NaN from a histogram without observations in the window is data too).
-    pub async fn has_data(&self, expr: &str, at: f64) -> anyhow::Result<bool> {
-        Ok(!instant_query(&self.url, expr, Some(at)).await?.is_empty())
-    }
-
     /// Every dashboard query and the seed's query must return data at `at` (a moment
     /// when the services were up: after they stop, their series go stale).
     pub async fn check_dashboards(&self, at: f64) -> anyhow::Result<Vec<String>> {
@@ -117,7 +109,11 @@ impl Prometheus {
             expr: SEED_QUERY.into(),
         };
         for query in report.queries.iter().chain([&seed]) {
-            match self.has_data(&query.expr, at).await {
+            // A NaN from a histogram without observations in the window is data too.
+            match instant_query(&self.url, &query.expr, Some(at))
+                .await
+                .map(|r| !r.is_empty())
+            {
                 Ok(true) => {}
                 // k6 writes its own metrics to Prometheus only under compose.
                 Ok(false)
@@ -139,11 +135,12 @@ impl Prometheus {
 }
 
 impl Prometheus {
-    /// The rules Prometheus loaded from `prometheus/rules/`: every file is loaded, every
-    /// rule evaluates without error, and every recording rule's series exists at `at`.
-    /// An alert whose expression returns nothing is an alert not firing: no problem.
+    /// The rules Prometheus loaded from `prometheus/rules/` (that every file loads and
+    /// parses is `promtool check config`'s, their logic `promtool test rules`'): every
+    /// rule evaluates without error against the real series, and every recording rule's
+    /// series exists at `at`. An alert whose expression returns nothing is an alert not
+    /// firing: no problem.
     pub async fn check_rules(&self, at: f64) -> anyhow::Result<Vec<String>> {
-        let files = dashboards::rule_files(&rules_dir())?.len();
         let body: serde_json::Value = reqwest::get(format!("{}/api/v1/rules", self.url))
             .await?
             .json()
@@ -152,34 +149,29 @@ impl Prometheus {
             .as_array()
             .cloned()
             .unwrap_or_default();
-        let mut problems = Vec::new();
-        let loaded: std::collections::BTreeSet<_> =
-            groups.iter().filter_map(|g| g["file"].as_str()).collect();
-        if loaded.len() < files {
-            problems.push(format!(
-                "Prometheus loaded {} rule file(s), the repository has {files}",
-                loaded.len()
-            ));
-        }
         let rules: Vec<_> = groups
             .iter()
             .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
             .collect();
+        let mut problems = Vec::new();
+        if rules.is_empty() {
+            problems.push("Prometheus loaded no rule from prometheus/rules/".to_owned());
+        }
         for rule in &rules {
             let name = rule["name"].as_str().unwrap_or("?");
             if rule["health"] != "ok" {
-                problems.push(format!(
-                    "rule {name}: health {}: {}",
-                    rule["health"], rule["lastError"]
-                ));
-            } else if rule["type"] == "recording" && !self.has_data(name, at).await? {
+                let (health, error) = (&rule["health"], &rule["lastError"]);
+                problems.push(format!("rule {name}: health {health}: {error}"));
+            } else if rule["type"] == "recording"
+                && instant_query(&self.url, name, Some(at)).await?.is_empty()
+            {
                 problems.push(format!("recording rule {name}: no data"));
             }
         }
         eprintln!(
-            "  Prometheus: {} rules from {} file(s) checked, {} problems",
+            "  Prometheus: {} rules from {} group(s) checked, {} problems",
             rules.len(),
-            loaded.len(),
+            groups.len(),
             problems.len()
         );
         Ok(problems)
@@ -193,10 +185,10 @@ pub async fn instant_query(
     expr: &str,
     at: Option<f64>,
 ) -> anyhow::Result<Vec<serde_json::Value>> {
-    let body: serde_json::Value = reqwest::get(query_url(base_url, expr, at)?)
-        .await?
-        .json()
-        .await?;
+    let mut params = vec![("query", expr.to_owned())];
+    params.extend(at.map(|at| ("time", format!("{at:.3}"))));
+    let url = reqwest::Url::parse_with_params(&format!("{base_url}/api/v1/query"), &params)?;
+    let body: serde_json::Value = reqwest::get(url).await?.json().await?;
     if body["status"] != "success" {
         bail!("{}: {}", body["errorType"], body["error"]);
     }
@@ -206,36 +198,9 @@ pub async fn instant_query(
         .unwrap_or_default())
 }
 
-/// The URL of an instant query: `expr` and `at` percent-encoded into the query string.
-fn query_url(base_url: &str, expr: &str, at: Option<f64>) -> anyhow::Result<reqwest::Url> {
-    let mut params = vec![("query", expr.to_owned())];
-    if let Some(at) = at {
-        params.push(("time", format!("{at:.3}")));
-    }
-    Ok(reqwest::Url::parse_with_params(
-        &format!("{base_url}/api/v1/query"),
-        &params,
-    )?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_query_reaches_prometheus_as_written() {
-        let expr = r#"sum(rate(a{b="c d"}[1m])) / 2 + 1 & x"#;
-        let url = query_url("http://127.0.0.1:9090", expr, Some(12.5)).unwrap();
-        assert_eq!(url.path(), "/api/v1/query");
-        let pairs: Vec<(String, String)> = url.query_pairs().into_owned().collect();
-        assert_eq!(
-            pairs,
-            [
-                ("query".into(), expr.into()),
-                ("time".into(), "12.500".into())
-            ]
-        );
-    }
 
     #[test]
     fn config_points_at_the_real_ports() {
