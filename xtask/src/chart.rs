@@ -23,70 +23,28 @@ const LEFT: f64 = 60.0;
 const RIGHT: f64 = 20.0;
 
 /// One panel: a title, a value per point in time, and an optional limit line.
-struct Panel {
-    title: &'static str,
-    series: fn(&ModeRun) -> Vec<(f64, f64)>,
-    limit: Option<(f64, &'static str)>,
-}
+type Panel = (
+    &'static str,
+    fn(&ModeRun) -> Vec<(f64, f64)>,
+    Option<(f64, &'static str)>,
+);
 
+/// Every panel: values per second of arrivals (at its middle), per sample (four a
+/// second) and per reading of the database (ten a second, `partition` only).
+#[rustfmt::skip]
 fn panels(summary: &Summary) -> Vec<Panel> {
-    let budget = summary.load["budget_ms"].as_f64().unwrap_or(700.0);
+    let budget = Some((summary.load["budget_ms"].as_f64().unwrap_or(700.0), "budget"));
+    let saturated = Some((SATURATED_BUSY_RATIO, "saturated"));
     vec![
-        Panel {
-            title: "goodput: orders created within the budget, per second of arrivals",
-            series: |r| {
-                r.seconds
-                    .iter()
-                    .map(|s| (s.t as f64 + 0.5, s.good as f64))
-                    .collect()
-            },
-            limit: None,
-        },
-        Panel {
-            title: "client p99 latency per second of arrivals, ms",
-            series: |r| {
-                r.seconds
-                    .iter()
-                    .map(|s| (s.t as f64 + 0.5, s.p99_ms))
-                    .collect()
-            },
-            limit: Some((budget, "budget")),
-        },
-        Panel {
-            title: "catalog calls waiting for a pool slot (pending)",
-            series: |r| r.samples.iter().map(|s| (s.t, s.pending)).collect(),
-            limit: Some((50.0, "propagate's pending limit")),
-        },
-        Panel {
-            title: "POST /api/orders in flight",
-            series: |r| r.samples.iter().map(|s| (s.t, s.in_flight)).collect(),
-            limit: None,
-        },
-        Panel {
-            title: "orders-service resident memory, MiB",
-            series: |r| r.samples.iter().map(|s| (s.t, s.rss_mib)).collect(),
-            limit: None,
-        },
-        Panel {
-            title: "write transactions of orders-service open on the server (partition)",
-            series: |r| r.held.iter().map(|h| (h.t, h.writes)).collect(),
-            limit: None,
-        },
-        Panel {
-            title: "oldest of them: row locks held for, ms (partition)",
-            series: |r| r.held.iter().map(|h| (h.t, h.oldest_ms)).collect(),
-            limit: Some((budget, "budget")),
-        },
-        Panel {
-            title: "orders-service tokio workers busy, share of their time (1 s windows)",
-            series: |r| busy_series(r, |s| s.orders_runtime),
-            limit: Some((SATURATED_BUSY_RATIO, "saturated")),
-        },
-        Panel {
-            title: "catalog-service tokio workers busy, share of their time (1 s windows)",
-            series: |r| busy_series(r, |s| s.catalog_runtime),
-            limit: Some((SATURATED_BUSY_RATIO, "saturated")),
-        },
+        ("goodput: orders created within the budget, per second of arrivals", |r| r.seconds.iter().map(|s| (s.t as f64 + 0.5, s.good as f64)).collect(), None),
+        ("client p99 latency per second of arrivals, ms", |r| r.seconds.iter().map(|s| (s.t as f64 + 0.5, s.p99_ms)).collect(), budget),
+        ("catalog calls waiting for a pool slot (pending)", |r| r.samples.iter().map(|s| (s.t, s.pending)).collect(), Some((50.0, "propagate's pending limit"))),
+        ("POST /api/orders in flight", |r| r.samples.iter().map(|s| (s.t, s.in_flight)).collect(), None),
+        ("orders-service resident memory, MiB", |r| r.samples.iter().map(|s| (s.t, s.rss_mib)).collect(), None),
+        ("write transactions of orders-service open on the server (partition)", |r| r.held.iter().map(|h| (h.t, h.writes)).collect(), None),
+        ("oldest of them: row locks held for, ms (partition)", |r| r.held.iter().map(|h| (h.t, h.oldest_ms)).collect(), budget),
+        ("orders-service tokio workers busy, share of their time (1 s windows)", |r| busy_series(r, |s| s.orders_runtime), saturated),
+        ("catalog-service tokio workers busy, share of their time (1 s windows)", |r| busy_series(r, |s| s.catalog_runtime), saturated),
     ]
 }
 
@@ -119,11 +77,11 @@ pub fn draw(path: &Path, summary: &Summary, runs: &[ModeRun]) -> anyhow::Result<
         .collect();
     // Runs without runtime readings (the metrics off) draw no runtime panels.
     let mut panels = panels(summary);
-    panels.retain(|p| shown.iter().any(|(r, _)| !(p.series)(r).is_empty()));
+    panels.retain(|p| shown.iter().any(|(r, _)| !(p.1)(r).is_empty()));
     let duration = summary.load["duration"].as_f64().unwrap_or(30.0);
     let x_end = shown
         .iter()
-        .flat_map(|(r, _)| panels.iter().flat_map(|p| (p.series)(r)))
+        .flat_map(|(r, _)| panels.iter().flat_map(|p| (p.1)(r)))
         .fold(duration, |end, (t, _)| end.max(t));
     let x = |t: f64| LEFT + t / x_end * (WIDTH - LEFT - RIGHT);
     // The fault's window (the whole load, or until it was removed) and the cut's.
@@ -164,11 +122,11 @@ pub fn draw(path: &Path, summary: &Summary, runs: &[ModeRun]) -> anyhow::Result<
             60.0 + PANEL * (i + 1) as f64 - 24.0,
         );
         let lines: Vec<(Vec<(f64, f64)>, &str)> =
-            shown.iter().map(|(r, c)| ((panel.series)(r), *c)).collect();
+            shown.iter().map(|(r, c)| ((panel.1)(r), *c)).collect();
         let y_max = lines
             .iter()
             .flat_map(|(points, _)| points.iter().map(|p| p.1))
-            .chain(panel.limit.map(|l| l.0))
+            .chain(panel.2.map(|l| l.0))
             .fold(1.0, f64::max)
             * 1.15;
         let y = |v: f64| bottom - v / y_max * (bottom - top);
@@ -176,7 +134,7 @@ pub fn draw(path: &Path, summary: &Summary, runs: &[ModeRun]) -> anyhow::Result<
             svg,
             "<text x=\"{LEFT}\" y=\"{}\" font-size=\"14\">{}</text>",
             top - 8.0,
-            panel.title
+            panel.0
         )?;
         for &(from, to, colour, _) in &bands {
             writeln!(
@@ -203,7 +161,7 @@ pub fn draw(path: &Path, summary: &Summary, runs: &[ModeRun]) -> anyhow::Result<
             WIDTH - RIGHT,
             bottom + 14.0
         )?;
-        if let Some((limit, label)) = panel.limit {
+        if let Some((limit, label)) = panel.2 {
             let (right, at) = (WIDTH - RIGHT, y(limit));
             writeln!(
                 svg,
