@@ -163,7 +163,7 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
         None => Vec::new(),
     };
     let summary = Summary::new(
-        args.scenario.name(),
+        &args.scenario.name(),
         commit,
         args.profile(),
         serde_json::to_value(&ctx.load)?,

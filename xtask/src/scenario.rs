@@ -88,7 +88,7 @@ pub struct Load {
     /// How orders arrive.
     pub model: Model,
     /// How long k6 sends orders.
-    #[serde(with = "secs")]
+    #[serde(with = "crate::stats::secs")]
     pub duration: Duration,
     /// The budget each order carries (`X-Request-Timeout-Ms`).
     pub budget_ms: u64,
@@ -125,10 +125,10 @@ pub struct Load {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Partition {
     /// When the cut starts, after the load's start.
-    #[serde(with = "secs")]
+    #[serde(with = "crate::stats::secs")]
     pub after: Duration,
     /// How long it lasts.
-    #[serde(with = "secs")]
+    #[serde(with = "crate::stats::secs")]
     pub length: Duration,
 }
 
@@ -179,13 +179,10 @@ impl Scenario {
         let variable = Fault {
             delay_ms: 200,
             jitter_ms: 600,
-            busy_ms: 0,
             ..Fault::default()
         };
         let seed_fault = Fault {
             delay_ms: 1000,
-            jitter_ms: 0,
-            busy_ms: 0,
             ..Fault::default()
         };
         // 10 to 30 ms per call, and one call in a hundred stalls a second more.
@@ -232,8 +229,6 @@ impl Scenario {
                 timeout_ms: 60_000,
                 fault: Some(Fault {
                     delay_ms: 400,
-                    jitter_ms: 0,
-                    busy_ms: 0,
                     ..Fault::default()
                 }),
                 ..base
@@ -255,8 +250,6 @@ impl Scenario {
                     think_ms: 0,
                 },
                 fault: Some(Fault {
-                    delay_ms: 0,
-                    jitter_ms: 0,
                     busy_ms: 20,
                     ..Fault::default()
                 }),
@@ -276,8 +269,6 @@ impl Scenario {
                 },
                 fault: Some(Fault {
                     delay_ms: 20,
-                    jitter_ms: 0,
-                    busy_ms: 0,
                     ..Fault::default()
                 }),
                 pool_max_connections: 2,
@@ -340,30 +331,10 @@ impl Scenario {
         }
     }
 
-    /// The folder name under `docs/results/`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Goodput => "goodput",
-            Self::Seed => "seed",
-            Self::Recovery => "recovery",
-            Self::Mixed => "mixed",
-            Self::Happy => "happy",
-            Self::Saturation => "saturation",
-            Self::PoolQueue => "pool-queue",
-            Self::Partition => "partition",
-            Self::Stragglers => "stragglers",
-            Self::Tight => "tight",
-            Self::Outage => "outage",
-        }
-    }
-}
-
-mod secs {
-    pub(super) fn serialize<S: serde::Serializer>(
-        d: &std::time::Duration,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
+    /// The name on the command line, and of its folder under `docs/results/`.
+    pub fn name(self) -> String {
+        let value = clap::ValueEnum::to_possible_value(&self).expect("no variant is skipped");
+        value.get_name().to_owned()
     }
 }
 

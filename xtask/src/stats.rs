@@ -180,6 +180,23 @@ pub fn recovery_ms(
     None
 }
 
+/// A [`std::time::Duration`] as seconds (`f64`) in JSON.
+pub mod secs {
+    pub fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<std::time::Duration, D::Error> {
+        let secs: f64 = serde::Deserialize::deserialize(d)?;
+        Ok(std::time::Duration::from_secs_f64(secs))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
