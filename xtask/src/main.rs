@@ -1,13 +1,5 @@
-//! `cargo xtask <command>`: the project's harness, in Rust, on the same code as the
-//! tests (test-support starts PostgreSQL and the services; its parser reads `/metrics`).
-//!
-//! - `experiment`: legacy against propagate under identical load (docs/design.md §9);
-//! - `stack -- <command>`: a running stack for an outside check (the MCP SDK check);
-//! - `dashboards`: the Grafana dashboards' static checks;
-//! - `cost`: the order transaction alone under pgbench, legacy against propagate;
-//! - `readme-tables`: the result tables of the docs, from the committed `docs/results/`;
-//! - `images`: the images docker-compose.yml runs, made without a registry;
-//! - `compose-check`: docker-compose.yml's stack up in containers, checked from the host.
+//! `cargo xtask <command>`: the project's harness (`cargo xtask --help` lists the
+//! commands). This binary only parses the command line and calls into the library.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
