@@ -154,12 +154,15 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
     };
     let sides = args.versus.sides();
     let runs = run_all(&ctx, &sides, args.repeat as usize).await?;
-    // Queried at the end of the last load, while the services were still up.
+    // Queried two seconds before the end of the last load, while the services were up
+    // and the fault, if the load ends with one, still on.
+    let at = runs.last().map_or(0.0, |r| r.load_ended_at) - 2.0;
+    let delay = ctx
+        .load
+        .fault
+        .filter(|f| f.delay_ms > 0 && ctx.load.fault_removed_after.is_none());
     let prometheus_problems = match &prometheus {
-        Some(p) => {
-            p.check_dashboards(runs.last().map_or(0.0, |r| r.load_ended_at))
-                .await?
-        }
+        Some(p) => p.check_dashboards(at, delay.is_some()).await?,
         None => Vec::new(),
     };
     let summary = Summary::new(

@@ -8,7 +8,7 @@
 //! PostgreSQL); [`stats`] turns k6's request log into figures; [`summary`] aggregates
 //! them, [`diagnosis`] answers "pool queue, slow downstream or saturated executor?",
 //! [`check`] applies the acceptance rules, [`chart`] draws; [`prometheus`] runs the
-//! [`dashboards`]' queries (with [`promql`]) against real series. [`tables`] renders
+//! [`dashboards`]' queries against real series. [`tables`] renders
 //! the committed summaries into the docs. [`cost`] prices the technique in PostgreSQL
 //! alone, with pgbench; [`cpu`] as CPU per order, read by a [`meter`]. [`images`] and
 //! [`compose`] are the Docker path; [`examples`] and [`copy_check`] prove the crate's
@@ -29,7 +29,6 @@ pub mod k6;
 pub mod meter;
 pub mod partition;
 pub mod prometheus;
-pub mod promql;
 pub mod run;
 pub mod sampler;
 pub mod scenario;

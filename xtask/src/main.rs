@@ -22,8 +22,8 @@ enum Command {
     Stack(StackArgs),
     /// Run legacy and propagate under identical load and compare them (docs/design.md §9).
     Experiment(xtask::experiment::ExperimentArgs),
-    /// Check the Grafana dashboards' structure and metric names (no Prometheus needed;
-    /// `experiment --prometheus` also runs their queries).
+    /// Check the Grafana dashboards' structure (no Prometheus needed; `experiment
+    /// --prometheus` runs their queries against real series).
     Dashboards,
     /// The order transaction alone under pgbench, as legacy and as propagate send it.
     Cost(xtask::cost::CostArgs),
