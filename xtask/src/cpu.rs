@@ -1,34 +1,14 @@
-//! CPU per order: what the technique costs the machine when nothing is slow, priced by
-//! an instrument that can see a few per cent.
+//! CPU per order: what the technique costs the machine when nothing is slow, at a fixed
+//! open-loop rate well below saturation (docs/experiment.md, "How the cost is priced").
 //!
-//! Why not throughput: a closed loop on two cores measures the load generator as much
-//! as the services, and two identical sides of it differ by as much as the cost asked
-//! about. So the cost is priced as CPU time per order at a fixed open-loop rate well
-//! below saturation, where every order is served and the rate is the same whatever the
-//! mode:
-//!
-//! - one stack: a fresh database, both services, k6 sending `rate` orders a second for
-//!   the whole run;
-//! - orders-service's mode switched at run time between the two sides (`PUT
-//!   /admin/mode`): the same processes, pools and caches serve both;
-//! - after each switch a settling pause, then a segment in which the CPU time of
-//!   orders-service, catalog-service and every PostgreSQL process is read at both
-//!   ends by a [`Meter`] (a cpuacct cgroup per server, in nanoseconds, a backend that
-//!   exits keeping its share; `/proc` in clock ticks where no cgroup can be made), and
-//!   the orders created from the table (its largest id: the system of record, not the
-//!   service's own count);
-//! - pairs of segments alternate which side goes first; the figure is the median of the
-//!   pairs' ratios, first side over second (legacy / propagate), with their range;
-//! - beside the stack, a control (`cpu/reference.rs`): a second catalog-service the
-//!   instrument calls itself at the same rate in both sides. Its CPU per call is the
-//!   machine's speed in that segment, and each pair's ratio divided by the control's is
-//!   the ratio with that speed taken out (`adjusted`), published beside the raw one;
-//! - the latency a user feels at that rate, p50 and p99 of the orders that arrived in
-//!   each segment, from k6's request log.
-//!
-//! The A/A run (propagate against propagate, the same switches) prices the
-//! instrument's own spread: a ratio from it that is not within ±1 % of 1 says the
-//! machine is too noisy for the figure.
+//! One stack, orders-service's mode switched at run time (`PUT /admin/mode`) between
+//! the two sides; after each switch a settling pause, then a segment in which a
+//! [`Meter`] reads the CPU time of orders-service, catalog-service and PostgreSQL at
+//! both ends, and the table's largest order id counts the orders. Pairs of segments
+//! alternate which side goes first; the figure is the median of the pairs' ratios,
+//! first side over second, and the same divided by the control's (`cpu/reference.rs`):
+//! the machine's speed taken out. The A/A run (propagate against propagate) prices the
+//! instrument's own spread.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,20 +1,10 @@
-//! The instrument's control: a second catalog-service that the instrument calls itself,
-//! at a fixed rate, with the same call whatever the mode.
-//!
-//! Why it is there: on a shared machine the CPU one order costs moves by up to ±15 %
-//! from one three-second segment to the next, and every process moves with it. Over the
-//! 200 segments of an A/A run, orders-service's CPU per order followed catalog-service's
-//! with a correlation of 0.98, and PostgreSQL's with 0.95. It is the machine that runs
-//! faster or slower (other tenants, caches, frequency), not the code. Alternating sides
-//! in adjacent segments cancels the slow part of that drift, not the rest: the pairs of
-//! 100-pair runs still spread from 0.70 to 1.48.
-//!
-//! A process that does the same work in both sides measures that speed: its CPU per
-//! call, segment by segment. Dividing a pair's ratio by the control's ratio takes the
-//! machine's speed out. The control must not be one of the measured processes (the
-//! catalog the orders call does a little more work in propagate: it reads the deadline
-//! header), hence a process of its own that nothing else calls. The A/A run shows
-//! whether the division is fair.
+//! The instrument's control (docs/experiment.md, "The control"): a second
+//! catalog-service that nothing but the instrument calls, at a fixed rate, with the same
+//! call whatever the mode. The machine runs faster or slower from one segment to the
+//! next (other tenants, caches, frequency) and every process moves with it; the
+//! control's CPU per call measures that speed, and a pair's ratio divided by the
+//! control's takes it out. It cannot be one of the measured processes: the catalog the
+//! orders call reads the deadline header in propagate.
 
 use std::path::Path;
 use std::sync::Arc;
