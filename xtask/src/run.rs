@@ -48,7 +48,8 @@ pub struct Context {
 pub type Figures = BTreeMap<String, f64>;
 
 /// One mode's run: its figures and its time series.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ModeRun {
     /// `legacy` or `propagate`.
     pub mode: String,
@@ -64,15 +65,13 @@ pub struct ModeRun {
     pub seconds: Vec<Second>,
     /// For `recovery`: seconds after the load's start when the fault was removed.
     pub fault_removed_at: Option<f64>,
-    /// When k6 finished, in Unix seconds (Prometheus is queried at that moment).
+    /// When k6 finished, in Unix seconds (Prometheus is queried just before).
     pub load_ended_at: f64,
     /// For `partition`: seconds after the load's start when the link to PostgreSQL was
     /// cut and when it was healed.
-    #[serde(default)]
     pub partition_at: Option<[f64; 2]>,
     /// For `partition`: orders-service's write transactions on the server, ten times
     /// a second.
-    #[serde(default)]
     pub held: Vec<Held>,
 }
 

@@ -12,8 +12,9 @@ use test_support::process::rss_kib;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// One moment of orders-service.
+/// One moment of orders-service (older time series lack the later fields).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Sample {
     /// Seconds since the load started.
     pub t: f64,
@@ -28,23 +29,17 @@ pub struct Sample {
     /// Resident memory, MiB.
     pub rss_mib: f64,
     /// catalog-service's requests in flight: its busy slots, useful or not.
-    #[serde(default)]
     pub catalog_in_flight: f64,
     /// Requests catalog-service has answered so far, by its own count.
-    #[serde(default)]
     pub catalog_received: f64,
     /// orders-service's catalog calls so far (`http_client_requests_seconds_count`).
-    #[serde(default)]
     pub catalog_calls: f64,
     /// Their time so far, seconds (`http_client_requests_seconds_sum`): the call, pool
     /// wait excluded.
-    #[serde(default)]
     pub catalog_call_s: f64,
     /// orders-service's tokio runtime; `None` without the `tokio_*` families.
-    #[serde(default)]
     pub orders_runtime: Option<Runtime>,
     /// catalog-service's tokio runtime; `None` without the `tokio_*` families.
-    #[serde(default)]
     pub catalog_runtime: Option<Runtime>,
 }
 

@@ -290,12 +290,7 @@ mod tests {
             .chain(["orders_busy_ratio", "catalog_busy_ratio"].map(|f| (f, busy)))
             .filter_map(|(f, v)| Some((f.to_owned(), v?)))
             .collect(),
-            samples: Vec::new(),
-            seconds: Vec::new(),
-            fault_removed_at: None,
-            load_ended_at: 0.0,
-            partition_at: None,
-            held: Vec::new(),
+            ..ModeRun::default()
         }
     }
 
