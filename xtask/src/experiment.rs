@@ -1,6 +1,6 @@
 //! `cargo xtask experiment`: legacy against propagate under the identical load, each on
 //! a fresh database and fresh services, repeated with the order alternated; then the
-//! summary, the chart and, with `--check`, the acceptance rules.
+//! summary and, with `--check`, the acceptance rules.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -10,12 +10,12 @@ use test_support::PgCluster;
 
 use crate::check::{self, Verdict};
 use crate::cpu::{self, CpuPlan, CpuVersus};
+use crate::k6;
 use crate::prometheus::Prometheus;
 use crate::run::{self, Context, ModeRun};
 use crate::scenario::{Scenario, Side, Versus};
 use crate::stack::{self, Ports, workspace};
 use crate::summary::{self, Summary};
-use crate::{chart, k6};
 
 /// The experiment's command line.
 #[derive(Debug, clap::Args)]
@@ -69,7 +69,7 @@ pub struct ExperimentArgs {
     pub versus: Versus,
     /// Record a CPU profile of each service during every load (the services are built
     /// with their `profiling` feature) and keep the first run's of each side as
-    /// flamegraphs beside the chart.
+    /// flamegraphs beside the summary.
     #[arg(long)]
     pub profile_cpu: bool,
     /// Pairs of segments (3 s each, in both comparisons) of the `happy` scenario's CPU
@@ -86,9 +86,6 @@ pub struct ExperimentArgs {
     /// Where to write (default: `results/<scenario>`); `docs/results/<scenario>` publishes.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Redraw the chart of an earlier run from DIR/timeseries.json, and run nothing.
-    #[arg(long, value_name = "DIR")]
-    pub replot: Option<PathBuf>,
 }
 
 impl ExperimentArgs {
@@ -137,9 +134,6 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Runs the experiment; `Ok(false)` when `--check` found a rule broken.
 pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
-    if let Some(dir) = &args.replot {
-        return chart::replot(dir).map(|()| true);
-    }
     let out = args.out.clone().unwrap_or_else(|| {
         let name = format!("{}{}", args.scenario.name(), args.versus.suffix());
         workspace().join("results").join(name)
@@ -188,7 +182,6 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
     if args.profile_cpu {
         keep_flamegraphs(&out, &sides)?;
     }
-    chart::draw(&out.join("chart.svg"), &summary, &runs)?;
     print_report(&summary, &verdicts, &out);
     Ok(!args.check || verdicts.iter().all(|v| v.ok))
 }
@@ -274,7 +267,7 @@ async fn run_all(ctx: &Context, sides: &[Side; 2], repeats: usize) -> anyhow::Re
 }
 
 /// The first run's flamegraphs of each side, as `flamegraphs/<side>-<service>.svg`
-/// beside the chart (which also draws the first run of each side); the others stay
+/// beside the summary; the others stay
 /// under `runs/`.
 fn keep_flamegraphs(out: &Path, sides: &[Side; 2]) -> anyhow::Result<()> {
     let dir = out.join("flamegraphs");

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use test_support::net::Link;
 use tokio::sync::watch;
@@ -62,7 +62,7 @@ impl Cut {
 
 /// One reading of the service's write transactions on the server: the ones that hold
 /// row locks (they have a transaction id).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Held {
     /// Seconds since the load started.
     pub t: f64,

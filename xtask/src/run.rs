@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use deadline_propagation::metrics::names;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use test_support::PgCluster;
 use test_support::exposition::{self, Sample as Series};
 
@@ -48,16 +48,13 @@ pub struct Context {
 pub type Figures = BTreeMap<String, f64>;
 
 /// One mode's run: its figures and its time series.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct ModeRun {
     /// `legacy` or `propagate`.
     pub mode: String,
     /// Which repeat (0-based).
     pub repeat: usize,
-    /// The figures (not read back: a chart is redrawn from the time series alone, and
-    /// older files hold `null`s).
-    #[serde(skip_deserializing)]
+    /// The figures.
     pub figures: Figures,
     /// Gauges and memory, four times a second.
     pub samples: Vec<Sample>,

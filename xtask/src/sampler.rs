@@ -1,20 +1,19 @@
 //! Samples orders-service's gauges and memory, and both services' tokio runtimes, four
 //! times a second during a load, for the peaks in the summary, the three-way answer
-//! ([`crate::diagnosis`]) and the lines of the chart.
+//! ([`crate::diagnosis`]) and the time series.
 
 use std::time::{Duration, Instant};
 
 use deadline_propagation::metrics::names;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use service_kit::metrics::names as kit;
 use test_support::exposition::{self, Sample as Series};
 use test_support::process::rss_kib;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// One moment of orders-service (older time series lack the later fields).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+/// One moment of orders-service.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Sample {
     /// Seconds since the load started.
     pub t: f64,
@@ -44,7 +43,7 @@ pub struct Sample {
 }
 
 /// One reading of a service's tokio runtime (docs/design.md §7).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Runtime {
     /// Worker threads.
     pub workers: f64,

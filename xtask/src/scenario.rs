@@ -375,7 +375,7 @@ pub enum Versus {
 /// both services.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Side {
-    /// The name in tables, charts and folders.
+    /// The name in tables and folders.
     pub name: &'static str,
     /// orders-service's `DEADLINE_MODE`.
     pub mode: &'static str,

@@ -109,7 +109,7 @@ pub fn goodput(requests: &[Request], budget_ms: u64, seconds: f64) -> f64 {
 }
 
 /// The requests of one second of arrivals.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Second {
     /// Seconds since the first arrival.
     pub t: u64,
