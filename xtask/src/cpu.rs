@@ -21,7 +21,7 @@ use test_support::PgCluster;
 
 use crate::meter::Meter;
 use crate::scenario::{Model, Scenario};
-use crate::stack::{Ports, ServiceEnv, Services, fresh_database};
+use crate::stack::{Ports, ServiceEnv, Services, fresh_database, url};
 use crate::stats::{Request, Spread, quantile, spread, unix_ms};
 use reference::Reference;
 
@@ -305,7 +305,7 @@ pub async fn measure(
         let (k6, load, url, dir) = (
             k6.to_path_buf(),
             load.clone(),
-            ports.orders_url(),
+            url(ports.orders),
             dir.to_path_buf(),
         );
         // `legacy` for k6's thresholds only: the run holds both modes, and a p99 over both
@@ -322,7 +322,7 @@ pub async fn measure(
             [sides[1], sides[0]]
         };
         for (side, mode) in order {
-            switch(&ports.orders_admin_url(), mode).await?;
+            switch(&url(ports.orders_admin), mode).await?;
             tokio::time::sleep(plan.settle).await;
             let start = read(&meter, &reference, &mut watcher).await?;
             tokio::time::sleep(plan.segment).await;

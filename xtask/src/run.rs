@@ -15,7 +15,7 @@ use crate::k6::{self, K6Run};
 use crate::partition::{self, Held};
 use crate::sampler::{self, Runtime, Sample, Sampler};
 use crate::scenario::{Fault, Load, Side};
-use crate::stack::{Ports, ServiceEnv, Services, fresh_database};
+use crate::stack::{Ports, ServiceEnv, Services, fresh_database, url};
 use crate::stats::{self, Second, unix_ms};
 
 /// What every run of one invocation shares.
@@ -84,8 +84,8 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
         // After orders-service's migrations made the table.
         slow_statements(&database_url, ctx.load.db_statement_ms).await?;
     }
-    set_fault(&ctx.ports.admin_url(), ctx.load.warm_up_fault).await?;
-    warm_up(&ctx.ports.orders_url(), ctx.load.budget_ms, ctx.warm_up).await;
+    set_fault(&url(ctx.ports.admin), ctx.load.warm_up_fault).await?;
+    warm_up(&url(ctx.ports.orders), ctx.load.budget_ms, ctx.warm_up).await;
     // The profiler's table is allocated when it starts and again when it stops: both
     // happen outside the measured window (the stop after the last memory reading), so
     // the memory figures see the load alone, on top of the table.
@@ -95,17 +95,17 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
         }
     }
     let client = reqwest::Client::new();
-    let catalog_before = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
-    let orders_before = sampler::scrape(&client, &metrics_url(&ctx.ports.orders_url())).await;
+    let catalog_before = sampler::scrape(&client, &metrics_url(&url(ctx.ports.catalog))).await;
+    let orders_before = sampler::scrape(&client, &metrics_url(&url(ctx.ports.orders))).await;
     // A fault that begins later (`outage`) is injected by the load's own timer; until
     // then the catalog keeps its usual speed.
     let from_start = match ctx.load.fault_from {
         Some(_) => ctx.load.warm_up_fault,
         None => ctx.load.fault,
     };
-    set_fault(&ctx.ports.admin_url(), from_start).await?;
+    set_fault(&url(ctx.ports.admin), from_start).await?;
     let measured = measure_load(ctx, side, &services, &dir, &db_name).await;
-    set_fault(&ctx.ports.admin_url(), None).await?;
+    set_fault(&url(ctx.ports.admin), None).await?;
     let Measured {
         k6: k6_run,
         samples,
@@ -115,9 +115,9 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
         held,
     } = measured?;
     let load_ended_at = unix_ms() as f64 / 1000.0;
-    let (drain, in_flight_end) = wait_drained(&client, &ctx.ports.orders_url()).await;
-    let catalog_after = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
-    let orders_after = sampler::scrape(&client, &metrics_url(&ctx.ports.orders_url())).await;
+    let (drain, in_flight_end) = wait_drained(&client, &url(ctx.ports.orders)).await;
+    let catalog_after = sampler::scrape(&client, &metrics_url(&url(ctx.ports.catalog))).await;
+    let orders_after = sampler::scrape(&client, &metrics_url(&url(ctx.ports.orders))).await;
     let rss_end = test_support::process::rss_kib(services.orders.pid()) as f64 / 1024.0;
     if ctx.profile_cpu {
         for (service, admin) in ["orders", "catalog"].into_iter().zip(profiled(&ctx.ports)) {
@@ -317,20 +317,20 @@ async fn measure_load(
         None => None,
     };
     let sampler = Sampler::start(
-        metrics_url(&ctx.ports.orders_url()),
-        metrics_url(&ctx.ports.catalog_url()),
+        metrics_url(&url(ctx.ports.orders)),
+        metrics_url(&url(ctx.ports.catalog)),
         services.orders.pid(),
     );
     let load_start_ms = unix_ms();
     let injector = ctx.load.fault_from.map(|from| {
-        let (admin, fault) = (ctx.ports.admin_url(), ctx.load.fault);
+        let (admin, fault) = (url(ctx.ports.admin), ctx.load.fault);
         tokio::spawn(async move {
             tokio::time::sleep(from).await;
             set_fault(&admin, fault).await
         })
     });
     let remover = ctx.load.fault_removed_after.map(|after| {
-        let admin = ctx.ports.admin_url();
+        let admin = url(ctx.ports.admin);
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
             set_fault(&admin, None).await.map(|()| unix_ms())
@@ -340,7 +340,7 @@ async fn measure_load(
         &ctx.k6,
         &ctx.load,
         side.mode,
-        &ctx.ports.orders_url(),
+        &url(ctx.ports.orders),
         ctx.margin_ms,
         dir,
     )
@@ -369,7 +369,7 @@ async fn measure_load(
 
 /// The admin URLs of the services a `--profile-cpu` run records: orders, catalog.
 fn profiled(ports: &Ports) -> [String; 2] {
-    [ports.orders_admin_url(), ports.admin_url()]
+    [url(ports.orders_admin), url(ports.admin)]
 }
 
 /// `POST {admin}/admin/profile/{action}` (`start` or `stop`, with a title): the

@@ -427,13 +427,10 @@ impl Versus {
     }
 
     /// The suffix of the results folder (`docs/results/<scenario><suffix>`).
-    pub fn suffix(self) -> &'static str {
-        match self {
-            Self::Modes => "",
-            Self::RuntimeMetrics => "-runtime-metrics",
-            Self::SessionBounds => "-session-bounds",
-            Self::Hedging => "-hedging",
-            Self::HedgeDeadline => "-hedge-deadline",
+    pub fn suffix(self) -> String {
+        match clap::ValueEnum::to_possible_value(&self).expect("no variant is skipped") {
+            _ if self == Self::Modes => String::new(),
+            value => format!("-{}", value.get_name()),
         }
     }
 }

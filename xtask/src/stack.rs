@@ -112,26 +112,11 @@ impl Ports {
             orders_admin: free_port(),
         }
     }
+}
 
-    /// `http://127.0.0.1:<orders>`.
-    pub fn orders_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.orders)
-    }
-
-    /// `http://127.0.0.1:<catalog>`.
-    pub fn catalog_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.catalog)
-    }
-
-    /// `http://127.0.0.1:<admin>`.
-    pub fn admin_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.admin)
-    }
-
-    /// `http://127.0.0.1:<orders_admin>`.
-    pub fn orders_admin_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.orders_admin)
-    }
+/// `http://127.0.0.1:<port>`.
+pub fn url(port: u16) -> String {
+    format!("http://127.0.0.1:{port}")
 }
 
 /// Both services running against one database.
@@ -193,7 +178,7 @@ impl Services {
                 "ORDERS_ADMIN_ADDR",
                 format!("127.0.0.1:{}", ports.orders_admin),
             ),
-            ("CATALOG_URL", ports.catalog_url()),
+            ("CATALOG_URL", url(ports.catalog)),
             ("DATABASE_URL", database_url.clone()),
         ];
         orders_env.extend(env.orders.iter().map(|(k, v)| (k.as_str(), v.clone())));
@@ -215,7 +200,7 @@ impl Services {
     /// Polls `/readyz` (database and catalog reachable) every 100 ms.
     async fn wait_ready(&mut self, limit: Duration) -> anyhow::Result<()> {
         let client = reqwest::Client::new();
-        let url = format!("{}/readyz", self.ports.orders_url());
+        let url = format!("{}/readyz", url(self.ports.orders));
         let started = Instant::now();
         while started.elapsed() < limit {
             for (name, process) in [("orders", &mut self.orders), ("catalog", &mut self.catalog)] {
@@ -270,17 +255,17 @@ pub async fn run_with_stack(
     let ports = services.ports;
     eprintln!(
         "stack: orders {}, catalog {}, logs in {}",
-        ports.orders_url(),
-        ports.catalog_url(),
+        url(ports.orders),
+        url(ports.catalog),
         log_dir.display()
     );
     let status = tokio::process::Command::new(program)
         .args(args)
-        .env("ORDERS_URL", ports.orders_url())
-        .env("ORDERS_ADMIN_URL", ports.orders_admin_url())
+        .env("ORDERS_URL", url(ports.orders))
+        .env("ORDERS_ADMIN_URL", url(ports.orders_admin))
         .env("ORDERS_PID", services.orders.pid().to_string())
-        .env("CATALOG_URL", ports.catalog_url())
-        .env("CATALOG_ADMIN_URL", ports.admin_url())
+        .env("CATALOG_URL", url(ports.catalog))
+        .env("CATALOG_ADMIN_URL", url(ports.admin))
         .env("DATABASE_URL", &services.database_url)
         .env("STACK_LOG_DIR", log_dir)
         .status()
