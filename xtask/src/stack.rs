@@ -159,19 +159,13 @@ impl Services {
             );
         }
         std::fs::create_dir_all(log_dir)?;
-        let mut catalog_env = vec![
-            (
-                "CATALOG_LISTEN_ADDR",
-                format!("127.0.0.1:{}", ports.catalog),
-            ),
-            ("CATALOG_ADMIN_ADDR", format!("127.0.0.1:{}", ports.admin)),
-        ];
-        catalog_env.extend(env.catalog.iter().map(|(k, v)| (k.as_str(), v.clone())));
-        let catalog = ServiceProcess::start(
-            &bin.join("catalog-service"),
-            &catalog_env,
-            log_dir.join("catalog.log"),
-        )?;
+        let catalog_env: Vec<_> = env
+            .catalog
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        let (ports_catalog, log) = ((ports.catalog, ports.admin), log_dir.join("catalog.log"));
+        let catalog = start_catalog(&bin, ports_catalog, &catalog_env, log).await?;
         let mut orders_env = vec![
             ("ORDERS_LISTEN_ADDR", format!("127.0.0.1:{}", ports.orders)),
             (
@@ -232,6 +226,44 @@ impl Services {
         self.orders.stop(Duration::from_secs(5));
         self.catalog.stop(Duration::from_secs(5));
     }
+}
+
+/// catalog-service from `bin` on loopback `port` and `admin` (its fault API), with
+/// `env` besides, its log in `log`; once it accepts connections.
+pub async fn start_catalog(
+    bin: &Path,
+    (port, admin): (u16, u16),
+    env: &[(&str, String)],
+    log: PathBuf,
+) -> anyhow::Result<ServiceProcess> {
+    let mut all = vec![
+        ("CATALOG_LISTEN_ADDR", format!("127.0.0.1:{port}")),
+        ("CATALOG_ADMIN_ADDR", format!("127.0.0.1:{admin}")),
+    ];
+    all.extend_from_slice(env);
+    let mut process = ServiceProcess::start(&bin.join("catalog-service"), &all, log)?;
+    wait_listening(port, &mut process).await?;
+    Ok(process)
+}
+
+/// Waits until `process` accepts connections on `port`; fails if it exits first.
+pub async fn wait_listening(port: u16, process: &mut ServiceProcess) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if let Some(status) = process.exited() {
+            bail!("exited ({status}):\n{}", process.log_tail(20));
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "not listening after 30 s:\n{}",
+            process.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
 }
 
 /// A new, empty database named `name` on `cluster`.

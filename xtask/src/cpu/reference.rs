@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use test_support::ServiceProcess;
 use test_support::process::{binary_dir, free_port};
@@ -27,20 +27,15 @@ impl Reference {
     /// Starts the control from `profile`'s binary, its log in `dir`, and calls it
     /// `rate` times a second from now on.
     pub(super) async fn start(profile: &str, dir: &Path, rate: u32) -> anyhow::Result<Self> {
-        let binary = binary_dir(&crate::stack::workspace(), profile).join("catalog-service");
+        let bin = binary_dir(&crate::stack::workspace(), profile);
         let port = free_port();
-        let process = ServiceProcess::start(
-            &binary,
-            &[
-                ("CATALOG_LISTEN_ADDR", format!("127.0.0.1:{port}")),
-                ("CATALOG_ADMIN_ADDR", format!("127.0.0.1:{}", free_port())),
-                ("RUST_LOG", "warn".into()),
-            ],
-            dir.join("reference.log"),
-        )?;
-        let url = format!("http://127.0.0.1:{port}/catalog/SKU-00042");
-        let client = reqwest::Client::new();
-        wait_ready(&client, &url).await?;
+        let env = [("RUST_LOG", "warn".to_owned())];
+        let log = dir.join("reference.log");
+        let process = crate::stack::start_catalog(&bin, (port, free_port()), &env, log).await?;
+        let (client, url) = (
+            reqwest::Client::new(),
+            format!("http://127.0.0.1:{port}/catalog/SKU-00042"),
+        );
         let answered = Arc::new(AtomicU64::new(0));
         let caller = tokio::spawn(call(client, url, rate, Arc::clone(&answered)));
         Ok(Self {
@@ -65,22 +60,6 @@ impl Drop for Reference {
     fn drop(&mut self) {
         self.caller.abort();
         self.process.stop(Duration::from_secs(5));
-    }
-}
-
-/// Polls the item until it answers 200, for at most 30 s.
-async fn wait_ready(client: &reqwest::Client, url: &str) -> anyhow::Result<()> {
-    let started = Instant::now();
-    loop {
-        let answer = client.get(url).timeout(Duration::from_secs(1)).send().await;
-        if answer.is_ok_and(|a| a.status().is_success()) {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "the reference catalog-service at {url} was not ready after 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
