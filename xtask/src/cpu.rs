@@ -701,16 +701,29 @@ impl Published {
 mod tests {
     use super::*;
 
-    /// A reading with CPU times given in clock ticks of 10 ms, the control's at 1 ms a
-    /// call on a machine of full speed.
-    fn reading(at_ms: u64, orders: u64, ticks: [u64; 3]) -> Reading {
-        Reading {
-            at_ms,
-            orders,
-            cpu_ns: ticks.map(|t| t * 10_000_000),
-            reference_ns: at_ms * 1_000_000,
-            reference_calls: at_ms,
+    /// Back-to-back segments of 1000 orders in 1 s, 2 s apart, each `(pair, side, CPU
+    /// ticks of 10 ms per process, the control's speed in per cent)`: the control takes
+    /// 1 ms a call at 100, on a machine that many per cent slower above it.
+    fn chain(
+        steps: &[(usize, &'static str, [u64; 3], u64)],
+    ) -> Vec<(usize, &'static str, Reading, Reading)> {
+        let mut ticks = [0; 3];
+        let mut out = Vec::new();
+        for (i, &(pair, side, used, speed)) in (0u64..).zip(steps) {
+            let reading = |at_ms: u64, orders: u64, ticks: [u64; 3]| Reading {
+                at_ms,
+                orders,
+                cpu_ns: ticks.map(|t| t * 10_000_000),
+                reference_ns: at_ms * 1_000_000,
+                reference_calls: at_ms,
+            };
+            let start = reading(i * 2000, i * 1000, ticks);
+            ticks = [0, 1, 2].map(|p| ticks[p] + used[p]);
+            let mut end = reading(i * 2000 + 1000, i * 1000 + 1000, ticks);
+            end.reference_ns = start.reference_ns + 1_000_000 * 1000 * speed / 100;
+            out.push((pair, side, start, end));
         }
+        out
     }
 
     fn answer(arrival_ms: u64, elapsed_us: u64) -> Request {
@@ -723,46 +736,29 @@ mod tests {
         }
     }
 
+    fn plan(pairs: u32) -> CpuPlan {
+        CpuPlan {
+            pairs,
+            ..CpuPlan::default()
+        }
+    }
+
     #[test]
     fn the_ratio_is_per_pair_cpu_per_order_first_side_over_second() {
-        let plan = CpuPlan {
-            pairs: 2,
-            ..CpuPlan::default()
-        };
         // 100 Hz: 80 ticks over 1000 orders is 0.8 ms an order.
-        let readings = [
-            (
-                0,
-                "legacy",
-                reading(0, 0, [0, 0, 0]),
-                reading(1000, 1000, [80, 20, 60]),
-            ),
-            (
-                0,
-                "propagate",
-                reading(2000, 1000, [80, 20, 60]),
-                reading(3000, 2000, [170, 40, 130]),
-            ),
-            (
-                1,
-                "propagate",
-                reading(4000, 2000, [170, 40, 130]),
-                reading(5000, 3000, [260, 60, 200]),
-            ),
-            (
-                1,
-                "legacy",
-                reading(6000, 3000, [260, 60, 200]),
-                reading(7000, 4000, [340, 80, 260]),
-            ),
-        ];
+        let readings = chain(&[
+            (0, "legacy", [80, 20, 60], 100),
+            (0, "propagate", [90, 20, 70], 100),
+            (1, "propagate", [90, 20, 70], 100),
+            (1, "legacy", [80, 20, 60], 100),
+        ]);
         let requests = [
             answer(10, 1500),
             answer(20, 2500),
             answer(2010, 1700),
             answer(2020, 2600),
         ];
-        let report = report(CpuVersus::Modes, plan, "proc", &readings, &requests, 0);
+        let report = report(CpuVersus::Modes, plan(2), "proc", &readings, &requests, 0);
         let total = report.ratios["total"];
         // legacy 1.6 ms an order, propagate 1.8: 0.889 in both pairs.
         assert!((total.median - 1.6 / 1.8).abs() < 1e-9, "{total:?}");
@@ -794,10 +790,7 @@ mod tests {
 
     /// A run of the modes whose pairs' ratios (legacy / propagate) are `ratios`.
     fn run_of(ratios: &[f64]) -> CpuReport {
-        let plan = CpuPlan {
-            pairs: ratios.len() as u32,
-            ..CpuPlan::default()
-        };
+        let plan = plan(ratios.len() as u32);
         let segments = ratios
             .iter()
             .enumerate()
@@ -836,76 +829,34 @@ mod tests {
 
     #[test]
     fn the_machine_s_speed_is_taken_out_by_the_control_s_ratio() {
-        let plan = CpuPlan {
-            pairs: 2,
-            ..CpuPlan::default()
-        };
         // Both sides cost 1 ms an order, but the machine runs 25 % slower in the first
         // pair's legacy segment and in the second pair's propagate segment: everything,
         // the control too, takes 1.25 times the CPU there.
-        let slow = |mut r: Reading, start: Reading| {
-            r.reference_ns = start.reference_ns + (r.reference_ns - start.reference_ns) * 5 / 4;
-            r
-        };
-        let p0l = reading(0, 0, [0, 0, 0]);
-        let p1p = reading(4000, 2000, [225, 0, 0]);
-        let readings = [
-            (
-                0,
-                "legacy",
-                p0l,
-                slow(reading(1000, 1000, [125, 0, 0]), p0l),
-            ),
-            (
-                0,
-                "propagate",
-                reading(2000, 1000, [125, 0, 0]),
-                reading(3000, 2000, [225, 0, 0]),
-            ),
-            (
-                1,
-                "propagate",
-                p1p,
-                slow(reading(5000, 3000, [350, 0, 0]), p1p),
-            ),
-            (
-                1,
-                "legacy",
-                reading(6000, 3000, [350, 0, 0]),
-                reading(7000, 4000, [450, 0, 0]),
-            ),
-        ];
-        let report = report(CpuVersus::Modes, plan, "proc", &readings, &[], 0);
+        let readings = chain(&[
+            (0, "legacy", [125, 0, 0], 125),
+            (0, "propagate", [100, 0, 0], 100),
+            (1, "propagate", [125, 0, 0], 125),
+            (1, "legacy", [100, 0, 0], 100),
+        ]);
+        let report = report(CpuVersus::Modes, plan(2), "proc", &readings, &[], 0);
         let raw = report.ratios["orders-service"];
         assert!(
             (raw.min - 0.8).abs() < 1e-9 && (raw.max - 1.25).abs() < 1e-9,
             "{raw:?}"
         );
         let adjusted = report.adjusted["orders-service"];
-        assert!((adjusted.min - 1.0).abs() < 1e-9, "{adjusted:?}");
-        assert!((adjusted.max - 1.0).abs() < 1e-9, "{adjusted:?}");
+        assert!((adjusted.min - 1.0).abs() < 1e-9 && (adjusted.max - 1.0).abs() < 1e-9);
         assert!((report.segments[0].reference_ms_per_call - 1.25).abs() < 1e-9);
     }
 
     #[test]
     fn a_control_that_answered_nothing_leaves_the_pair_out_of_the_adjusted_ratio() {
-        let plan = CpuPlan {
-            pairs: 1,
-            ..CpuPlan::default()
-        };
-        let mut end = reading(1000, 1000, [100, 0, 0]);
-        end.reference_calls = 0;
-        end.reference_ns = 0;
-        let readings = [
-            (0, "legacy", reading(0, 0, [0, 0, 0]), end),
-            (
-                0,
-                "propagate",
-                reading(2000, 1000, [100, 0, 0]),
-                reading(3000, 2000, [200, 0, 0]),
-            ),
-        ];
-        let report = report(CpuVersus::Modes, plan, "proc", &readings, &[], 0);
+        let mut readings = chain(&[
+            (0, "legacy", [100, 0, 0], 100),
+            (0, "propagate", [100, 0, 0], 100),
+        ]);
+        (readings[0].3.reference_calls, readings[0].3.reference_ns) = (0, 0);
+        let report = report(CpuVersus::Modes, plan(1), "proc", &readings, &[], 0);
         assert!((report.ratios["total"].median - 1.0).abs() < 1e-9);
         assert!(report.segments[0].reference_ms_per_call.is_nan());
         assert!(
