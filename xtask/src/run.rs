@@ -132,12 +132,16 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     }
     services.stop();
 
-    let before = Counters::read(&orders_before, &catalog_before);
+    let before = counters(&orders_before, &catalog_before);
+    let after = counters(&orders_after, &catalog_after);
     let inputs = FigureInputs {
         load: &ctx.load,
         k6: &k6_run,
         samples: &samples,
-        grown: Counters::read(&orders_after, &catalog_after).since(before),
+        grown: after
+            .iter()
+            .map(|(name, n)| (*name, n - before[name]))
+            .collect(),
         pending_limit: pending_limit(&orders_before),
         margin_ms: ctx.margin_ms,
         drain,
@@ -423,78 +427,56 @@ fn pending_limit(series: &[Series]) -> Option<f64> {
     exposition::sum(series, names::HTTP_CLIENT_POOL_LIMIT, &labels)
 }
 
-/// The counters a load grows, read from both services' `/metrics` before and after it.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Counters {
-    /// Seconds catalog-service spent on calls it answered with 200.
-    pub catalog_answer_seconds: f64,
-    /// Calls catalog-service answered, any status.
-    pub catalog_calls: f64,
-    /// orders-service's catalog attempts, every status (`cancelled` included).
-    pub attempts: f64,
-    /// Of them, cut at the deadline (`timeout`) or answered 504 by the catalog.
-    pub attempts_cut: f64,
-    /// Hedges sent (won, lost or cut).
-    pub hedges: f64,
-    /// Hedges and retries cut.
-    pub extra_cut: f64,
-    /// Extra attempts the deadline rule refused.
-    pub extra_refused_deadline: f64,
-    /// Calls admission refused as predicted late.
-    pub predicted_late: f64,
-}
-
-impl Counters {
-    /// The counters in one scrape of each service.
-    pub fn read(orders: &[Series], catalog: &[Series]) -> Self {
-        let sum = |series, family: &str, labels: &[(&str, &str)]| {
-            exposition::sum(series, family, labels).unwrap_or(0.0)
-        };
-        let (server, client) = (names::HTTP_SERVER_REQUESTS_SECONDS, ("client", "catalog"));
-        let requests = format!("{}_count", names::HTTP_CLIENT_REQUESTS_SECONDS);
-        let status = |status| sum(orders, &requests, &[client, ("status", status)]);
-        let extra = |kind, outcome| {
-            let labels = [client, ("kind", kind), ("outcome", outcome)];
-            sum(orders, names::HTTP_CLIENT_ATTEMPTS_TOTAL, &labels)
-        };
-        let uri = ("uri", "/catalog/{sku}");
-        Self {
-            catalog_answer_seconds: sum(
-                catalog,
-                &format!("{server}_sum"),
-                &[uri, ("status", "200")],
-            ),
-            catalog_calls: sum(catalog, &format!("{server}_count"), &[uri]),
-            attempts: sum(orders, &requests, &[client]),
-            attempts_cut: status("timeout") + status("504"),
-            hedges: extra("hedge", "won") + extra("hedge", "lost") + extra("hedge", "cut"),
-            extra_cut: extra("hedge", "cut") + extra("retry", "cut"),
-            extra_refused_deadline: sum(
-                orders,
-                names::HTTP_CLIENT_ATTEMPTS_TOTAL,
-                &[client, ("outcome", "refused_deadline")],
-            ),
-            predicted_late: sum(
-                orders,
-                names::HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL,
-                &[client, ("reason", "predicted_late")],
-            ),
-        }
-    }
-
-    /// What each counter grew by since `before`.
-    pub fn since(self, before: Self) -> Self {
-        Self {
-            catalog_answer_seconds: self.catalog_answer_seconds - before.catalog_answer_seconds,
-            catalog_calls: self.catalog_calls - before.catalog_calls,
-            attempts: self.attempts - before.attempts,
-            attempts_cut: self.attempts_cut - before.attempts_cut,
-            hedges: self.hedges - before.hedges,
-            extra_cut: self.extra_cut - before.extra_cut,
-            extra_refused_deadline: self.extra_refused_deadline - before.extra_refused_deadline,
-            predicted_late: self.predicted_late - before.predicted_late,
-        }
-    }
+/// The counters a load grows, by name, in one scrape of each service: the time
+/// catalog-service spent on calls it answered 200, and the calls it answered;
+/// orders-service's catalog attempts (every status, `cancelled` included), of them those
+/// cut at the deadline or answered 504, the hedges it sent, the hedges and retries cut,
+/// the extra attempts the deadline rule refused, and the calls admission refused as
+/// predicted late.
+pub fn counters(orders: &[Series], catalog: &[Series]) -> BTreeMap<&'static str, f64> {
+    let sum = |series, family: &str, labels: &[(&str, &str)]| {
+        exposition::sum(series, family, labels).unwrap_or(0.0)
+    };
+    let (server, client) = (names::HTTP_SERVER_REQUESTS_SECONDS, ("client", "catalog"));
+    let (uri, requests) = (
+        ("uri", "/catalog/{sku}"),
+        format!("{}_count", names::HTTP_CLIENT_REQUESTS_SECONDS),
+    );
+    let status = |status| sum(orders, &requests, &[client, ("status", status)]);
+    let attempts = |labels: &[(&str, &str)]| {
+        sum(
+            orders,
+            names::HTTP_CLIENT_ATTEMPTS_TOTAL,
+            &[&[client], labels].concat(),
+        )
+    };
+    let extra = |kind, outcome| attempts(&[("kind", kind), ("outcome", outcome)]);
+    let late = [client, ("reason", "predicted_late")];
+    BTreeMap::from([
+        (
+            "catalog_answer_seconds",
+            sum(catalog, &format!("{server}_sum"), &[uri, ("status", "200")]),
+        ),
+        (
+            "catalog_calls",
+            sum(catalog, &format!("{server}_count"), &[uri]),
+        ),
+        ("attempts", sum(orders, &requests, &[client])),
+        ("attempts_cut", status("timeout") + status("504")),
+        (
+            "hedges",
+            extra("hedge", "won") + extra("hedge", "lost") + extra("hedge", "cut"),
+        ),
+        ("extra_cut", extra("hedge", "cut") + extra("retry", "cut")),
+        (
+            "extra_refused_deadline",
+            attempts(&[("outcome", "refused_deadline")]),
+        ),
+        (
+            "predicted_late",
+            sum(orders, names::HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL, &late),
+        ),
+    ])
 }
 
 /// Calls the catalog received per order sent in `window` (seconds after the load's
@@ -566,8 +548,8 @@ pub struct FigureInputs<'a> {
     pub k6: &'a K6Run,
     /// The sampler's samples.
     pub samples: &'a [Sample],
-    /// What the services' counters grew by during the load and its drain.
-    pub grown: Counters,
+    /// What the services' [`counters`] grew by during the load and its drain.
+    pub grown: BTreeMap<&'static str, f64>,
     /// The catalog bulkhead's queue limit, if it could be read.
     pub pending_limit: Option<f64>,
     /// How late past the budget an answer may be and still count as in time.
@@ -621,21 +603,21 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
         ("max_ms", latencies.iter().copied().fold(0.0, f64::max)),
         ("in_time_share", per_order(count(&|r| r.good(budget_ms)))),
         // First attempts, hedges and retries, the ones dropped unfinished too.
-        ("attempts_per_order", per_order(grown.attempts)),
-        ("attempts_cut_per_s", grown.attempts_cut / secs),
-        ("hedges_per_s", grown.hedges / secs),
-        ("extra_attempts_cut_per_s", grown.extra_cut / secs),
+        ("attempts_per_order", per_order(grown["attempts"])),
+        ("attempts_cut_per_s", grown["attempts_cut"] / secs),
+        ("hedges_per_s", grown["hedges"] / secs),
+        ("extra_attempts_cut_per_s", grown["extra_cut"] / secs),
         (
             "extra_refused_deadline_per_s",
-            grown.extra_refused_deadline / secs,
+            grown["extra_refused_deadline"] / secs,
         ),
-        ("catalog_calls_per_s", grown.catalog_calls / secs),
-        ("predicted_late_per_s", grown.predicted_late / secs),
+        ("catalog_calls_per_s", grown["catalog_calls"] / secs),
+        ("predicted_late_per_s", grown["predicted_late"] / secs),
         ("catalog_busy_slots", catalog_busy),
         // Busy with calls that produced no answer: for callers that had gone.
         (
             "catalog_wasted_slots",
-            (catalog_busy - grown.catalog_answer_seconds / secs).max(0.0),
+            (catalog_busy - grown["catalog_answer_seconds"] / secs).max(0.0),
         ),
         ("pending_peak", peak(|s| s.pending)),
         ("pending_mean", mean(samples.iter().map(|s| s.pending))),
