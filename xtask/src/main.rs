@@ -36,7 +36,12 @@ enum Command {
     /// Regenerate the result tables of README.md and docs/*.md (each between a
     /// `<!-- results:DIR [FIGURE ...] -->` and a `<!-- results:end -->` line) from
     /// docs/results/DIR/summary.json.
-    ReadmeTables(ReadmeArgs),
+    ReadmeTables {
+        /// Change nothing; fail (exit 1) when a file's tables are not what the committed
+        /// summaries give.
+        #[arg(long)]
+        check: bool,
+    },
     /// Make the images docker-compose.yml runs (but Grafana, Jaeger and k6) without a
     /// registry: Debian's packages by debootstrap, the services from the host's build.
     Images(xtask::images::ImagesArgs),
@@ -45,27 +50,16 @@ enum Command {
     ComposeCheck(xtask::compose::ComposeArgs),
     /// Run the crate's example ladder (ingress, client, database) and ask each what its
     /// doc comment says to ask; the database example gets the catalog and PostgreSQL.
-    Examples(ExamplesArgs),
+    Examples {
+        /// Which build to run (`dev` is target/debug).
+        #[arg(long, default_value = "dev", value_parser = ["dev", "release"])]
+        profile: String,
+        /// Run the binaries already built (CI: `cargo test` built the examples).
+        #[arg(long)]
+        no_build: bool,
+    },
     /// Copy shared/ into a new project with a two-line main and build it offline.
     CopyCheck,
-}
-
-#[derive(clap::Args)]
-struct ExamplesArgs {
-    /// Which build to run (`dev` is target/debug).
-    #[arg(long, default_value = "dev", value_parser = ["dev", "release"])]
-    profile: String,
-    /// Run the binaries already built (CI: `cargo test` built the examples).
-    #[arg(long)]
-    no_build: bool,
-}
-
-#[derive(clap::Args)]
-struct ReadmeArgs {
-    /// Change nothing; fail (exit 1) when a file's tables are not what the committed
-    /// summaries give.
-    #[arg(long)]
-    check: bool,
 }
 
 #[derive(clap::Args)]
@@ -108,11 +102,11 @@ async fn main() -> ExitCode {
         Command::ComposeCheck(args) => xtask::compose::compose_check(&args)
             .await
             .map(|ok| u8::from(!ok)),
-        Command::Examples(args) => xtask::examples::examples(&args.profile, args.no_build)
+        Command::Examples { profile, no_build } => xtask::examples::examples(&profile, no_build)
             .await
             .map(|()| 0),
         Command::CopyCheck => xtask::copy_check::copy_check().map(|()| 0),
-        Command::ReadmeTables(args) => readme_command(&args),
+        Command::ReadmeTables { check } => readme_command(check),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -149,12 +143,12 @@ fn dashboards_command() -> anyhow::Result<u8> {
     Ok(u8::from(!report.problems.is_empty()))
 }
 
-fn readme_command(args: &ReadmeArgs) -> anyhow::Result<u8> {
+fn readme_command(check: bool) -> anyhow::Result<u8> {
     let workspace = stack::workspace();
-    let changed = xtask::tables::update(&workspace, args.check)?;
+    let changed = xtask::tables::update(&workspace, check)?;
     for file in &changed {
         let file = file.strip_prefix(&workspace).unwrap_or(file).display();
-        match args.check {
+        match check {
             true => println!("FAIL {file}: tables out of date (run `cargo xtask readme-tables`)"),
             false => println!("{file}: tables regenerated"),
         }
@@ -162,5 +156,5 @@ fn readme_command(args: &ReadmeArgs) -> anyhow::Result<u8> {
     if changed.is_empty() {
         println!("readme-tables: every table is up to date");
     }
-    Ok(u8::from(args.check && !changed.is_empty()))
+    Ok(u8::from(check && !changed.is_empty()))
 }
