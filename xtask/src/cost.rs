@@ -190,17 +190,7 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
             migrate(&fresh_database(&cluster, &database).await?).await?;
             let output = Command::new(cluster.bin("pgbench"))
                 .env("PGOPTIONS", &options)
-                .args([
-                    "-n",
-                    "-M",
-                    "simple",
-                    "-j",
-                    "2",
-                    "-h",
-                    "127.0.0.1",
-                    "-U",
-                    "postgres",
-                ])
+                .args("-n -M simple -j 2 -h 127.0.0.1 -U postgres".split(' '))
                 .args([
                     "-c",
                     &args.clients.to_string(),

@@ -38,13 +38,7 @@ fn build(profile: &str) -> anyhow::Result<()> {
     let status = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
         .current_dir(workspace())
         .args(["build", "--quiet", "--profile", profile])
-        .args([
-            "-p",
-            "deadline-propagation",
-            "--examples",
-            "-p",
-            "catalog-service",
-        ])
+        .args("-p deadline-propagation --examples -p catalog-service".split(' '))
         .status()
         .context("cannot run cargo build")?;
     ensure!(status.success(), "cargo build failed");

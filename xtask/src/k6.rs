@@ -66,6 +66,11 @@ pub async fn run(
     };
     let request_log = dir.join("requests.csv");
     let _ = std::fs::remove_file(&request_log);
+    let (budget_min, budget_max) = load.budget_range_ms.unwrap_or((0, 0));
+    // A COMMIT on the wire when the link to the database is cut has an outcome nobody
+    // can learn in time: 500 outcome-unknown is the true answer then.
+    let outcome_unknown_ok = u8::from(load.partition.is_some());
+    let summary = dir.join("k6-summary.json");
     let env = [
         ("MODE", mode.to_owned()),
         ("MODEL", model.to_owned()),
@@ -74,38 +79,17 @@ pub async fn run(
         ("THINK_MS", think.to_string()),
         ("DURATION", format!("{}ms", load.duration.as_millis())),
         ("BUDGET_MS", load.budget_ms.to_string()),
-        (
-            "BUDGET_MIN",
-            load.budget_range_ms.map_or(0, |r| r.0).to_string(),
-        ),
-        (
-            "BUDGET_MAX",
-            load.budget_range_ms.map_or(0, |r| r.1).to_string(),
-        ),
+        ("BUDGET_MIN", budget_min.to_string()),
+        ("BUDGET_MAX", budget_max.to_string()),
         ("TIMEOUT_MS", load.timeout_ms.to_string()),
         ("MARGIN_MS", margin_ms.to_string()),
         ("ORDERS_URL", orders_url.to_owned()),
-        // A COMMIT on the wire when the link to the database is cut has an outcome
-        // nobody can learn in time: 500 outcome-unknown is the true answer then.
-        (
-            "OUTCOME_UNKNOWN_OK",
-            u8::from(load.partition.is_some()).to_string(),
-        ),
-        (
-            "SUMMARY_PATH",
-            dir.join("k6-summary.json").display().to_string(),
-        ),
+        ("OUTCOME_UNKNOWN_OK", outcome_unknown_ok.to_string()),
+        ("SUMMARY_PATH", summary.display().to_string()),
     ];
     let log = std::fs::File::create(dir.join("k6.log"))?;
     let status = tokio::process::Command::new(k6)
-        .args([
-            "run",
-            "--quiet",
-            "--no-color",
-            "--log-format",
-            "raw",
-            "--console-output",
-        ])
+        .args("run --quiet --no-color --log-format raw --console-output".split(' '))
         .arg(&request_log)
         .arg(workspace().join("k6/experiment.js"))
         .envs(env)
