@@ -23,29 +23,22 @@ pub struct Prometheus {
 /// intervals, and the rule files by absolute path.
 pub fn config(ports: &Ports) -> anyhow::Result<String> {
     let mut text = std::fs::read_to_string(workspace().join("prometheus/prometheus.local.yml"))?;
+    let (orders, catalog) = (ports.orders, ports.catalog);
+    // The configuration is written to a temporary folder; the rules stay here.
+    let rules = format!(
+        "\"{}/rules/*.rules.yml\"",
+        workspace().join("prometheus").display()
+    );
     let replacements = [
-        (
-            "\"127.0.0.1:8080\"",
-            format!("\"127.0.0.1:{}\"", ports.orders),
-        ),
-        (
-            "\"127.0.0.1:8081\"",
-            format!("\"127.0.0.1:{}\"", ports.catalog),
-        ),
+        ("\"127.0.0.1:8080\"", format!("\"127.0.0.1:{orders}\"")),
+        ("\"127.0.0.1:8081\"", format!("\"127.0.0.1:{catalog}\"")),
         ("scrape_interval: 5s", "scrape_interval: 1s".to_owned()),
         ("scrape_timeout: 4s", "scrape_timeout: 1s".to_owned()),
         (
             "evaluation_interval: 5s",
             "evaluation_interval: 1s".to_owned(),
         ),
-        // The configuration is written to a temporary folder; the rules stay here.
-        (
-            "\"rules/*.rules.yml\"",
-            format!(
-                "\"{}/rules/*.rules.yml\"",
-                workspace().join("prometheus").display()
-            ),
-        ),
+        ("\"rules/*.rules.yml\"", rules),
     ];
     for (old, new) in replacements {
         anyhow::ensure!(

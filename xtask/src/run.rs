@@ -452,31 +452,18 @@ pub fn counters(orders: &[Series], catalog: &[Series]) -> BTreeMap<&'static str,
     };
     let extra = |kind, outcome| attempts(&[("kind", kind), ("outcome", outcome)]);
     let late = [client, ("reason", "predicted_late")];
-    BTreeMap::from([
-        (
-            "catalog_answer_seconds",
-            sum(catalog, &format!("{server}_sum"), &[uri, ("status", "200")]),
-        ),
-        (
-            "catalog_calls",
-            sum(catalog, &format!("{server}_count"), &[uri]),
-        ),
+    #[rustfmt::skip]
+    let counters = [
+        ("catalog_answer_seconds", sum(catalog, &format!("{server}_sum"), &[uri, ("status", "200")])),
+        ("catalog_calls", sum(catalog, &format!("{server}_count"), &[uri])),
         ("attempts", sum(orders, &requests, &[client])),
         ("attempts_cut", status("timeout") + status("504")),
-        (
-            "hedges",
-            extra("hedge", "won") + extra("hedge", "lost") + extra("hedge", "cut"),
-        ),
+        ("hedges", extra("hedge", "won") + extra("hedge", "lost") + extra("hedge", "cut")),
         ("extra_cut", extra("hedge", "cut") + extra("retry", "cut")),
-        (
-            "extra_refused_deadline",
-            attempts(&[("outcome", "refused_deadline")]),
-        ),
-        (
-            "predicted_late",
-            sum(orders, names::HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL, &late),
-        ),
-    ])
+        ("extra_refused_deadline", attempts(&[("outcome", "refused_deadline")])),
+        ("predicted_late", sum(orders, names::HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL, &late)),
+    ];
+    BTreeMap::from(counters)
 }
 
 /// Calls the catalog received per order sent in `window` (seconds after the load's
@@ -582,6 +569,7 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
     let quantile = |q| stats::quantile(&latencies, q).unwrap_or(0.0);
     let peak = |f: fn(&Sample) -> f64| samples.iter().map(f).fold(0.0, f64::max);
     let catalog_busy = mean(samples.iter().map(|s| s.catalog_in_flight));
+    #[rustfmt::skip]
     let always = [
         ("goodput_per_s", stats::goodput(requests, budget_ms, secs)),
         ("sent_per_s", requests.len() as f64 / secs),
@@ -591,10 +579,7 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
         ("gave_up_per_s", per_s(0)),
         // What the p99 check looks at: the client waits a second past the budget, so a
         // late answer shows as late instead of being cut at the budget.
-        (
-            "late_per_s",
-            count(&|r| r.status == 0 || r.elapsed_ms > budget_ms + input.margin_ms) / secs,
-        ),
+        ("late_per_s", count(&|r| r.status == 0 || r.elapsed_ms > budget_ms + input.margin_ms) / secs),
         // A bug or a transport error, in total.
         ("other", count(&|r| ![0, 201, 503, 504].contains(&r.status))),
         ("p50_ms", quantile(0.5)),
@@ -607,18 +592,12 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
         ("attempts_cut_per_s", grown["attempts_cut"] / secs),
         ("hedges_per_s", grown["hedges"] / secs),
         ("extra_attempts_cut_per_s", grown["extra_cut"] / secs),
-        (
-            "extra_refused_deadline_per_s",
-            grown["extra_refused_deadline"] / secs,
-        ),
+        ("extra_refused_deadline_per_s", grown["extra_refused_deadline"] / secs),
         ("catalog_calls_per_s", grown["catalog_calls"] / secs),
         ("predicted_late_per_s", grown["predicted_late"] / secs),
         ("catalog_busy_slots", catalog_busy),
         // Busy with calls that produced no answer: for callers that had gone.
-        (
-            "catalog_wasted_slots",
-            (catalog_busy - grown["catalog_answer_seconds"] / secs).max(0.0),
-        ),
+        ("catalog_wasted_slots", (catalog_busy - grown["catalog_answer_seconds"] / secs).max(0.0)),
         ("pending_peak", peak(|s| s.pending)),
         ("pending_mean", mean(samples.iter().map(|s| s.pending))),
         ("active_peak", peak(|s| s.active)),
@@ -634,28 +613,17 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
     let recovery = |removed| stats::recovery_ms(requests, removed, budget_ms, 0.95);
     // Left out where they could not be read: no runtime metrics, no call ended, no fault
     // removed, orders-service unreadable.
+    #[rustfmt::skip]
     let known = [
         ("catalog_call_mean_ms", call_mean_ms(samples)),
         ("orders_busy_ratio", busy_ratio(samples, orders)),
         ("catalog_busy_ratio", busy_ratio(samples, catalog)),
-        (
-            "orders_global_queue_peak",
-            runtime_peak(samples, orders, |r| r.global_queue),
-        ),
-        (
-            "catalog_global_queue_peak",
-            runtime_peak(samples, catalog, |r| r.global_queue),
-        ),
-        (
-            "orders_alive_tasks_peak",
-            runtime_peak(samples, orders, |r| r.alive_tasks),
-        ),
+        ("orders_global_queue_peak", runtime_peak(samples, orders, |r| r.global_queue)),
+        ("catalog_global_queue_peak", runtime_peak(samples, catalog, |r| r.global_queue)),
+        ("orders_alive_tasks_peak", runtime_peak(samples, orders, |r| r.alive_tasks)),
         ("pending_limit", input.pending_limit),
         ("in_flight_end", input.in_flight_end),
-        (
-            "recovery_ms",
-            input.removed_ms.and_then(recovery).map(|ms| ms as f64),
-        ),
+        ("recovery_ms", input.removed_ms.and_then(recovery).map(|ms| ms as f64)),
     ];
     let known = known
         .into_iter()
