@@ -326,15 +326,43 @@ fn every_run_answers(
     verdict(rule, wrong.is_empty(), detail)
 }
 
-/// `rule` compares the medians of `figure` over the runs of the two `sides`: it holds
+/// A rule comparing the medians of a figure over the two sides' runs: its name, the
+/// figure, when it holds (first side's median, second's), and the detail it shows.
+type Comparison = (
+    &'static str,
+    &'static str,
+    fn(f64, f64) -> bool,
+    fn(f64, f64) -> String,
+);
+
+/// `stragglers`: hedging off against on.
+#[rustfmt::skip]
+const STRAGGLERS: [Comparison; 3] = [
+    ("hedging cuts the p99.9 by 90 %", "p999_ms", |off, on| on <= MAX_P999_RATIO * off,
+     |off, on| format!("p99.9 {off:.0} ms off, {on:.0} ms on ({:.2})", on / off)),
+    ("hedging adds at most 2 % catalog attempts", "attempts_per_order", |off, on| on <= MAX_CALLS_RATIO * off,
+     |off, on| format!("{off:.4} off, {on:.4} on calls per order ({:.3})", on / off)),
+    ("hedging lowers no goodput", "goodput_per_s", |off, on| on >= MIN_GOODPUT_WITH_HEDGING * off,
+     |off, on| format!("{off:.1} off, {on:.1} on orders/s")),
+];
+
+/// `tight`: the deadline rule of extra attempts off against on.
+#[rustfmt::skip]
+const TIGHT: [Comparison; 2] = [
+    ("the deadline rule leaves 90 % fewer extra attempts cut", "extra_attempts_cut_per_s",
+     |blind, aware| aware <= MAX_CUT_RATIO * blind,
+     |blind, aware| format!("{blind:.2}/s blind, {aware:.2}/s aware")),
+    ("the deadline rule costs at most 0.5 points of orders in time", "in_time_share",
+     |blind, aware| aware >= blind - MAX_IN_TIME_LOSS,
+     |blind, aware| format!("{:.2} % blind, {:.2} % aware", blind * 100.0, aware * 100.0)),
+];
+
+/// The comparison of the medians of `figure` over the runs of the two `sides`: it holds
 /// when `holds(first, second)` does, and fails when a run of either lacks the figure.
 fn compare(
     summary: &Summary,
-    rule: &str,
-    figure: &str,
     sides: [&str; 2],
-    holds: impl Fn(f64, f64) -> bool,
-    show: impl Fn(f64, f64) -> String,
+    (rule, figure, holds, show): &Comparison,
 ) -> Verdict {
     let median = |side| {
         let rows = runs(summary, rule, side, &[figure])?;
@@ -352,57 +380,14 @@ fn compare(
 /// `None` for any other scenario or pair of sides.
 fn hedging_rules(summary: &Summary) -> Option<Vec<Verdict>> {
     let sides: Vec<&str> = summary.sides.iter().map(String::as_str).collect();
-    let hedging = ["hedging-off", "hedging-on"];
-    let deadline = ["deadline-blind", "deadline-aware"];
-    match (summary.scenario.as_str(), sides.as_slice()) {
-        ("stragglers", ["hedging-off", "hedging-on"]) => Some(vec![
-            compare(
-                summary,
-                "hedging cuts the p99.9 by 90 %",
-                "p999_ms",
-                hedging,
-                |off, on| on <= MAX_P999_RATIO * off,
-                |off, on| format!("p99.9 {off:.0} ms off, {on:.0} ms on ({:.2})", on / off),
-            ),
-            compare(
-                summary,
-                "hedging adds at most 2 % catalog attempts",
-                "attempts_per_order",
-                hedging,
-                |off, on| on <= MAX_CALLS_RATIO * off,
-                |off, on| format!("{off:.4} off, {on:.4} on calls per order ({:.3})", on / off),
-            ),
-            compare(
-                summary,
-                "hedging lowers no goodput",
-                "goodput_per_s",
-                hedging,
-                |off, on| on >= MIN_GOODPUT_WITH_HEDGING * off,
-                |off, on| format!("{off:.1} off, {on:.1} on orders/s"),
-            ),
-        ]),
-        ("tight", ["deadline-blind", "deadline-aware"]) => Some(vec![
-            compare(
-                summary,
-                "the deadline rule leaves 90 % fewer extra attempts cut",
-                "extra_attempts_cut_per_s",
-                deadline,
-                |blind, aware| aware <= MAX_CUT_RATIO * blind,
-                |blind, aware| format!("{blind:.2}/s blind, {aware:.2}/s aware"),
-            ),
-            compare(
-                summary,
-                "the deadline rule costs at most 0.5 points of orders in time",
-                "in_time_share",
-                deadline,
-                |blind, aware| aware >= blind - MAX_IN_TIME_LOSS,
-                |blind, aware| {
-                    format!("{:.2} % blind, {:.2} % aware", blind * 100.0, aware * 100.0)
-                },
-            ),
-        ]),
+    let sides: [&str; 2] = sides.try_into().ok()?;
+    let compared =
+        |rules: &[Comparison]| rules.iter().map(|r| compare(summary, sides, r)).collect();
+    match (summary.scenario.as_str(), sides) {
+        ("stragglers", ["hedging-off", "hedging-on"]) => Some(compared(&STRAGGLERS)),
+        ("tight", ["deadline-blind", "deadline-aware"]) => Some(compared(&TIGHT)),
         ("outage", ["hedging-off", "hedging-on"]) => Some(
-            hedging
+            sides
                 .iter()
                 .map(|side| {
                     let rule =
