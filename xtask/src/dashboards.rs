@@ -45,17 +45,13 @@ pub struct Report {
 /// Checks every `*.json` in `dir`.
 pub fn check_dir(dir: &Path) -> anyhow::Result<Report> {
     let mut report = Report::default();
-    let mut uids = BTreeSet::new();
-    let mut seed_found = false;
+    let (mut uids, mut seed_found) = (BTreeSet::new(), false);
     let mut files: Vec<_> = std::fs::read_dir(dir)?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .collect();
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    files.retain(|p| p.extension().is_some_and(|e| e == "json"));
     files.sort();
-    for path in files
-        .iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-    {
+    for path in &files {
         let name = path
             .file_name()
             .unwrap_or_default()
@@ -64,45 +60,43 @@ pub fn check_dir(dir: &Path) -> anyhow::Result<Report> {
         let text = std::fs::read_to_string(path)?;
         let dashboard: Value =
             serde_json::from_str(&text).with_context(|| format!("{name} does not parse"))?;
+        let mut problem = |what: String| report.problems.push(format!("{name}: {what}"));
         let uid = dashboard["uid"].as_str().unwrap_or_default().to_owned();
         if uid.is_empty() || !uids.insert(uid.clone()) {
-            report
-                .problems
-                .push(format!("{name}: missing or repeated uid {uid:?}"));
+            problem(format!("missing or repeated uid {uid:?}"));
+        }
+        if let Err(what) = check_datasource_variable(&dashboard) {
+            problem(what);
         }
         let defaults = variable_defaults(&dashboard);
-        if let Err(problem) = check_datasource_variable(&dashboard) {
-            report.problems.push(format!("{name}: {problem}"));
+        let annotations = dashboard["annotations"]["list"]
+            .as_array()
+            .into_iter()
+            .flatten();
+        for annotation in annotations.filter(|a| a["builtIn"].as_u64().unwrap_or(0) == 0) {
+            let label = format!("annotation {}", annotation["name"]);
+            if annotation["datasource"]["uid"] != DATASOURCE_REF {
+                problem(format!("{label}: datasource is not {DATASOURCE_REF}"));
+            }
+            match check_expr(
+                annotation["expr"].as_str().unwrap_or_default().trim(),
+                &defaults,
+            ) {
+                Ok(expr) => {
+                    let label = format!("{name}: {label}");
+                    report.queries.push(Query {
+                        label,
+                        expr,
+                        during_fault: true,
+                    });
+                }
+                Err(problems) => problems
+                    .into_iter()
+                    .for_each(|p| problem(format!("{label}: {p}"))),
+            }
         }
         for panel in panels(&dashboard) {
             seed_found |= check_panel(&name, panel, &defaults, &mut report);
-        }
-        for annotation in dashboard["annotations"]["list"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            if annotation["builtIn"].as_u64().unwrap_or(0) != 0 {
-                continue;
-            }
-            let label = format!("{name}: annotation {}", annotation["name"]);
-            if annotation["datasource"]["uid"] != DATASOURCE_REF {
-                report
-                    .problems
-                    .push(format!("{label}: datasource is not {DATASOURCE_REF}"));
-            }
-            let expr = annotation["expr"].as_str().unwrap_or_default().trim();
-            match check_expr(expr, &defaults) {
-                Ok(expr) => report.queries.push(Query {
-                    label,
-                    expr,
-                    during_fault: true,
-                }),
-                Err(problems) => {
-                    let problems = problems.into_iter().map(|p| format!("{label}: {p}"));
-                    report.problems.extend(problems);
-                }
-            }
         }
     }
     if !seed_found {
@@ -151,19 +145,13 @@ fn check_panel(
     if targets.is_empty() {
         problem("no targets".into());
     }
-    let mut seed = false;
-    let mut refs = BTreeSet::new();
-    let mut queries = Vec::new();
+    let (mut seed, mut refs) = (false, BTreeSet::new());
     for target in &targets {
         let ref_id = target["refId"].as_str().unwrap_or("?").to_owned();
         if !refs.insert(ref_id.clone()) {
             problem(format!("refId {ref_id} used twice"));
         }
         let expr = target["expr"].as_str().unwrap_or_default().trim();
-        if expr.is_empty() {
-            problem(format!("target {ref_id}: no expr"));
-            continue;
-        }
         seed |= expr == SEED_QUERY;
         if !target["datasource"].is_null() && target["datasource"]["uid"] != DATASOURCE_REF {
             problem(format!(
@@ -171,19 +159,19 @@ fn check_panel(
             ));
         }
         match check_expr(expr, defaults) {
-            Ok(resolved) => queries.push(Query {
-                label: format!("{title} / {ref_id}"),
-                expr: resolved,
-                during_fault: false,
-            }),
-            Err(problems) => {
-                for p in problems {
-                    problem(format!("target {ref_id}: {p}"));
-                }
+            Ok(expr) => {
+                let label = format!("{title} / {ref_id}");
+                report.queries.push(Query {
+                    label,
+                    expr,
+                    during_fault: false,
+                });
             }
+            Err(problems) => problems
+                .into_iter()
+                .for_each(|p| problem(format!("target {ref_id}: {p}"))),
         }
     }
-    report.queries.extend(queries);
     seed
 }
 
