@@ -273,11 +273,8 @@ pub async fn measure(
     dir: &Path,
 ) -> anyhow::Result<CpuReport> {
     std::fs::create_dir_all(dir)?;
-    let name = match versus {
-        CpuVersus::Modes => "cpu_modes",
-        CpuVersus::Aa => "cpu_aa",
-    };
-    let database_url = fresh_database(cluster, name).await?;
+    let name = format!("cpu_{versus:?}").to_lowercase();
+    let database_url = fresh_database(cluster, &name).await?;
     let env = ServiceEnv {
         orders: vec![
             ("DEADLINE_MODE".into(), "propagate".into()),
@@ -302,12 +299,8 @@ pub async fn measure(
     let mut load = Scenario::Happy.load(Some(length), plan.budget_ms);
     load.model = Model::Open { rate: plan.rate };
     let k6_task = {
-        let (k6, load, url, dir) = (
-            k6.to_path_buf(),
-            load.clone(),
-            url(ports.orders),
-            dir.to_path_buf(),
-        );
+        let (k6, load, dir) = (k6.to_path_buf(), load.clone(), dir.to_path_buf());
+        let url = url(ports.orders);
         // `legacy` for k6's thresholds only: the run holds both modes, and a p99 over both
         // says nothing; every answer's status is still checked.
         tokio::spawn(async move { crate::k6::run(&k6, &load, "legacy", &url, 0, &dir).await })
@@ -610,7 +603,7 @@ pub async fn run(args: CpuArgs) -> anyhow::Result<Vec<CpuReport>> {
         .unwrap_or_else(|| crate::stack::workspace().join("results/cpu"));
     let commit = crate::stack::commit();
     if !args.no_build {
-        crate::stack::build_services(&args.profile)?;
+        crate::stack::build_services(&args.profile, &[])?;
     }
     let k6 = crate::k6::ensure_k6()?;
     let cluster = tokio::task::spawn_blocking(PgCluster::start).await??;

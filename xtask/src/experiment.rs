@@ -212,12 +212,8 @@ async fn cpu_per_order(ctx: &Context, out: &Path, commit: &str, pairs: u32) -> a
 /// Builds, finds k6, starts PostgreSQL, picks the ports.
 async fn prepare(args: &ExperimentArgs, out: &Path) -> anyhow::Result<Context> {
     if !args.no_build {
-        let features: &[&str] = if args.profile_cpu {
-            &["profiling"]
-        } else {
-            &[]
-        };
-        stack::build_services_with(args.profile(), features)?;
+        let features = args.profile_cpu.then_some("profiling");
+        stack::build_services(args.profile(), features.as_slice())?;
     }
     let k6 = k6::ensure_k6()?;
     if out.join("runs").exists() {

@@ -56,29 +56,18 @@ impl Prometheus {
         std::fs::create_dir_all(dir.join("tsdb"))?;
         std::fs::write(dir.join("prometheus.yml"), config(ports)?)?;
         let port = free_port();
+        let (config, tsdb) = (dir.join("prometheus.yml"), dir.join("tsdb"));
         let mut command = std::process::Command::new("prometheus");
-        command
-            .arg(format!(
-                "--config.file={}",
-                dir.join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"));
+        command.arg(format!("--config.file={}", config.display()));
+        command.arg(format!("--storage.tsdb.path={}", tsdb.display()));
+        command.arg(format!("--web.listen-address=127.0.0.1:{port}"));
         let process = ServiceProcess::spawn(command, dir.join("prometheus.log"))
             .context("cannot start prometheus (Debian: apt-get install prometheus)")?;
         let url = format!("http://127.0.0.1:{port}");
-        let client = reqwest::Client::new();
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(60) {
-            if client
-                .get(format!("{url}/-/ready"))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-            {
+            let ready = reqwest::get(format!("{url}/-/ready")).await;
+            if ready.is_ok_and(|r| r.status().is_success()) {
                 return Ok(Self {
                     url,
                     _process: process,

@@ -176,29 +176,28 @@ tokio_worker_busy_seconds_total 3.25
 tokio_alive_tasks 40
 tokio_global_queue_depth 3
 "#;
-        let sample = gauges(&exposition::parse(text), 1.5, 20.0);
+        let s = gauges(&exposition::parse(text), 1.5, 20.0);
+        let gauges = [
+            s.t,
+            s.pending,
+            s.active,
+            s.in_flight,
+            s.db_pending,
+            s.rss_mib,
+        ];
+        assert_eq!(gauges, [1.5, 7.0, 50.0, 57.0, 2.0, 20.0]);
         assert_eq!(
-            sample,
-            Sample {
-                t: 1.5,
-                pending: 7.0,
-                active: 50.0,
-                in_flight: 57.0,
-                db_pending: 2.0,
-                rss_mib: 20.0,
-                catalog_in_flight: 0.0,
-                catalog_received: 0.0,
-                catalog_calls: 12.0,
-                catalog_call_s: 2.9,
-                orders_runtime: Some(Runtime {
-                    workers: 2.0,
-                    busy_s: 3.25,
-                    alive_tasks: 40.0,
-                    global_queue: 3.0,
-                }),
-                catalog_runtime: None,
-            }
+            [s.catalog_calls, s.catalog_call_s],
+            [12.0, 2.9],
+            "catalog's series only"
         );
+        let runtime = Runtime {
+            workers: 2.0,
+            busy_s: 3.25,
+            alive_tasks: 40.0,
+            global_queue: 3.0,
+        };
+        assert_eq!((s.orders_runtime, s.catalog_runtime), (Some(runtime), None));
     }
 
     #[test]

@@ -388,6 +388,14 @@ impl Versus {
     /// the first's.
     pub fn sides(self) -> [Side; 2] {
         let side = |name, mode, env| Side { name, mode, env };
+        let bounds_off = &[
+            ("DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", "0"),
+            ("DB_LIVENESS_TIMEOUT_MS", "0"),
+        ];
+        let blind = &[
+            ("CATALOG_HEDGE", "on"),
+            ("CATALOG_HEDGE_DEADLINE_AWARE", "false"),
+        ];
         match self {
             Self::Modes => [
                 side("legacy", "legacy", &[]),
@@ -398,14 +406,7 @@ impl Versus {
                 side("metrics-on", "propagate", &[("RUNTIME_METRICS", "true")]),
             ],
             Self::SessionBounds => [
-                side(
-                    "bounds-off",
-                    "propagate",
-                    &[
-                        ("DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", "0"),
-                        ("DB_LIVENESS_TIMEOUT_MS", "0"),
-                    ],
-                ),
+                side("bounds-off", "propagate", bounds_off),
                 side("bounds-on", "propagate", &[]),
             ],
             Self::Hedging => [
@@ -413,14 +414,7 @@ impl Versus {
                 side("hedging-on", "propagate", &[("CATALOG_HEDGE", "on")]),
             ],
             Self::HedgeDeadline => [
-                side(
-                    "deadline-blind",
-                    "propagate",
-                    &[
-                        ("CATALOG_HEDGE", "on"),
-                        ("CATALOG_HEDGE_DEADLINE_AWARE", "false"),
-                    ],
-                ),
+                side("deadline-blind", "propagate", blind),
                 side("deadline-aware", "propagate", &[("CATALOG_HEDGE", "on")]),
             ],
         }

@@ -51,13 +51,8 @@ pub fn commit() -> String {
     }
 }
 
-/// Builds both services with cargo for `profile` (`dev` or `release`).
-pub fn build_services(profile: &str) -> anyhow::Result<()> {
-    build_services_with(profile, &[])
-}
-
 /// Builds both services for `profile` with the cargo `features` both have (`profiling`).
-pub fn build_services_with(profile: &str, features: &[&str]) -> anyhow::Result<()> {
+pub fn build_services(profile: &str, features: &[&str]) -> anyhow::Result<()> {
     let mut command = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()));
     command
         .current_dir(workspace())

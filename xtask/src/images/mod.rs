@@ -121,7 +121,9 @@ pub fn images(args: &ImagesArgs) -> anyhow::Result<()> {
         })?;
     }
     if !args.no_build {
-        step("cargo build (services)", || build_services(&args.profile))?;
+        step("cargo build (services)", || {
+            build_services(&args.profile, &[])
+        })?;
     }
     let binaries = binary_dir(&workspace(), &args.profile);
     let context = cache.join("services");
