@@ -1,5 +1,5 @@
 //! The Grafana dashboards, checked without Grafana: their structure here, their
-//! queries against a real Prometheus in [`crate::prometheus`], which is also what says
+//! queries against a real Prometheus in `experiment --prometheus`, which is also what says
 //! whether each metric a query selects exists (no list of names is kept here).
 //!
 //! Every dashboard has a `datasource` variable (a Prometheus datasource picker defaulting
