@@ -341,12 +341,8 @@ pub fn summary_markdown(summary: &Summary, verdicts: &[Verdict]) -> String {
     }
     text.push_str("\n| check | result | detail |\n| --- | --- | --- |\n");
     for v in verdicts {
-        text.push_str(&format!(
-            "| {} | {} | {} |\n",
-            v.rule,
-            if v.ok { "pass" } else { "FAIL" },
-            v.detail
-        ));
+        let result = if v.ok { "pass" } else { "FAIL" };
+        text.push_str(&format!("| {} | {result} | {} |\n", v.rule, v.detail));
     }
     text
 }
@@ -357,12 +353,8 @@ fn print_report(summary: &Summary, verdicts: &[Verdict], out: &Path) {
         println!("pool queue, slow downstream or saturated executor? {side}: {answer}");
     }
     for v in verdicts {
-        println!(
-            "{} {}: {}",
-            if v.ok { "PASS" } else { "FAIL" },
-            v.rule,
-            v.detail
-        );
+        let result = if v.ok { "PASS" } else { "FAIL" };
+        println!("{result} {}: {}", v.rule, v.detail);
     }
     println!("\nresults in {}", out.display());
 }

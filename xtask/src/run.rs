@@ -6,10 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use deadline_propagation::metrics::names;
 use serde::Serialize;
 use test_support::PgCluster;
-use test_support::exposition::{self, Sample as Series};
 
 use crate::k6::{self, K6Run};
 use crate::partition::{self, Held};
@@ -95,8 +93,8 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
         }
     }
     let client = reqwest::Client::new();
-    let catalog_before = sampler::scrape(&client, &metrics_url(&url(ctx.ports.catalog))).await;
-    let orders_before = sampler::scrape(&client, &metrics_url(&url(ctx.ports.orders))).await;
+    let catalog_before = sampler::scrape(&client, &metrics_url(ctx.ports.catalog)).await;
+    let orders_before = sampler::scrape(&client, &metrics_url(ctx.ports.orders)).await;
     // A fault that begins later (`outage`) is injected by the load's own timer; until
     // then the catalog keeps its usual speed.
     let from_start = match ctx.load.fault_from {
@@ -115,9 +113,9 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
         held,
     } = measured?;
     let load_ended_at = unix_ms() as f64 / 1000.0;
-    let (drain, in_flight_end) = wait_drained(&client, &url(ctx.ports.orders)).await;
-    let catalog_after = sampler::scrape(&client, &metrics_url(&url(ctx.ports.catalog))).await;
-    let orders_after = sampler::scrape(&client, &metrics_url(&url(ctx.ports.orders))).await;
+    let (drain, in_flight_end) = wait_drained(&client, ctx.ports.orders).await;
+    let catalog_after = sampler::scrape(&client, &metrics_url(ctx.ports.catalog)).await;
+    let orders_after = sampler::scrape(&client, &metrics_url(ctx.ports.orders)).await;
     let rss_end = test_support::process::rss_kib(services.orders.pid()) as f64 / 1024.0;
     if ctx.profile_cpu {
         for (service, admin) in ["orders", "catalog"].into_iter().zip(profiled(&ctx.ports)) {
@@ -132,8 +130,8 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     }
     services.stop();
 
-    let before = counters(&orders_before, &catalog_before);
-    let after = counters(&orders_after, &catalog_after);
+    let before = sampler::counters(&orders_before, &catalog_before);
+    let after = sampler::counters(&orders_after, &catalog_after);
     let inputs = FigureInputs {
         load: &ctx.load,
         k6: &k6_run,
@@ -142,7 +140,7 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
             .iter()
             .map(|(name, n)| (*name, n - before[name]))
             .collect(),
-        pending_limit: pending_limit(&orders_before),
+        pending_limit: sampler::pending_limit(&orders_before),
         margin_ms: ctx.margin_ms,
         drain,
         in_flight_end,
@@ -184,8 +182,8 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     })
 }
 
-fn metrics_url(base: &str) -> String {
-    format!("{base}/metrics")
+fn metrics_url(port: u16) -> String {
+    format!("{}/metrics", url(port))
 }
 
 /// The services of `side` with the scenario's pool size, on a fresh database.
@@ -321,8 +319,8 @@ async fn measure_load(
         None => None,
     };
     let sampler = Sampler::start(
-        metrics_url(&url(ctx.ports.orders)),
-        metrics_url(&url(ctx.ports.catalog)),
+        metrics_url(ctx.ports.orders),
+        metrics_url(ctx.ports.catalog),
         services.orders.pid(),
     );
     let load_start_ms = unix_ms();
@@ -402,68 +400,18 @@ async fn profile(admin: &str, action: &str, title: Option<&str>) -> anyhow::Resu
 
 /// Waits (at most 30 s) until no order is in flight; returns how long that took and
 /// the last in-flight count read (`None` if none could be).
-async fn wait_drained(client: &reqwest::Client, orders_url: &str) -> (Duration, Option<f64>) {
+async fn wait_drained(client: &reqwest::Client, orders: u16) -> (Duration, Option<f64>) {
     let started = Instant::now();
     let mut in_flight = None;
     while started.elapsed() < Duration::from_secs(30) {
-        let series = sampler::scrape(client, &metrics_url(orders_url)).await;
-        in_flight = exposition::sum(
-            &series,
-            names::HTTP_SERVER_REQUESTS_IN_FLIGHT,
-            &[("uri", "/api/orders")],
-        )
-        .or(in_flight);
+        let series = sampler::scrape(client, &metrics_url(orders)).await;
+        in_flight = sampler::orders_in_flight(&series).or(in_flight);
         if in_flight == Some(0.0) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     (started.elapsed(), in_flight)
-}
-
-/// The catalog bulkhead's queue limit, as orders-service exports it.
-fn pending_limit(series: &[Series]) -> Option<f64> {
-    let labels = [("client", "catalog"), ("kind", "pending_max")];
-    exposition::sum(series, names::HTTP_CLIENT_POOL_LIMIT, &labels)
-}
-
-/// The counters a load grows, by name, in one scrape of each service: the time
-/// catalog-service spent on calls it answered 200, and the calls it answered;
-/// orders-service's catalog attempts (every status, `cancelled` included), of them those
-/// cut at the deadline or answered 504, the hedges it sent, the hedges and retries cut,
-/// the extra attempts the deadline rule refused, and the calls admission refused as
-/// predicted late.
-pub fn counters(orders: &[Series], catalog: &[Series]) -> BTreeMap<&'static str, f64> {
-    let sum = |series, family: &str, labels: &[(&str, &str)]| {
-        exposition::sum(series, family, labels).unwrap_or(0.0)
-    };
-    let (server, client) = (names::HTTP_SERVER_REQUESTS_SECONDS, ("client", "catalog"));
-    let (uri, requests) = (
-        ("uri", "/catalog/{sku}"),
-        format!("{}_count", names::HTTP_CLIENT_REQUESTS_SECONDS),
-    );
-    let status = |status| sum(orders, &requests, &[client, ("status", status)]);
-    let attempts = |labels: &[(&str, &str)]| {
-        sum(
-            orders,
-            names::HTTP_CLIENT_ATTEMPTS_TOTAL,
-            &[&[client], labels].concat(),
-        )
-    };
-    let extra = |kind, outcome| attempts(&[("kind", kind), ("outcome", outcome)]);
-    let late = [client, ("reason", "predicted_late")];
-    #[rustfmt::skip]
-    let counters = [
-        ("catalog_answer_seconds", sum(catalog, &format!("{server}_sum"), &[uri, ("status", "200")])),
-        ("catalog_calls", sum(catalog, &format!("{server}_count"), &[uri])),
-        ("attempts", sum(orders, &requests, &[client])),
-        ("attempts_cut", status("timeout") + status("504")),
-        ("hedges", extra("hedge", "won") + extra("hedge", "lost") + extra("hedge", "cut")),
-        ("extra_cut", extra("hedge", "cut") + extra("retry", "cut")),
-        ("extra_refused_deadline", attempts(&[("outcome", "refused_deadline")])),
-        ("predicted_late", sum(orders, names::HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL, &late)),
-    ];
-    BTreeMap::from(counters)
 }
 
 /// Calls the catalog received per order sent in `window` (seconds after the load's
@@ -535,7 +483,7 @@ pub struct FigureInputs<'a> {
     pub k6: &'a K6Run,
     /// The sampler's samples.
     pub samples: &'a [Sample],
-    /// What the services' [`counters`] grew by during the load and its drain.
+    /// What the services' [`sampler::counters`] grew by during the load and its drain.
     pub grown: BTreeMap<&'static str, f64>,
     /// The catalog bulkhead's queue limit, if it could be read.
     pub pending_limit: Option<f64>,

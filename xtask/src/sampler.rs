@@ -1,7 +1,10 @@
-//! Samples orders-service's gauges and memory, and both services' tokio runtimes, four
-//! times a second during a load, for the peaks in the summary, the three-way answer
-//! ([`crate::diagnosis`]) and the time series.
+//! Everything the harness reads from the services' `/metrics`, by the names of the
+//! contract (the only module that names them): orders-service's gauges and memory and
+//! both services' tokio runtimes, sampled four times a second during a load for the
+//! peaks in the summary, the three-way answer ([`crate::diagnosis`]) and the time series;
+//! and the counters a load grows.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use deadline_propagation::metrics::names;
@@ -94,6 +97,58 @@ pub fn gauges(series: &[Series], t: f64, rss_mib: f64) -> Sample {
         orders_runtime: Runtime::read(series),
         ..Sample::default()
     }
+}
+
+/// The catalog bulkhead's queue limit, as orders-service exports it.
+pub fn pending_limit(series: &[Series]) -> Option<f64> {
+    let labels = [("client", "catalog"), ("kind", "pending_max")];
+    exposition::sum(series, names::HTTP_CLIENT_POOL_LIMIT, &labels)
+}
+
+/// The counters a load grows, by name, in one scrape of each service: catalog-service's
+/// time on calls it answered 200 and calls answered; orders-service's catalog attempts
+/// (`cancelled` too), those cut or answered 504, hedges sent, hedges and retries cut,
+/// extra attempts the deadline rule refused, calls admission refused as predicted late.
+pub fn counters(orders: &[Series], catalog: &[Series]) -> BTreeMap<&'static str, f64> {
+    let sum = |series, family: &str, labels: &[(&str, &str)]| {
+        exposition::sum(series, family, labels).unwrap_or(0.0)
+    };
+    let (server, client) = (names::HTTP_SERVER_REQUESTS_SECONDS, ("client", "catalog"));
+    let (uri, requests) = (
+        ("uri", "/catalog/{sku}"),
+        format!("{}_count", names::HTTP_CLIENT_REQUESTS_SECONDS),
+    );
+    let status = |status| sum(orders, &requests, &[client, ("status", status)]);
+    let attempts = |labels: &[(&str, &str)]| {
+        sum(
+            orders,
+            names::HTTP_CLIENT_ATTEMPTS_TOTAL,
+            &[&[client], labels].concat(),
+        )
+    };
+    let extra = |kind, outcome| attempts(&[("kind", kind), ("outcome", outcome)]);
+    let late = [client, ("reason", "predicted_late")];
+    #[rustfmt::skip]
+    let counters = [
+        ("catalog_answer_seconds", sum(catalog, &format!("{server}_sum"), &[uri, ("status", "200")])),
+        ("catalog_calls", sum(catalog, &format!("{server}_count"), &[uri])),
+        ("attempts", sum(orders, &requests, &[client])),
+        ("attempts_cut", status("timeout") + status("504")),
+        ("hedges", extra("hedge", "won") + extra("hedge", "lost") + extra("hedge", "cut")),
+        ("extra_cut", extra("hedge", "cut") + extra("retry", "cut")),
+        ("extra_refused_deadline", attempts(&[("outcome", "refused_deadline")])),
+        ("predicted_late", sum(orders, names::HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL, &late)),
+    ];
+    BTreeMap::from(counters)
+}
+
+/// `POST /api/orders` being handled, as orders-service exports it.
+pub fn orders_in_flight(series: &[Series]) -> Option<f64> {
+    exposition::sum(
+        series,
+        names::HTTP_SERVER_REQUESTS_IN_FLIGHT,
+        &[("uri", "/api/orders")],
+    )
 }
 
 /// One scrape of `url`, parsed; empty when the service does not answer.
