@@ -6,7 +6,8 @@
 #   - docker-compose config: the compose file is valid, with .env.example filled in, and
 #     refuses to start without GRAFANA_ADMIN_PASSWORD, also from an unedited copy of
 #     .env.example (no default admin password);
-#   - cargo xtask dashboards: the dashboards' structure and metric names.
+#   - cargo xtask dashboards: the dashboards' structure (their queries, metric names
+#     included, run against a real Prometheus in CI's `experiment --prometheus`).
 # Installs nothing: it names what to install when a tool is missing. Exits non-zero when
 # any check fails (all checks run, so one run shows every problem).
 set -uo pipefail

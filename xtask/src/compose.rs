@@ -20,11 +20,11 @@ use anyhow::{Context as _, bail, ensure};
 use serde_json::Value;
 
 use crate::dashboards::SEED_QUERY;
-use crate::images::{POSTGRES_IMAGE, PROMETHEUS_IMAGE, SERVICE_IMAGES, exists, run};
+use crate::images::{POSTGRES_IMAGE, PROMETHEUS_IMAGE, SERVICE_IMAGES, exists};
 use crate::prometheus::instant_query;
 use crate::run::set_fault;
 use crate::scenario::Fault;
-use crate::stack::workspace;
+use crate::stack::{run, workspace};
 
 /// The services started: those whose images `cargo xtask images` makes. Compose starts
 /// them and nothing else (Grafana, Jaeger and k6 have no Debian package).

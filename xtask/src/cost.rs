@@ -2,8 +2,9 @@
 //!
 //! The `happy` experiment measures the whole machine (k6, both services and PostgreSQL
 //! on two cores). This isolates the database's share: pgbench runs the order
-//! transaction as each mode sends it, with the service's own SQL ([`PLACE_ORDER`],
-//! [`begin_sql`], [`commit_sql`]), three round trips each:
+//! transaction as each mode sends it, with the service's own SQL ([`PLACE_ORDER`], a
+//! copy a test holds to orders-service's, [`begin_sql`], [`commit_sql`]), three round
+//! trips each:
 //!
 //! - legacy: `BEGIN`; the statement; `COMMIT`;
 //! - propagate: what the service sends when budgets are alike (every order here has the
@@ -31,7 +32,6 @@ use std::process::Command;
 use anyhow::Context as _;
 use deadline_propagation::db::DbConfig;
 use deadline_propagation::testing::{DEFERRED_WORK_QUERY, begin_sql, commit_sql, session_options};
-use orders_service::orders::PLACE_ORDER;
 use serde::Serialize;
 use sqlx::Connection as _;
 use test_support::PgCluster;
@@ -60,6 +60,33 @@ pub struct CostArgs {
     /// both figures, not their ratio.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub session_bounds: String,
+}
+
+/// orders-service's `orders::PLACE_ORDER`, copied so that the harness does not build the
+/// service (the test `the_statement_is_the_services` keeps the two equal).
+pub const PLACE_ORDER: &str = "\
+    WITH placed AS ( \
+        INSERT INTO orders (sku, quantity, unit_price_cents, total_cents, idempotency_key) \
+        VALUES ($1, $2, $3, $4, $5) \
+        ON CONFLICT (idempotency_key) DO NOTHING \
+        RETURNING id, sku, quantity, unit_price_cents, total_cents, created_at \
+    ), taken AS ( \
+        UPDATE inventory SET available = available - $2 \
+        WHERE sku = $1 AND available >= $2 AND EXISTS (SELECT 1 FROM placed) \
+        RETURNING 1 \
+    ) \
+    SELECT placed.*, EXISTS (SELECT 1 FROM taken) AS stock_taken FROM placed";
+
+/// The orders schema, from orders-service's migrations as they are on disk.
+async fn migrate(url: &str) -> anyhow::Result<()> {
+    let migrations = workspace().join("orders-service/migrations");
+    let mut conn = sqlx::PgConnection::connect(url).await?;
+    sqlx::migrate::Migrator::new(migrations)
+        .await?
+        .run(&mut conn)
+        .await?;
+    conn.close().await?;
+    Ok(())
 }
 
 /// The limit the batches carry: what a 700 ms budget gives the first statement.
@@ -132,7 +159,7 @@ pub fn script(mode: &str, deferred: bool) -> String {
 pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
     let out = args.out.unwrap_or_else(|| workspace().join("results/cost"));
     std::fs::create_dir_all(out.join("pgbench"))?;
-    let commit = crate::experiment::commit();
+    let commit = crate::stack::commit();
     let options = match args.session_bounds.as_str() {
         "on" => session_options(&DbConfig::default()),
         _ => String::new(),
@@ -141,8 +168,8 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
     // What the service learns of the orders schema at start-up decides its COMMIT.
     let deferred = {
         let url = fresh_database(&cluster, "cost_schema").await?;
+        migrate(&url).await?;
         let mut conn = sqlx::PgConnection::connect(&url).await?;
-        orders_service::MIGRATOR.run(&mut conn).await?;
         let deferred: bool = sqlx::query_scalar(DEFERRED_WORK_QUERY)
             .fetch_one(&mut conn)
             .await?;
@@ -158,23 +185,10 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
         order.rotate_left(repeat as usize % MODES.len());
         for mode in order {
             let database = format!("cost_{repeat}_{}", mode.replace('-', "_"));
-            let url = fresh_database(&cluster, &database).await?;
-            let mut conn = sqlx::PgConnection::connect(&url).await?;
-            orders_service::MIGRATOR.run(&mut conn).await?;
-            conn.close().await?;
+            migrate(&fresh_database(&cluster, &database).await?).await?;
             let output = Command::new(cluster.bin("pgbench"))
                 .env("PGOPTIONS", &options)
-                .args([
-                    "-n",
-                    "-M",
-                    "simple",
-                    "-j",
-                    "2",
-                    "-h",
-                    "127.0.0.1",
-                    "-U",
-                    "postgres",
-                ])
+                .args("-n -M simple -j 2 -h 127.0.0.1 -U postgres".split(' '))
                 .args([
                     "-c",
                     &args.clients.to_string(),
@@ -309,6 +323,11 @@ mod tests {
             assert!(!text.contains('$'), "a parameter was left: {text}");
             assert!(text.contains("INSERT INTO orders"));
         }
+    }
+
+    #[test]
+    fn the_statement_is_the_services() {
+        assert_eq!(PLACE_ORDER, orders_service::orders::PLACE_ORDER);
     }
 
     #[test]

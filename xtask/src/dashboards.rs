@@ -1,23 +1,18 @@
 //! The Grafana dashboards, checked without Grafana: their structure here, their
-//! queries against a real Prometheus in [`crate::prometheus`].
+//! queries against a real Prometheus in `experiment --prometheus`, which is also what says
+//! whether each metric a query selects exists (no list of names is kept here).
 //!
 //! Every dashboard has a `datasource` variable (a Prometheus datasource picker defaulting
 //! to the provisioned uid) and every panel, target and annotation uses it. Every panel
-//! needs a description and at least one query; every query's variables must resolve,
-//! it must not depend on the scrape job's name (`job`), its range windows are
-//! `$__rate_interval`, and every metric it selects must be a contract family
-//! ([`deadline_propagation::metrics::names`]), a recording rule of `prometheus/rules/`, or one of k6's
-//! own (written only under compose), so a typo fails before any Prometheus is involved.
-//! The seed's p99 query must appear unchanged (docs/design.md §7).
+//! needs a description and at least one query; every query's variables must resolve, it
+//! must not depend on the scrape job's name (`job`), and its range windows are
+//! `$__rate_interval`. The seed's p99 query must appear unchanged (docs/design.md §7).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use anyhow::Context as _;
 use serde_json::Value;
-
-pub use crate::promql::metric_names;
-use crate::promql::substitute;
 
 /// The seed's own p99 query, which must work unchanged (docs/design.md §7).
 pub const SEED_QUERY: &str = r#"histogram_quantile(0.99, sum by (le) (rate(http_server_requests_seconds_bucket{uri="/api/orders"}[1m])))"#;
@@ -26,9 +21,6 @@ const DATASOURCE_UID: &str = "prometheus";
 /// How panels name their datasource: the dashboard's `datasource` variable, so the
 /// dashboard works with any Prometheus datasource (its default is [`DATASOURCE_UID`]).
 const DATASOURCE_REF: &str = "${datasource}";
-/// k6's own metrics, remote-written by compose's k6: not the services' contract, and
-/// without data unless k6 writes them.
-pub const K6_PREFIX: &str = "k6_";
 
 /// One query of one panel, its variables replaced by their defaults.
 #[derive(Debug, Clone)]
@@ -37,6 +29,8 @@ pub struct Query {
     pub label: String,
     /// The query as Prometheus gets it.
     pub expr: String,
+    /// Whether it has data only while a catalog delay is injected (the annotation).
+    pub during_fault: bool,
 }
 
 /// What the static check found in every dashboard.
@@ -50,19 +44,14 @@ pub struct Report {
 
 /// Checks every `*.json` in `dir`.
 pub fn check_dir(dir: &Path) -> anyhow::Result<Report> {
-    let recorded = recording_rules(&crate::stack::workspace().join("prometheus/rules"))?;
     let mut report = Report::default();
-    let mut uids = BTreeSet::new();
-    let mut seed_found = false;
+    let (mut uids, mut seed_found) = (BTreeSet::new(), false);
     let mut files: Vec<_> = std::fs::read_dir(dir)?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .collect();
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    files.retain(|p| p.extension().is_some_and(|e| e == "json"));
     files.sort();
-    for path in files
-        .iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-    {
+    for path in &files {
         let name = path
             .file_name()
             .unwrap_or_default()
@@ -71,42 +60,43 @@ pub fn check_dir(dir: &Path) -> anyhow::Result<Report> {
         let text = std::fs::read_to_string(path)?;
         let dashboard: Value =
             serde_json::from_str(&text).with_context(|| format!("{name} does not parse"))?;
+        let mut problem = |what: String| report.problems.push(format!("{name}: {what}"));
         let uid = dashboard["uid"].as_str().unwrap_or_default().to_owned();
         if uid.is_empty() || !uids.insert(uid.clone()) {
-            report
-                .problems
-                .push(format!("{name}: missing or repeated uid {uid:?}"));
+            problem(format!("missing or repeated uid {uid:?}"));
+        }
+        if let Err(what) = check_datasource_variable(&dashboard) {
+            problem(what);
         }
         let defaults = variable_defaults(&dashboard);
-        if let Err(problem) = check_datasource_variable(&dashboard) {
-            report.problems.push(format!("{name}: {problem}"));
-        }
-        for panel in panels(&dashboard) {
-            seed_found |= check_panel(&name, panel, &defaults, &recorded, &mut report);
-        }
-        for annotation in dashboard["annotations"]["list"]
+        let annotations = dashboard["annotations"]["list"]
             .as_array()
             .into_iter()
-            .flatten()
-        {
-            if annotation["builtIn"].as_u64().unwrap_or(0) != 0 {
-                continue;
-            }
-            let label = format!("{name}: annotation {}", annotation["name"]);
+            .flatten();
+        for annotation in annotations.filter(|a| a["builtIn"].as_u64().unwrap_or(0) == 0) {
+            let label = format!("annotation {}", annotation["name"]);
             if annotation["datasource"]["uid"] != DATASOURCE_REF {
-                report
-                    .problems
-                    .push(format!("{label}: datasource is not {DATASOURCE_REF}"));
+                problem(format!("{label}: datasource is not {DATASOURCE_REF}"));
             }
-            let expr = annotation["expr"].as_str().unwrap_or_default().trim();
-            // Checked statically only: it has data only while a fault is injected.
-            for problem in check_expr(expr, &defaults, &recorded)
-                .err()
-                .into_iter()
-                .flatten()
-            {
-                report.problems.push(format!("{label}: {problem}"));
+            match check_expr(
+                annotation["expr"].as_str().unwrap_or_default().trim(),
+                &defaults,
+            ) {
+                Ok(expr) => {
+                    let label = format!("{name}: {label}");
+                    report.queries.push(Query {
+                        label,
+                        expr,
+                        during_fault: true,
+                    });
+                }
+                Err(problems) => problems
+                    .into_iter()
+                    .for_each(|p| problem(format!("{label}: {p}"))),
             }
+        }
+        for panel in panels(&dashboard) {
+            seed_found |= check_panel(&name, panel, &defaults, &mut report);
         }
     }
     if !seed_found {
@@ -135,7 +125,6 @@ fn check_panel(
     file: &str,
     panel: &Value,
     defaults: &BTreeMap<String, String>,
-    recorded: &BTreeSet<String>,
     report: &mut Report,
 ) -> bool {
     let title = format!(
@@ -156,48 +145,39 @@ fn check_panel(
     if targets.is_empty() {
         problem("no targets".into());
     }
-    let mut seed = false;
-    let mut refs = BTreeSet::new();
-    let mut queries = Vec::new();
+    let (mut seed, mut refs) = (false, BTreeSet::new());
     for target in &targets {
         let ref_id = target["refId"].as_str().unwrap_or("?").to_owned();
         if !refs.insert(ref_id.clone()) {
             problem(format!("refId {ref_id} used twice"));
         }
         let expr = target["expr"].as_str().unwrap_or_default().trim();
-        if expr.is_empty() {
-            problem(format!("target {ref_id}: no expr"));
-            continue;
-        }
         seed |= expr == SEED_QUERY;
         if !target["datasource"].is_null() && target["datasource"]["uid"] != DATASOURCE_REF {
             problem(format!(
                 "target {ref_id}: datasource is not {DATASOURCE_REF}"
             ));
         }
-        match check_expr(expr, defaults, recorded) {
-            Ok(resolved) => queries.push(Query {
-                label: format!("{title} / {ref_id}"),
-                expr: resolved,
-            }),
-            Err(problems) => {
-                for p in problems {
-                    problem(format!("target {ref_id}: {p}"));
-                }
+        match check_expr(expr, defaults) {
+            Ok(expr) => {
+                let label = format!("{title} / {ref_id}");
+                report.queries.push(Query {
+                    label,
+                    expr,
+                    during_fault: false,
+                });
             }
+            Err(problems) => problems
+                .into_iter()
+                .for_each(|p| problem(format!("target {ref_id}: {p}"))),
         }
     }
-    report.queries.extend(queries);
     seed
 }
 
-/// One query: its variables resolved, or every problem with it (an unknown variable or
-/// metric, a `job` selector, a range window other than `$__rate_interval`).
-fn check_expr(
-    expr: &str,
-    defaults: &BTreeMap<String, String>,
-    recorded: &BTreeSet<String>,
-) -> Result<String, Vec<String>> {
+/// One query: its variables resolved, or every problem with it (an unknown variable, a
+/// `job` selector, a range window other than `$__rate_interval`).
+fn check_expr(expr: &str, defaults: &BTreeMap<String, String>) -> Result<String, Vec<String>> {
     let mut problems = Vec::new();
     if expr.is_empty() {
         return Err(vec!["no expr".into()]);
@@ -217,28 +197,13 @@ fn check_expr(
             }
         }
     }
-    let resolved = match substitute(expr, defaults) {
-        Ok(resolved) => resolved,
+    match substitute(expr, defaults) {
+        Ok(resolved) if problems.is_empty() => Ok(resolved),
+        Ok(_) => Err(problems),
         Err(unknown) => {
             problems.push(format!("unknown variable ${unknown}"));
-            return Err(problems);
+            Err(problems)
         }
-    };
-    for metric in metric_names(&resolved) {
-        let known = service_kit::metrics::names::is_series(&metric)
-            || recorded.contains(&metric)
-            || metric.starts_with(K6_PREFIX)
-            || metric == "up";
-        if !known {
-            problems.push(format!(
-                "{metric} is not a contract metric or a recording rule"
-            ));
-        }
-    }
-    if problems.is_empty() {
-        Ok(resolved)
-    } else {
-        Err(problems)
     }
 }
 
@@ -263,32 +228,6 @@ fn check_datasource_variable(dashboard: &Value) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// The series the recording rules in `dir` (`*.rules.yml`) write: their `record:` names.
-pub fn recording_rules(dir: &Path) -> anyhow::Result<BTreeSet<String>> {
-    let mut names = BTreeSet::new();
-    for path in rule_files(dir)? {
-        let text = std::fs::read_to_string(&path)?;
-        for line in text.lines() {
-            if let Some(name) = line.trim().trim_start_matches("- ").strip_prefix("record:") {
-                names.insert(name.trim().trim_matches('"').to_owned());
-            }
-        }
-    }
-    Ok(names)
-}
-
-/// The rule files Prometheus loads (`prometheus/rules/*.rules.yml`).
-pub fn rule_files(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot read {}", dir.display()))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.to_string_lossy().ends_with(".rules.yml"))
-        .collect();
-    files.sort();
-    Ok(files)
 }
 
 /// Each dashboard variable's default, as Grafana would interpolate it.
@@ -318,40 +257,51 @@ fn variable_defaults(dashboard: &Value) -> BTreeMap<String, String> {
     defaults
 }
 
+/// `$name`, `${name}` and `${name:format}` replaced; `Err(name)` for an unknown one.
+pub fn substitute(expr: &str, defaults: &BTreeMap<String, String>) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let (name, len) = if let Some(braced) = after.strip_prefix('{') {
+            let end = braced.find('}').ok_or_else(|| after.to_owned())?;
+            (braced[..end].split(':').next().unwrap_or_default(), end + 2)
+        } else {
+            let end = after
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(after.len());
+            (&after[..end], end)
+        };
+        out.push_str(defaults.get(name).ok_or_else(|| name.to_owned())?);
+        rest = &after[len..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_job_selector_a_fixed_window_and_an_unknown_metric_are_problems() {
+    fn a_job_selector_a_fixed_window_and_an_unknown_variable_are_problems() {
         let defaults = BTreeMap::from([("__rate_interval".to_owned(), "1m".to_owned())]);
-        let recorded = BTreeSet::from(["uri:http_server_requests_seconds:p99_1m".to_owned()]);
         let problems = check_expr(
-            r#"rate(tool_calls_total{job="orders"}[5m]) + nope"#,
+            r#"rate(tool_calls_total{job="orders"}[5m]) + $nope"#,
             &defaults,
-            &recorded,
-        )
-        .unwrap_err();
-        assert_eq!(problems.len(), 3, "{problems:?}");
-        assert!(
-            check_expr(
-                "uri:http_server_requests_seconds:p99_1m",
-                &defaults,
-                &recorded
-            )
-            .is_ok()
         );
+        assert_eq!(problems.unwrap_err().len(), 3);
+        let resolved = check_expr("rate(tool_calls_total[$__rate_interval])", &defaults);
+        assert_eq!(resolved.unwrap(), "rate(tool_calls_total[1m])");
         assert!(
-            check_expr(
-                "rate(tool_calls_total[$__rate_interval])",
-                &defaults,
-                &recorded
-            )
-            .is_ok()
-        );
-        assert!(
-            check_expr(SEED_QUERY, &defaults, &recorded).is_ok(),
+            check_expr(SEED_QUERY, &defaults).is_ok(),
             "the seed keeps its [1m]"
+        );
+        let defaults = BTreeMap::from([("limit".to_owned(), "50".to_owned())]);
+        assert_eq!(
+            substitute("vector($limit) ${limit:raw}", &defaults).unwrap(),
+            "vector(50) 50"
         );
     }
 

@@ -144,11 +144,6 @@ mod tests {
     }
 
     #[test]
-    fn calm_figures_are_none_of_the_three() {
-        assert_eq!(answer(&figures(CALM), 700.0), Answer::Neither);
-    }
-
-    #[test]
     fn the_seed_run_reads_as_a_slow_downstream() {
         // Legacy in the seed's run: 1 s calls, 200 waiting for a slot.
         let legacy = calm_but(&[("catalog_call_mean_ms", 1000.0), ("pending_mean", 198.0)]);

@@ -9,12 +9,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use serde_json::Value;
 use test_support::process::{binary_dir, free_port};
 use test_support::{PgCluster, ServiceProcess};
 
-use crate::stack::{fresh_database, workspace};
+use crate::stack::{fresh_database, start_catalog, wait_listening, workspace};
 
 /// How much later than its budget an answer may come on a loaded 2-core machine.
 const LATE: Duration = Duration::from_millis(400);
@@ -38,13 +38,7 @@ fn build(profile: &str) -> anyhow::Result<()> {
     let status = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
         .current_dir(workspace())
         .args(["build", "--quiet", "--profile", profile])
-        .args([
-            "-p",
-            "deadline-propagation",
-            "--examples",
-            "-p",
-            "catalog-service",
-        ])
+        .args("-p deadline-propagation --examples -p catalog-service".split(' '))
         .status()
         .context("cannot run cargo build")?;
     ensure!(status.success(), "cargo build failed");
@@ -84,17 +78,14 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
     let cluster = tokio::task::spawn_blocking(PgCluster::start).await??;
     let database_url = fresh_database(&cluster, "examples").await?;
     let (catalog_port, admin_port) = (free_port(), free_port());
-    let mut catalog = ServiceProcess::start(
-        &bin.join("catalog-service"),
-        &[
-            ("CATALOG_LISTEN_ADDR", format!("127.0.0.1:{catalog_port}")),
-            ("CATALOG_ADMIN_ADDR", format!("127.0.0.1:{admin_port}")),
-        ],
+    let catalog = start_catalog(
+        bin,
+        (catalog_port, admin_port),
+        &[],
         logs.join("catalog.log"),
-    )?;
-    wait_listening(catalog_port, &mut catalog)
-        .await
-        .context("catalog-service")?;
+    )
+    .await
+    .context("catalog-service")?;
     let env = [
         ("CATALOG_URL", format!("http://127.0.0.1:{catalog_port}")),
         ("DATABASE_URL", database_url),
@@ -155,26 +146,6 @@ async fn start(
     let mut process = ServiceProcess::start(binary, &env, logs.join(format!("{name}.log")))?;
     wait_listening(port, &mut process).await?;
     Ok((format!("http://127.0.0.1:{port}"), process))
-}
-
-/// Waits until `process` accepts connections on `port`; fails if it exits first.
-async fn wait_listening(port: u16, process: &mut ServiceProcess) -> anyhow::Result<()> {
-    let started = Instant::now();
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        if let Some(status) = process.exited() {
-            bail!("exited ({status}):\n{}", process.log_tail(20));
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "not listening after 30 s:\n{}",
-            process.log_tail(20)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
 }
 
 /// One answer, as a client saw it.

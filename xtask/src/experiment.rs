@@ -1,6 +1,6 @@
 //! `cargo xtask experiment`: legacy against propagate under the identical load, each on
 //! a fresh database and fresh services, repeated with the order alternated; then the
-//! summary, the chart and, with `--check`, the acceptance rules.
+//! summary and, with `--check`, the acceptance rules.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -10,12 +10,12 @@ use test_support::PgCluster;
 
 use crate::check::{self, Verdict};
 use crate::cpu::{self, CpuPlan, CpuVersus};
+use crate::k6;
 use crate::prometheus::Prometheus;
 use crate::run::{self, Context, ModeRun};
 use crate::scenario::{Scenario, Side, Versus};
 use crate::stack::{self, Ports, workspace};
 use crate::summary::{self, Summary};
-use crate::{chart, k6};
 
 /// The experiment's command line.
 #[derive(Debug, clap::Args)]
@@ -69,7 +69,7 @@ pub struct ExperimentArgs {
     pub versus: Versus,
     /// Record a CPU profile of each service during every load (the services are built
     /// with their `profiling` feature) and keep the first run's of each side as
-    /// flamegraphs beside the chart.
+    /// flamegraphs beside the summary.
     #[arg(long)]
     pub profile_cpu: bool,
     /// Pairs of segments (3 s each, in both comparisons) of the `happy` scenario's CPU
@@ -86,9 +86,6 @@ pub struct ExperimentArgs {
     /// Where to write (default: `results/<scenario>`); `docs/results/<scenario>` publishes.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Redraw the chart of an earlier run from DIR/timeseries.json, and run nothing.
-    #[arg(long, value_name = "DIR")]
-    pub replot: Option<PathBuf>,
 }
 
 impl ExperimentArgs {
@@ -137,16 +134,13 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Runs the experiment; `Ok(false)` when `--check` found a rule broken.
 pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
-    if let Some(dir) = &args.replot {
-        return chart::replot(dir).map(|()| true);
-    }
     let out = args.out.clone().unwrap_or_else(|| {
         let name = format!("{}{}", args.scenario.name(), args.versus.suffix());
         workspace().join("results").join(name)
     });
     // Stamped before anything is written: the figures speak for the code as it was
     // when the run started.
-    let commit = commit();
+    let commit = stack::commit();
     let ctx = prepare(&args, &out).await?;
     let prometheus = match args.prometheus {
         true => Some(Prometheus::start(&ctx.ports, &out.join("runs/prometheus")).await?),
@@ -154,16 +148,19 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
     };
     let sides = args.versus.sides();
     let runs = run_all(&ctx, &sides, args.repeat as usize).await?;
-    // Queried at the end of the last load, while the services were still up.
+    // Queried two seconds before the end of the last load, while the services were up
+    // and the fault, if the load ends with one, still on.
+    let at = runs.last().map_or(0.0, |r| r.load_ended_at) - 2.0;
+    let delay = ctx
+        .load
+        .fault
+        .filter(|f| f.delay_ms > 0 && ctx.load.fault_removed_after.is_none());
     let prometheus_problems = match &prometheus {
-        Some(p) => {
-            p.check_dashboards(runs.last().map_or(0.0, |r| r.load_ended_at))
-                .await?
-        }
+        Some(p) => p.check_dashboards(at, delay.is_some()).await?,
         None => Vec::new(),
     };
     let summary = Summary::new(
-        args.scenario.name(),
+        &args.scenario.name(),
         commit,
         args.profile(),
         serde_json::to_value(&ctx.load)?,
@@ -185,7 +182,6 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
     if args.profile_cpu {
         keep_flamegraphs(&out, &sides)?;
     }
-    chart::draw(&out.join("chart.svg"), &summary, &runs)?;
     print_report(&summary, &verdicts, &out);
     Ok(!args.check || verdicts.iter().all(|v| v.ok))
 }
@@ -216,12 +212,8 @@ async fn cpu_per_order(ctx: &Context, out: &Path, commit: &str, pairs: u32) -> a
 /// Builds, finds k6, starts PostgreSQL, picks the ports.
 async fn prepare(args: &ExperimentArgs, out: &Path) -> anyhow::Result<Context> {
     if !args.no_build {
-        let features: &[&str] = if args.profile_cpu {
-            &["profiling"]
-        } else {
-            &[]
-        };
-        stack::build_services_with(args.profile(), features)?;
+        let features = args.profile_cpu.then_some("profiling");
+        stack::build_services(args.profile(), features.as_slice())?;
     }
     let k6 = k6::ensure_k6()?;
     if out.join("runs").exists() {
@@ -271,7 +263,7 @@ async fn run_all(ctx: &Context, sides: &[Side; 2], repeats: usize) -> anyhow::Re
 }
 
 /// The first run's flamegraphs of each side, as `flamegraphs/<side>-<service>.svg`
-/// beside the chart (which also draws the first run of each side); the others stay
+/// beside the summary; the others stay
 /// under `runs/`.
 fn keep_flamegraphs(out: &Path, sides: &[Side; 2]) -> anyhow::Result<()> {
     let dir = out.join("flamegraphs");
@@ -287,36 +279,6 @@ fn keep_flamegraphs(out: &Path, sides: &[Side; 2]) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The commit the figures speak for: `HEAD`, with `-dirty` when code differs from it.
-/// Results folders do not count: a run that publishes into `docs/results/` while an
-/// earlier scenario's results wait to be committed still ran the committed code.
-pub fn commit() -> String {
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .current_dir(workspace())
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-    };
-    let Some(head) = git(&["rev-parse", "--short=12", "HEAD"]) else {
-        return "unknown".to_owned();
-    };
-    let changes = git(&[
-        "status",
-        "--porcelain",
-        "--",
-        ".",
-        ":(exclude)docs/results",
-        ":(exclude)results",
-    ]);
-    match changes {
-        Some(changes) if changes.is_empty() => head,
-        _ => format!("{head}-dirty"),
-    }
 }
 
 /// `summary.json`, `summary.md`, `timeseries.json` and the k6 summaries: small files
@@ -379,12 +341,8 @@ pub fn summary_markdown(summary: &Summary, verdicts: &[Verdict]) -> String {
     }
     text.push_str("\n| check | result | detail |\n| --- | --- | --- |\n");
     for v in verdicts {
-        text.push_str(&format!(
-            "| {} | {} | {} |\n",
-            v.rule,
-            if v.ok { "pass" } else { "FAIL" },
-            v.detail
-        ));
+        let result = if v.ok { "pass" } else { "FAIL" };
+        text.push_str(&format!("| {} | {result} | {} |\n", v.rule, v.detail));
     }
     text
 }
@@ -395,12 +353,8 @@ fn print_report(summary: &Summary, verdicts: &[Verdict], out: &Path) {
         println!("pool queue, slow downstream or saturated executor? {side}: {answer}");
     }
     for v in verdicts {
-        println!(
-            "{} {}: {}",
-            if v.ok { "PASS" } else { "FAIL" },
-            v.rule,
-            v.detail
-        );
+        let result = if v.ok { "PASS" } else { "FAIL" };
+        println!("{result} {}: {}", v.rule, v.detail);
     }
     println!("\nresults in {}", out.display());
 }

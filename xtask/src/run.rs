@@ -1,21 +1,20 @@
 //! One mode of one scenario, start to finish: a fresh database, fresh services, a
 //! warm-up, the fault, the load, the drain, the figures. Each step is one function.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use deadline_propagation::metrics::names;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use test_support::PgCluster;
-use test_support::exposition::{self, Sample as Series};
 
 use crate::k6::{self, K6Run};
 use crate::partition::{self, Held};
 use crate::sampler::{self, Runtime, Sample, Sampler};
 use crate::scenario::{Fault, Load, Side};
-use crate::stack::{Ports, ServiceEnv, Services, fresh_database};
-use crate::stats::{self, Second};
+use crate::stack::{Ports, ServiceEnv, Services, fresh_database, url};
+use crate::stats::{self, Second, unix_ms};
 
 /// What every run of one invocation shares.
 pub struct Context {
@@ -42,145 +41,12 @@ pub struct Context {
     pub profile_cpu: bool,
 }
 
-/// The figures of one run, all per second of load where they are rates.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Figures {
-    /// Orders created and answered within the budget, per second.
-    pub goodput_per_s: f64,
-    /// Orders sent, per second.
-    pub sent_per_s: f64,
-    /// 201 answers of any latency, per second.
-    pub created_per_s: f64,
-    /// 503 refused early, per second.
-    pub refused_per_s: f64,
-    /// 504 deadline ran out, per second.
-    pub expired_per_s: f64,
-    /// Requests the client gave up on at its timeout, per second.
-    pub gave_up_per_s: f64,
-    /// Answers later than the budget plus the margin, or never (the client gave up),
-    /// per second: what the p99 check looks at. The client waits a second past the
-    /// budget, so a late answer shows as late instead of being cut at the budget.
-    #[serde(default)]
-    pub late_per_s: f64,
-    /// Any other outcome (a bug or a transport error), in total.
-    pub other: f64,
-    /// Client-side latency percentiles, ms (a request cut at its timeout counts there).
-    pub p50_ms: f64,
-    /// p99, ms.
-    pub p99_ms: f64,
-    /// p99.9, ms.
-    #[serde(default)]
-    pub p999_ms: f64,
-    /// Orders created and answered within their budget, as a share of orders sent.
-    #[serde(default)]
-    pub in_time_share: f64,
-    /// Slowest answer, ms.
-    pub max_ms: f64,
-    /// Calls catalog-service received, per second of load.
-    #[serde(default)]
-    pub catalog_calls_per_s: f64,
-    /// Catalog attempts orders-service sent (first attempts, hedges and retries, the
-    /// ones dropped unfinished too) per order sent.
-    #[serde(default)]
-    pub attempts_per_order: f64,
-    /// Catalog attempts of orders-service cut at their deadline, or answered 504 by the
-    /// catalog (it ran out of the budget it was given), per second.
-    #[serde(default)]
-    pub attempts_cut_per_s: Option<f64>,
-    /// Hedges orders-service sent, per second.
-    #[serde(default)]
-    pub hedges_per_s: Option<f64>,
-    /// Of the extra attempts (hedges and retries), those cut at the deadline or
-    /// answered 504: sent, and their work thrown away, per second.
-    #[serde(default)]
-    pub extra_attempts_cut_per_s: Option<f64>,
-    /// Extra attempts (hedges and retries) not sent because what was left could not
-    /// cover an attempt's usual time, per second.
-    #[serde(default)]
-    pub extra_refused_deadline_per_s: Option<f64>,
-    /// For `outage`: calls catalog-service received per order sent while it refused
-    /// everything (from a second after the fault's start to its removal).
-    #[serde(default)]
-    pub outage_calls_per_order: Option<f64>,
-    /// Of the 503s, calls admission refused because they were predicted to finish late.
-    #[serde(default)]
-    pub predicted_late_per_s: f64,
-    /// catalog-service's busy slots on average (requests in flight, sampled).
-    pub catalog_busy_slots: f64,
-    /// Of them, slots busy with calls that produced no answer: the caller gave up or its
-    /// budget ran out mid-call, so the work was for someone who had gone.
-    pub catalog_wasted_slots: f64,
-    /// Peak of catalog calls waiting for a bulkhead slot.
-    pub pending_peak: f64,
-    /// The bulkhead's queue limit as orders-service exported it
-    /// (`http_client_pool_limit{kind="pending_max"}`); `None` when it was not read.
-    #[serde(default)]
-    pub pending_limit: Option<f64>,
-    /// Catalog calls waiting for a bulkhead slot, on average over the samples.
-    #[serde(default)]
-    pub pending_mean: f64,
-    /// orders-service's catalog call (pool wait excluded), mean over the load, ms, from
-    /// its `http_client_requests_seconds`; `None` when no call ended in the window.
-    #[serde(default)]
-    pub catalog_call_mean_ms: Option<f64>,
-    /// Share of orders-service's worker time spent busy during the load
-    /// (`tokio_worker_busy_seconds_total` over `tokio_workers`); `None` without them.
-    #[serde(default)]
-    pub orders_busy_ratio: Option<f64>,
-    /// The same for catalog-service.
-    #[serde(default)]
-    pub catalog_busy_ratio: Option<f64>,
-    /// Peak of orders-service's tasks waiting for a worker (`tokio_global_queue_depth`).
-    #[serde(default)]
-    pub orders_global_queue_peak: Option<f64>,
-    /// The same for catalog-service.
-    #[serde(default)]
-    pub catalog_global_queue_peak: Option<f64>,
-    /// Peak of orders-service's alive tasks (`tokio_alive_tasks`).
-    #[serde(default)]
-    pub orders_alive_tasks_peak: Option<f64>,
-    /// Peak of slots in use.
-    pub active_peak: f64,
-    /// Peak of `POST /api/orders` being handled.
-    pub in_flight_peak: f64,
-    /// orders-service memory when the load started, MiB.
-    pub rss_start_mib: f64,
-    /// Its peak, MiB.
-    pub rss_peak_mib: f64,
-    /// After the drain, MiB.
-    pub rss_end_mib: f64,
-    /// How long in-flight orders took to reach 0 once the load stopped, ms.
-    pub drain_ms: f64,
-    /// In-flight orders when the drain ended: 0, or what was still in flight after
-    /// the longest wait; `None` when orders-service could not be read.
-    #[serde(default)]
-    pub in_flight_end: Option<f64>,
-    /// For `recovery`: from the fault's removal to the first whole second of arrivals
-    /// served in budget at 95%, ms.
-    pub recovery_ms: Option<f64>,
-    /// For `partition`: the longest a write transaction of orders-service was seen open
-    /// on the server, ms (what held its row locks longest).
-    #[serde(default)]
-    pub longest_write_xact_ms: Option<f64>,
-    /// For `partition`: the most write transactions left without a client at once
-    /// (open longer than any budget).
-    #[serde(default)]
-    pub clientless_xacts_peak: Option<f64>,
-    /// For `partition`: the most of them from a second after the heal on.
-    #[serde(default)]
-    pub clientless_xacts_after_heal: Option<f64>,
-    /// For `partition`: goodput over the arrivals before the cut, per s.
-    #[serde(default)]
-    pub goodput_before_cut_per_s: Option<f64>,
-    /// For `partition`: goodput over the arrivals after the heal, per s.
-    #[serde(default)]
-    pub goodput_after_heal_per_s: Option<f64>,
-    /// k6's exit code (99: a threshold failed).
-    pub k6_exit: f64,
-}
+/// The figures of one run by name (`summary.rs` labels each in its table): rates per
+/// second of load, latencies in ms.
+pub type Figures = BTreeMap<String, f64>;
 
 /// One mode's run: its figures and its time series.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct ModeRun {
     /// `legacy` or `propagate`.
     pub mode: String,
@@ -194,15 +60,13 @@ pub struct ModeRun {
     pub seconds: Vec<Second>,
     /// For `recovery`: seconds after the load's start when the fault was removed.
     pub fault_removed_at: Option<f64>,
-    /// When k6 finished, in Unix seconds (Prometheus is queried at that moment).
+    /// When k6 finished, in Unix seconds (Prometheus is queried just before).
     pub load_ended_at: f64,
     /// For `partition`: seconds after the load's start when the link to PostgreSQL was
     /// cut and when it was healed.
-    #[serde(default)]
     pub partition_at: Option<[f64; 2]>,
     /// For `partition`: orders-service's write transactions on the server, ten times
     /// a second.
-    #[serde(default)]
     pub held: Vec<Held>,
 }
 
@@ -218,8 +82,8 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
         // After orders-service's migrations made the table.
         slow_statements(&database_url, ctx.load.db_statement_ms).await?;
     }
-    set_fault(&ctx.ports.admin_url(), ctx.load.warm_up_fault).await?;
-    warm_up(&ctx.ports.orders_url(), ctx.load.budget_ms, ctx.warm_up).await;
+    set_fault(&url(ctx.ports.admin), ctx.load.warm_up_fault).await?;
+    warm_up(&url(ctx.ports.orders), ctx.load.budget_ms, ctx.warm_up).await;
     // The profiler's table is allocated when it starts and again when it stops: both
     // happen outside the measured window (the stop after the last memory reading), so
     // the memory figures see the load alone, on top of the table.
@@ -229,17 +93,17 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
         }
     }
     let client = reqwest::Client::new();
-    let catalog_before = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
-    let orders_before = sampler::scrape(&client, &metrics_url(&ctx.ports.orders_url())).await;
+    let catalog_before = sampler::scrape(&client, &metrics_url(ctx.ports.catalog)).await;
+    let orders_before = sampler::scrape(&client, &metrics_url(ctx.ports.orders)).await;
     // A fault that begins later (`outage`) is injected by the load's own timer; until
     // then the catalog keeps its usual speed.
     let from_start = match ctx.load.fault_from {
         Some(_) => ctx.load.warm_up_fault,
         None => ctx.load.fault,
     };
-    set_fault(&ctx.ports.admin_url(), from_start).await?;
+    set_fault(&url(ctx.ports.admin), from_start).await?;
     let measured = measure_load(ctx, side, &services, &dir, &db_name).await;
-    set_fault(&ctx.ports.admin_url(), None).await?;
+    set_fault(&url(ctx.ports.admin), None).await?;
     let Measured {
         k6: k6_run,
         samples,
@@ -249,9 +113,9 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
         held,
     } = measured?;
     let load_ended_at = unix_ms() as f64 / 1000.0;
-    let (drain, in_flight_end) = wait_drained(&client, &ctx.ports.orders_url()).await;
-    let catalog_after = sampler::scrape(&client, &metrics_url(&ctx.ports.catalog_url())).await;
-    let orders_after = sampler::scrape(&client, &metrics_url(&ctx.ports.orders_url())).await;
+    let (drain, in_flight_end) = wait_drained(&client, ctx.ports.orders).await;
+    let catalog_after = sampler::scrape(&client, &metrics_url(ctx.ports.catalog)).await;
+    let orders_after = sampler::scrape(&client, &metrics_url(ctx.ports.orders)).await;
     let rss_end = test_support::process::rss_kib(services.orders.pid()) as f64 / 1024.0;
     if ctx.profile_cpu {
         for (service, admin) in ["orders", "catalog"].into_iter().zip(profiled(&ctx.ports)) {
@@ -266,22 +130,17 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     }
     services.stop();
 
-    let catalog_answer_seconds =
-        catalog_200_seconds(&catalog_after) - catalog_200_seconds(&catalog_before);
-    let catalog_calls = catalog_calls(&catalog_after) - catalog_calls(&catalog_before);
+    let before = sampler::counters(&orders_before, &catalog_before);
+    let after = sampler::counters(&orders_after, &catalog_after);
     let inputs = FigureInputs {
         load: &ctx.load,
         k6: &k6_run,
         samples: &samples,
-        catalog_answer_seconds,
-        catalog_calls,
-        predicted_late: predicted_late(&orders_after) - predicted_late(&orders_before),
-        attempts: attempts(&orders_after) - attempts(&orders_before),
-        attempts_cut: attempts_cut(&orders_after) - attempts_cut(&orders_before),
-        hedges: hedges(&orders_after) - hedges(&orders_before),
-        extra_cut: extra_cut(&orders_after) - extra_cut(&orders_before),
-        extra_refused_deadline: refused_deadline(&orders_after) - refused_deadline(&orders_before),
-        pending_limit: pending_limit(&orders_before),
+        grown: after
+            .iter()
+            .map(|(name, n)| (*name, n - before[name]))
+            .collect(),
+        pending_limit: sampler::pending_limit(&orders_before),
         margin_ms: ctx.margin_ms,
         drain,
         in_flight_end,
@@ -292,27 +151,22 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     if let (Some(from), Some(until)) = (ctx.load.fault_from, ctx.load.fault_removed_after) {
         // From a second in (the calls sent just before it answer as usual) to the end.
         let window = (from.as_secs_f64() + 1.0, until.as_secs_f64());
-        figures.outage_calls_per_order =
-            outage_calls_per_order(&samples, &k6_run.requests, load_start_ms, window);
+        let calls = outage_calls_per_order(&samples, &k6_run.requests, load_start_ms, window);
+        figures.extend(calls.map(|calls| ("outage_calls_per_order".to_owned(), calls)));
     }
     let seconds = stats::per_second(&k6_run.requests, load_start_ms, ctx.load.budget_ms);
     let since_start = |ms: u64| ms.saturating_sub(load_start_ms) as f64 / 1000.0;
     let partition_at = cut.map(|(cut, healed)| [since_start(cut), since_start(healed)]);
     if let Some([cut_s, healed_s]) = partition_at {
-        let p = partition::figures(&held, &seconds, cut_s, healed_s);
-        figures.longest_write_xact_ms = Some(p.longest_write_ms);
-        figures.clientless_xacts_peak = Some(p.stale_peak);
-        figures.clientless_xacts_after_heal = Some(p.stale_after_heal);
-        figures.goodput_before_cut_per_s = Some(p.goodput_before_cut);
-        figures.goodput_after_heal_per_s = Some(p.goodput_after_heal);
+        figures.extend(partition::figures(&held, &seconds, cut_s, healed_s));
     }
     eprintln!(
         "  {mode:>9}: goodput {:.1}/s, p99 {:.0} ms, 503 {:.1}/s, 504 {:.1}/s, gave up {:.1}/s, k6 exit {}",
-        figures.goodput_per_s,
-        figures.p99_ms,
-        figures.refused_per_s,
-        figures.expired_per_s,
-        figures.gave_up_per_s,
+        figures["goodput_per_s"],
+        figures["p99_ms"],
+        figures["refused_per_s"],
+        figures["expired_per_s"],
+        figures["gave_up_per_s"],
         k6_run.exit_code
     );
     Ok(ModeRun {
@@ -328,8 +182,8 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     })
 }
 
-fn metrics_url(base: &str) -> String {
-    format!("{base}/metrics")
+fn metrics_url(port: u16) -> String {
+    format!("{}/metrics", url(port))
 }
 
 /// The services of `side` with the scenario's pool size, on a fresh database.
@@ -465,20 +319,20 @@ async fn measure_load(
         None => None,
     };
     let sampler = Sampler::start(
-        metrics_url(&ctx.ports.orders_url()),
-        metrics_url(&ctx.ports.catalog_url()),
+        metrics_url(ctx.ports.orders),
+        metrics_url(ctx.ports.catalog),
         services.orders.pid(),
     );
     let load_start_ms = unix_ms();
     let injector = ctx.load.fault_from.map(|from| {
-        let (admin, fault) = (ctx.ports.admin_url(), ctx.load.fault);
+        let (admin, fault) = (url(ctx.ports.admin), ctx.load.fault);
         tokio::spawn(async move {
             tokio::time::sleep(from).await;
             set_fault(&admin, fault).await
         })
     });
     let remover = ctx.load.fault_removed_after.map(|after| {
-        let admin = ctx.ports.admin_url();
+        let admin = url(ctx.ports.admin);
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
             set_fault(&admin, None).await.map(|()| unix_ms())
@@ -488,7 +342,7 @@ async fn measure_load(
         &ctx.k6,
         &ctx.load,
         side.mode,
-        &ctx.ports.orders_url(),
+        &url(ctx.ports.orders),
         ctx.margin_ms,
         dir,
     )
@@ -517,7 +371,7 @@ async fn measure_load(
 
 /// The admin URLs of the services a `--profile-cpu` run records: orders, catalog.
 fn profiled(ports: &Ports) -> [String; 2] {
-    [ports.orders_admin_url(), ports.admin_url()]
+    [url(ports.orders_admin), url(ports.admin)]
 }
 
 /// `POST {admin}/admin/profile/{action}` (`start` or `stop`, with a title): the
@@ -546,93 +400,18 @@ async fn profile(admin: &str, action: &str, title: Option<&str>) -> anyhow::Resu
 
 /// Waits (at most 30 s) until no order is in flight; returns how long that took and
 /// the last in-flight count read (`None` if none could be).
-async fn wait_drained(client: &reqwest::Client, orders_url: &str) -> (Duration, Option<f64>) {
+async fn wait_drained(client: &reqwest::Client, orders: u16) -> (Duration, Option<f64>) {
     let started = Instant::now();
     let mut in_flight = None;
     while started.elapsed() < Duration::from_secs(30) {
-        let series = sampler::scrape(client, &metrics_url(orders_url)).await;
-        in_flight = exposition::sum(
-            &series,
-            names::HTTP_SERVER_REQUESTS_IN_FLIGHT,
-            &[("uri", "/api/orders")],
-        )
-        .or(in_flight);
+        let series = sampler::scrape(client, &metrics_url(orders)).await;
+        in_flight = sampler::orders_in_flight(&series).or(in_flight);
         if in_flight == Some(0.0) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     (started.elapsed(), in_flight)
-}
-
-/// The catalog bulkhead's queue limit, as orders-service exports it.
-fn pending_limit(series: &[Series]) -> Option<f64> {
-    let labels = [("client", "catalog"), ("kind", "pending_max")];
-    exposition::sum(series, names::HTTP_CLIENT_POOL_LIMIT, &labels)
-}
-
-/// Seconds the catalog spent on calls it answered with 200 (the histogram's `_sum`).
-fn catalog_200_seconds(series: &[Series]) -> f64 {
-    let labels = [("uri", "/catalog/{sku}"), ("status", "200")];
-    let sum = format!("{}_sum", names::HTTP_SERVER_REQUESTS_SECONDS);
-    exposition::sum(series, &sum, &labels).unwrap_or(0.0)
-}
-
-/// Calls catalog-service answered, any status (the histogram's `_count`).
-fn catalog_calls(series: &[Series]) -> f64 {
-    let count = format!("{}_count", names::HTTP_SERVER_REQUESTS_SECONDS);
-    exposition::sum(series, &count, &[("uri", "/catalog/{sku}")]).unwrap_or(0.0)
-}
-
-/// orders-service's catalog attempts so far that were cut at the deadline (`timeout`)
-/// or answered 504 by the catalog.
-fn attempts_cut(series: &[Series]) -> f64 {
-    let count = format!("{}_count", names::HTTP_CLIENT_REQUESTS_SECONDS);
-    ["timeout", "504"]
-        .iter()
-        .map(|status| {
-            exposition::sum(series, &count, &[("client", "catalog"), ("status", status)])
-                .unwrap_or(0.0)
-        })
-        .sum()
-}
-
-/// orders-service's catalog attempts so far, every status (`cancelled` included).
-fn attempts(series: &[Series]) -> f64 {
-    let count = format!("{}_count", names::HTTP_CLIENT_REQUESTS_SECONDS);
-    exposition::sum(series, &count, &[("client", "catalog")]).unwrap_or(0.0)
-}
-
-/// orders-service's hedges and retries of catalog calls so far that were cut.
-fn extra_cut(series: &[Series]) -> f64 {
-    ["hedge", "retry"]
-        .iter()
-        .map(|kind| {
-            let labels = [("client", "catalog"), ("kind", kind), ("outcome", "cut")];
-            exposition::sum(series, names::HTTP_CLIENT_ATTEMPTS_TOTAL, &labels).unwrap_or(0.0)
-        })
-        .sum()
-}
-
-/// orders-service's hedges of catalog calls so far (sent: won, lost or cut).
-fn hedges(series: &[Series]) -> f64 {
-    ["won", "lost", "cut"]
-        .iter()
-        .map(|outcome| {
-            let labels = [
-                ("client", "catalog"),
-                ("kind", "hedge"),
-                ("outcome", outcome),
-            ];
-            exposition::sum(series, names::HTTP_CLIENT_ATTEMPTS_TOTAL, &labels).unwrap_or(0.0)
-        })
-        .sum()
-}
-
-/// orders-service's extra attempts refused by the deadline rule so far.
-fn refused_deadline(series: &[Series]) -> f64 {
-    let labels = [("client", "catalog"), ("outcome", "refused_deadline")];
-    exposition::sum(series, names::HTTP_CLIENT_ATTEMPTS_TOTAL, &labels).unwrap_or(0.0)
 }
 
 /// Calls the catalog received per order sent in `window` (seconds after the load's
@@ -656,24 +435,6 @@ pub fn outage_calls_per_order(
         .count();
     (orders > 0 && last.t > first.t)
         .then(|| (last.catalog_received - first.catalog_received) / orders as f64)
-}
-
-/// orders-service's `predicted_late` refusals of catalog calls so far.
-fn predicted_late(series: &[Series]) -> f64 {
-    let labels = [("client", "catalog"), ("reason", "predicted_late")];
-    exposition::sum(
-        series,
-        names::HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL,
-        &labels,
-    )
-    .unwrap_or(0.0)
-}
-
-/// Now, in ms since the Unix epoch (k6 logs arrivals on the same clock).
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
@@ -722,22 +483,8 @@ pub struct FigureInputs<'a> {
     pub k6: &'a K6Run,
     /// The sampler's samples.
     pub samples: &'a [Sample],
-    /// Seconds of catalog work that ended in a 200 answer, during the load.
-    pub catalog_answer_seconds: f64,
-    /// Calls catalog-service answered (any status) for the load and its drain.
-    pub catalog_calls: f64,
-    /// Calls admission refused as predicted late (orders' own counter).
-    pub predicted_late: f64,
-    /// Catalog attempts sent (orders' own counter), dropped ones too.
-    pub attempts: f64,
-    /// Catalog attempts cut at the deadline or answered 504 (orders' own counter).
-    pub attempts_cut: f64,
-    /// Hedges sent (orders' own counter).
-    pub hedges: f64,
-    /// Hedges and retries cut (orders' own counter).
-    pub extra_cut: f64,
-    /// Extra attempts refused by the deadline rule (orders' own counter).
-    pub extra_refused_deadline: f64,
+    /// What the services' [`sampler::counters`] grew by during the load and its drain.
+    pub grown: BTreeMap<&'static str, f64>,
     /// The catalog bulkhead's queue limit, if it could be read.
     pub pending_limit: Option<f64>,
     /// How late past the budget an answer may be and still count as in time.
@@ -754,97 +501,86 @@ pub struct FigureInputs<'a> {
 
 /// The figures of one run.
 pub fn figures(input: &FigureInputs<'_>) -> Figures {
-    let requests = &input.k6.requests;
-    let secs = input.load.duration.as_secs_f64();
-    let per_s = |status: u16| requests.iter().filter(|r| r.status == status).count() as f64 / secs;
+    let (requests, samples, grown) = (&input.k6.requests, input.samples, &input.grown);
+    let (secs, budget_ms) = (input.load.duration.as_secs_f64(), input.load.budget_ms);
+    let count =
+        |keep: &dyn Fn(&stats::Request) -> bool| requests.iter().filter(|r| keep(r)).count() as f64;
+    let per_s = |status: u16| count(&|r| r.status == status) / secs;
+    let per_order = |n: f64| {
+        if requests.is_empty() {
+            0.0
+        } else {
+            n / requests.len() as f64
+        }
+    };
     let latencies: Vec<f64> = requests.iter().map(|r| r.elapsed_ms as f64).collect();
-    let known = [0, 201, 503, 504];
-    let peak = |f: fn(&Sample) -> f64| input.samples.iter().map(f).fold(0.0, f64::max);
-    let goodput = stats::goodput(requests, input.load.budget_ms, secs);
-    let catalog_busy = mean(input.samples.iter().map(|s| s.catalog_in_flight));
-    Figures {
-        goodput_per_s: goodput,
-        sent_per_s: requests.len() as f64 / secs,
-        created_per_s: per_s(201),
-        refused_per_s: per_s(503),
-        expired_per_s: per_s(504),
-        gave_up_per_s: per_s(0),
-        late_per_s: requests
-            .iter()
-            .filter(|r| r.status == 0 || r.elapsed_ms > input.load.budget_ms + input.margin_ms)
-            .count() as f64
-            / secs,
-        other: requests
-            .iter()
-            .filter(|r| !known.contains(&r.status))
-            .count() as f64,
-        p50_ms: stats::quantile(&latencies, 0.5).unwrap_or(0.0),
-        p99_ms: stats::quantile(&latencies, 0.99).unwrap_or(0.0),
-        p999_ms: stats::quantile(&latencies, 0.999).unwrap_or(0.0),
-        in_time_share: if requests.is_empty() {
-            0.0
-        } else {
-            requests
-                .iter()
-                .filter(|r| r.good(input.load.budget_ms))
-                .count() as f64
-                / requests.len() as f64
-        },
-        attempts_per_order: if requests.is_empty() {
-            0.0
-        } else {
-            input.attempts / requests.len() as f64
-        },
-        attempts_cut_per_s: Some(input.attempts_cut / secs),
-        hedges_per_s: Some(input.hedges / secs),
-        extra_attempts_cut_per_s: Some(input.extra_cut / secs),
-        extra_refused_deadline_per_s: Some(input.extra_refused_deadline / secs),
-        outage_calls_per_order: None,
-        max_ms: latencies.iter().copied().fold(0.0, f64::max),
-        catalog_busy_slots: catalog_busy,
-        catalog_calls_per_s: input.catalog_calls / secs,
-        predicted_late_per_s: input.predicted_late / secs,
-        catalog_wasted_slots: (catalog_busy - input.catalog_answer_seconds / secs).max(0.0),
-        pending_peak: peak(|s| s.pending),
-        pending_mean: mean(input.samples.iter().map(|s| s.pending)),
-        catalog_call_mean_ms: call_mean_ms(input.samples),
-        orders_busy_ratio: busy_ratio(input.samples, |s| s.orders_runtime),
-        catalog_busy_ratio: busy_ratio(input.samples, |s| s.catalog_runtime),
-        orders_global_queue_peak: runtime_peak(
-            input.samples,
-            |s| s.orders_runtime,
-            |r| r.global_queue,
-        ),
-        catalog_global_queue_peak: runtime_peak(
-            input.samples,
-            |s| s.catalog_runtime,
-            |r| r.global_queue,
-        ),
-        orders_alive_tasks_peak: runtime_peak(
-            input.samples,
-            |s| s.orders_runtime,
-            |r| r.alive_tasks,
-        ),
-        pending_limit: input.pending_limit,
-        active_peak: peak(|s| s.active),
-        in_flight_peak: peak(|s| s.in_flight),
-        rss_start_mib: input.samples.first().map_or(0.0, |s| s.rss_mib),
-        rss_peak_mib: peak(|s| s.rss_mib),
-        rss_end_mib: input.rss_end,
-        drain_ms: input.drain.as_secs_f64() * 1000.0,
-        in_flight_end: input.in_flight_end,
-        recovery_ms: input
-            .removed_ms
-            .and_then(|removed| stats::recovery_ms(requests, removed, input.load.budget_ms, 0.95))
-            .map(|ms| ms as f64),
-        k6_exit: f64::from(input.k6.exit_code),
-        // Filled in by the run, from the database's readings (`partition`).
-        longest_write_xact_ms: None,
-        clientless_xacts_peak: None,
-        clientless_xacts_after_heal: None,
-        goodput_before_cut_per_s: None,
-        goodput_after_heal_per_s: None,
-    }
+    let quantile = |q| stats::quantile(&latencies, q).unwrap_or(0.0);
+    let peak = |f: fn(&Sample) -> f64| samples.iter().map(f).fold(0.0, f64::max);
+    let catalog_busy = mean(samples.iter().map(|s| s.catalog_in_flight));
+    #[rustfmt::skip]
+    let always = [
+        ("goodput_per_s", stats::goodput(requests, budget_ms, secs)),
+        ("sent_per_s", requests.len() as f64 / secs),
+        ("created_per_s", per_s(201)),
+        ("refused_per_s", per_s(503)),
+        ("expired_per_s", per_s(504)),
+        ("gave_up_per_s", per_s(0)),
+        // What the p99 check looks at: the client waits a second past the budget, so a
+        // late answer shows as late instead of being cut at the budget.
+        ("late_per_s", count(&|r| r.status == 0 || r.elapsed_ms > budget_ms + input.margin_ms) / secs),
+        // A bug or a transport error, in total.
+        ("other", count(&|r| ![0, 201, 503, 504].contains(&r.status))),
+        ("p50_ms", quantile(0.5)),
+        ("p99_ms", quantile(0.99)),
+        ("p999_ms", quantile(0.999)),
+        ("max_ms", latencies.iter().copied().fold(0.0, f64::max)),
+        ("in_time_share", per_order(count(&|r| r.good(budget_ms)))),
+        // First attempts, hedges and retries, the ones dropped unfinished too.
+        ("attempts_per_order", per_order(grown["attempts"])),
+        ("attempts_cut_per_s", grown["attempts_cut"] / secs),
+        ("hedges_per_s", grown["hedges"] / secs),
+        ("extra_attempts_cut_per_s", grown["extra_cut"] / secs),
+        ("extra_refused_deadline_per_s", grown["extra_refused_deadline"] / secs),
+        ("catalog_calls_per_s", grown["catalog_calls"] / secs),
+        ("predicted_late_per_s", grown["predicted_late"] / secs),
+        ("catalog_busy_slots", catalog_busy),
+        // Busy with calls that produced no answer: for callers that had gone.
+        ("catalog_wasted_slots", (catalog_busy - grown["catalog_answer_seconds"] / secs).max(0.0)),
+        ("pending_peak", peak(|s| s.pending)),
+        ("pending_mean", mean(samples.iter().map(|s| s.pending))),
+        ("active_peak", peak(|s| s.active)),
+        ("in_flight_peak", peak(|s| s.in_flight)),
+        ("rss_start_mib", samples.first().map_or(0.0, |s| s.rss_mib)),
+        ("rss_peak_mib", peak(|s| s.rss_mib)),
+        ("rss_end_mib", input.rss_end),
+        ("drain_ms", input.drain.as_secs_f64() * 1000.0),
+        ("k6_exit", f64::from(input.k6.exit_code)),
+    ];
+    let orders = |s: &Sample| s.orders_runtime;
+    let catalog = |s: &Sample| s.catalog_runtime;
+    let recovery = |removed| stats::recovery_ms(requests, removed, budget_ms, 0.95);
+    // Left out where they could not be read: no runtime metrics, no call ended, no fault
+    // removed, orders-service unreadable.
+    #[rustfmt::skip]
+    let known = [
+        ("catalog_call_mean_ms", call_mean_ms(samples)),
+        ("orders_busy_ratio", busy_ratio(samples, orders)),
+        ("catalog_busy_ratio", busy_ratio(samples, catalog)),
+        ("orders_global_queue_peak", runtime_peak(samples, orders, |r| r.global_queue)),
+        ("catalog_global_queue_peak", runtime_peak(samples, catalog, |r| r.global_queue)),
+        ("orders_alive_tasks_peak", runtime_peak(samples, orders, |r| r.alive_tasks)),
+        ("pending_limit", input.pending_limit),
+        ("in_flight_end", input.in_flight_end),
+        ("recovery_ms", input.removed_ms.and_then(recovery).map(|ms| ms as f64)),
+    ];
+    let known = known
+        .into_iter()
+        .filter_map(|(name, value)| Some((name, value?)));
+    always
+        .into_iter()
+        .chain(known)
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect()
 }
 
 #[cfg(test)]

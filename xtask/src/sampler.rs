@@ -1,11 +1,14 @@
-//! Samples orders-service's gauges and memory, and both services' tokio runtimes, four
-//! times a second during a load, for the peaks in the summary, the three-way answer
-//! ([`crate::diagnosis`]) and the lines of the chart.
+//! Everything the harness reads from the services' `/metrics`, by the names of the
+//! contract (the only module that names them): orders-service's gauges and memory and
+//! both services' tokio runtimes, sampled four times a second during a load for the
+//! peaks in the summary, the three-way answer ([`crate::diagnosis`]) and the time series;
+//! and the counters a load grows.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use deadline_propagation::metrics::names;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use service_kit::metrics::names as kit;
 use test_support::exposition::{self, Sample as Series};
 use test_support::process::rss_kib;
@@ -13,7 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// One moment of orders-service.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Sample {
     /// Seconds since the load started.
     pub t: f64,
@@ -28,28 +31,22 @@ pub struct Sample {
     /// Resident memory, MiB.
     pub rss_mib: f64,
     /// catalog-service's requests in flight: its busy slots, useful or not.
-    #[serde(default)]
     pub catalog_in_flight: f64,
     /// Requests catalog-service has answered so far, by its own count.
-    #[serde(default)]
     pub catalog_received: f64,
     /// orders-service's catalog calls so far (`http_client_requests_seconds_count`).
-    #[serde(default)]
     pub catalog_calls: f64,
     /// Their time so far, seconds (`http_client_requests_seconds_sum`): the call, pool
     /// wait excluded.
-    #[serde(default)]
     pub catalog_call_s: f64,
     /// orders-service's tokio runtime; `None` without the `tokio_*` families.
-    #[serde(default)]
     pub orders_runtime: Option<Runtime>,
     /// catalog-service's tokio runtime; `None` without the `tokio_*` families.
-    #[serde(default)]
     pub catalog_runtime: Option<Runtime>,
 }
 
 /// One reading of a service's tokio runtime (docs/design.md §7).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Runtime {
     /// Worker threads.
     pub workers: f64,
@@ -100,6 +97,58 @@ pub fn gauges(series: &[Series], t: f64, rss_mib: f64) -> Sample {
         orders_runtime: Runtime::read(series),
         ..Sample::default()
     }
+}
+
+/// The catalog bulkhead's queue limit, as orders-service exports it.
+pub fn pending_limit(series: &[Series]) -> Option<f64> {
+    let labels = [("client", "catalog"), ("kind", "pending_max")];
+    exposition::sum(series, names::HTTP_CLIENT_POOL_LIMIT, &labels)
+}
+
+/// The counters a load grows, by name, in one scrape of each service: catalog-service's
+/// time on calls it answered 200 and calls answered; orders-service's catalog attempts
+/// (`cancelled` too), those cut or answered 504, hedges sent, hedges and retries cut,
+/// extra attempts the deadline rule refused, calls admission refused as predicted late.
+pub fn counters(orders: &[Series], catalog: &[Series]) -> BTreeMap<&'static str, f64> {
+    let sum = |series, family: &str, labels: &[(&str, &str)]| {
+        exposition::sum(series, family, labels).unwrap_or(0.0)
+    };
+    let (server, client) = (names::HTTP_SERVER_REQUESTS_SECONDS, ("client", "catalog"));
+    let (uri, requests) = (
+        ("uri", "/catalog/{sku}"),
+        format!("{}_count", names::HTTP_CLIENT_REQUESTS_SECONDS),
+    );
+    let status = |status| sum(orders, &requests, &[client, ("status", status)]);
+    let attempts = |labels: &[(&str, &str)]| {
+        sum(
+            orders,
+            names::HTTP_CLIENT_ATTEMPTS_TOTAL,
+            &[&[client], labels].concat(),
+        )
+    };
+    let extra = |kind, outcome| attempts(&[("kind", kind), ("outcome", outcome)]);
+    let late = [client, ("reason", "predicted_late")];
+    #[rustfmt::skip]
+    let counters = [
+        ("catalog_answer_seconds", sum(catalog, &format!("{server}_sum"), &[uri, ("status", "200")])),
+        ("catalog_calls", sum(catalog, &format!("{server}_count"), &[uri])),
+        ("attempts", sum(orders, &requests, &[client])),
+        ("attempts_cut", status("timeout") + status("504")),
+        ("hedges", extra("hedge", "won") + extra("hedge", "lost") + extra("hedge", "cut")),
+        ("extra_cut", extra("hedge", "cut") + extra("retry", "cut")),
+        ("extra_refused_deadline", attempts(&[("outcome", "refused_deadline")])),
+        ("predicted_late", sum(orders, names::HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL, &late)),
+    ];
+    BTreeMap::from(counters)
+}
+
+/// `POST /api/orders` being handled, as orders-service exports it.
+pub fn orders_in_flight(series: &[Series]) -> Option<f64> {
+    exposition::sum(
+        series,
+        names::HTTP_SERVER_REQUESTS_IN_FLIGHT,
+        &[("uri", "/api/orders")],
+    )
 }
 
 /// One scrape of `url`, parsed; empty when the service does not answer.
@@ -182,29 +231,28 @@ tokio_worker_busy_seconds_total 3.25
 tokio_alive_tasks 40
 tokio_global_queue_depth 3
 "#;
-        let sample = gauges(&exposition::parse(text), 1.5, 20.0);
+        let s = gauges(&exposition::parse(text), 1.5, 20.0);
+        let gauges = [
+            s.t,
+            s.pending,
+            s.active,
+            s.in_flight,
+            s.db_pending,
+            s.rss_mib,
+        ];
+        assert_eq!(gauges, [1.5, 7.0, 50.0, 57.0, 2.0, 20.0]);
         assert_eq!(
-            sample,
-            Sample {
-                t: 1.5,
-                pending: 7.0,
-                active: 50.0,
-                in_flight: 57.0,
-                db_pending: 2.0,
-                rss_mib: 20.0,
-                catalog_in_flight: 0.0,
-                catalog_received: 0.0,
-                catalog_calls: 12.0,
-                catalog_call_s: 2.9,
-                orders_runtime: Some(Runtime {
-                    workers: 2.0,
-                    busy_s: 3.25,
-                    alive_tasks: 40.0,
-                    global_queue: 3.0,
-                }),
-                catalog_runtime: None,
-            }
+            [s.catalog_calls, s.catalog_call_s],
+            [12.0, 2.9],
+            "catalog's series only"
         );
+        let runtime = Runtime {
+            workers: 2.0,
+            busy_s: 3.25,
+            alive_tasks: 40.0,
+            global_queue: 3.0,
+        };
+        assert_eq!((s.orders_runtime, s.catalog_runtime), (Some(runtime), None));
     }
 
     #[test]

@@ -88,7 +88,7 @@ pub struct Load {
     /// How orders arrive.
     pub model: Model,
     /// How long k6 sends orders.
-    #[serde(with = "secs")]
+    #[serde(with = "crate::stats::secs")]
     pub duration: Duration,
     /// The budget each order carries (`X-Request-Timeout-Ms`).
     pub budget_ms: u64,
@@ -125,10 +125,10 @@ pub struct Load {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Partition {
     /// When the cut starts, after the load's start.
-    #[serde(with = "secs")]
+    #[serde(with = "crate::stats::secs")]
     pub after: Duration,
     /// How long it lasts.
-    #[serde(with = "secs")]
+    #[serde(with = "crate::stats::secs")]
     pub length: Duration,
 }
 
@@ -179,13 +179,10 @@ impl Scenario {
         let variable = Fault {
             delay_ms: 200,
             jitter_ms: 600,
-            busy_ms: 0,
             ..Fault::default()
         };
         let seed_fault = Fault {
             delay_ms: 1000,
-            jitter_ms: 0,
-            busy_ms: 0,
             ..Fault::default()
         };
         // 10 to 30 ms per call, and one call in a hundred stalls a second more.
@@ -232,8 +229,6 @@ impl Scenario {
                 timeout_ms: 60_000,
                 fault: Some(Fault {
                     delay_ms: 400,
-                    jitter_ms: 0,
-                    busy_ms: 0,
                     ..Fault::default()
                 }),
                 ..base
@@ -255,8 +250,6 @@ impl Scenario {
                     think_ms: 0,
                 },
                 fault: Some(Fault {
-                    delay_ms: 0,
-                    jitter_ms: 0,
                     busy_ms: 20,
                     ..Fault::default()
                 }),
@@ -276,8 +269,6 @@ impl Scenario {
                 },
                 fault: Some(Fault {
                     delay_ms: 20,
-                    jitter_ms: 0,
-                    busy_ms: 0,
                     ..Fault::default()
                 }),
                 pool_max_connections: 2,
@@ -340,30 +331,10 @@ impl Scenario {
         }
     }
 
-    /// The folder name under `docs/results/`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Goodput => "goodput",
-            Self::Seed => "seed",
-            Self::Recovery => "recovery",
-            Self::Mixed => "mixed",
-            Self::Happy => "happy",
-            Self::Saturation => "saturation",
-            Self::PoolQueue => "pool-queue",
-            Self::Partition => "partition",
-            Self::Stragglers => "stragglers",
-            Self::Tight => "tight",
-            Self::Outage => "outage",
-        }
-    }
-}
-
-mod secs {
-    pub(super) fn serialize<S: serde::Serializer>(
-        d: &std::time::Duration,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
+    /// The name on the command line, and of its folder under `docs/results/`.
+    pub fn name(self) -> String {
+        let value = clap::ValueEnum::to_possible_value(&self).expect("no variant is skipped");
+        value.get_name().to_owned()
     }
 }
 
@@ -404,7 +375,7 @@ pub enum Versus {
 /// both services.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Side {
-    /// The name in tables, charts and folders.
+    /// The name in tables and folders.
     pub name: &'static str,
     /// orders-service's `DEADLINE_MODE`.
     pub mode: &'static str,
@@ -417,6 +388,14 @@ impl Versus {
     /// the first's.
     pub fn sides(self) -> [Side; 2] {
         let side = |name, mode, env| Side { name, mode, env };
+        let bounds_off = &[
+            ("DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", "0"),
+            ("DB_LIVENESS_TIMEOUT_MS", "0"),
+        ];
+        let blind = &[
+            ("CATALOG_HEDGE", "on"),
+            ("CATALOG_HEDGE_DEADLINE_AWARE", "false"),
+        ];
         match self {
             Self::Modes => [
                 side("legacy", "legacy", &[]),
@@ -427,14 +406,7 @@ impl Versus {
                 side("metrics-on", "propagate", &[("RUNTIME_METRICS", "true")]),
             ],
             Self::SessionBounds => [
-                side(
-                    "bounds-off",
-                    "propagate",
-                    &[
-                        ("DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", "0"),
-                        ("DB_LIVENESS_TIMEOUT_MS", "0"),
-                    ],
-                ),
+                side("bounds-off", "propagate", bounds_off),
                 side("bounds-on", "propagate", &[]),
             ],
             Self::Hedging => [
@@ -442,27 +414,17 @@ impl Versus {
                 side("hedging-on", "propagate", &[("CATALOG_HEDGE", "on")]),
             ],
             Self::HedgeDeadline => [
-                side(
-                    "deadline-blind",
-                    "propagate",
-                    &[
-                        ("CATALOG_HEDGE", "on"),
-                        ("CATALOG_HEDGE_DEADLINE_AWARE", "false"),
-                    ],
-                ),
+                side("deadline-blind", "propagate", blind),
                 side("deadline-aware", "propagate", &[("CATALOG_HEDGE", "on")]),
             ],
         }
     }
 
     /// The suffix of the results folder (`docs/results/<scenario><suffix>`).
-    pub fn suffix(self) -> &'static str {
-        match self {
-            Self::Modes => "",
-            Self::RuntimeMetrics => "-runtime-metrics",
-            Self::SessionBounds => "-session-bounds",
-            Self::Hedging => "-hedging",
-            Self::HedgeDeadline => "-hedge-deadline",
+    pub fn suffix(self) -> String {
+        match clap::ValueEnum::to_possible_value(&self).expect("no variant is skipped") {
+            _ if self == Self::Modes => String::new(),
+            value => format!("-{}", value.get_name()),
         }
     }
 }

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, bail, ensure};
 use test_support::postgres::create_database;
 use test_support::process::{binary_dir, free_port};
 use test_support::{PgCluster, ServiceProcess};
@@ -21,13 +21,38 @@ pub fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
-/// Builds both services with cargo for `profile` (`dev` or `release`).
-pub fn build_services(profile: &str) -> anyhow::Result<()> {
-    build_services_with(profile, &[])
+/// The commit the figures speak for: `HEAD`, with `-dirty` when code differs from it.
+/// Results folders do not count: a run that publishes into `docs/results/` while an
+/// earlier scenario's results wait to be committed still ran the committed code.
+pub fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(workspace())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let Some(head) = git(&["rev-parse", "--short=12", "HEAD"]) else {
+        return "unknown".to_owned();
+    };
+    let changes = git(&[
+        "status",
+        "--porcelain",
+        "--",
+        ".",
+        ":(exclude)docs/results",
+        ":(exclude)results",
+    ]);
+    match changes {
+        Some(changes) if changes.is_empty() => head,
+        _ => format!("{head}-dirty"),
+    }
 }
 
 /// Builds both services for `profile` with the cargo `features` both have (`profiling`).
-pub fn build_services_with(profile: &str, features: &[&str]) -> anyhow::Result<()> {
+pub fn build_services(profile: &str, features: &[&str]) -> anyhow::Result<()> {
     let mut command = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()));
     command
         .current_dir(workspace())
@@ -39,6 +64,23 @@ pub fn build_services_with(profile: &str, features: &[&str]) -> anyhow::Result<(
     let status = command.status().context("cannot run cargo build")?;
     anyhow::ensure!(status.success(), "cargo build failed");
     Ok(())
+}
+
+/// Runs `command`; an error names it when it fails.
+pub fn run(command: &mut std::process::Command) -> anyhow::Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("cannot run {command:?}"))?;
+    ensure!(status.success(), "{command:?} failed: {status}");
+    Ok(())
+}
+
+/// `program` as found on the `PATH`.
+pub fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
 }
 
 /// The loopback ports of one stack, chosen once so a Prometheus started beside it can
@@ -65,26 +107,11 @@ impl Ports {
             orders_admin: free_port(),
         }
     }
+}
 
-    /// `http://127.0.0.1:<orders>`.
-    pub fn orders_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.orders)
-    }
-
-    /// `http://127.0.0.1:<catalog>`.
-    pub fn catalog_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.catalog)
-    }
-
-    /// `http://127.0.0.1:<admin>`.
-    pub fn admin_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.admin)
-    }
-
-    /// `http://127.0.0.1:<orders_admin>`.
-    pub fn orders_admin_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.orders_admin)
-    }
+/// `http://127.0.0.1:<port>`.
+pub fn url(port: u16) -> String {
+    format!("http://127.0.0.1:{port}")
 }
 
 /// Both services running against one database.
@@ -127,26 +154,20 @@ impl Services {
             );
         }
         std::fs::create_dir_all(log_dir)?;
-        let mut catalog_env = vec![
-            (
-                "CATALOG_LISTEN_ADDR",
-                format!("127.0.0.1:{}", ports.catalog),
-            ),
-            ("CATALOG_ADMIN_ADDR", format!("127.0.0.1:{}", ports.admin)),
-        ];
-        catalog_env.extend(env.catalog.iter().map(|(k, v)| (k.as_str(), v.clone())));
-        let catalog = ServiceProcess::start(
-            &bin.join("catalog-service"),
-            &catalog_env,
-            log_dir.join("catalog.log"),
-        )?;
+        let catalog_env: Vec<_> = env
+            .catalog
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        let (ports_catalog, log) = ((ports.catalog, ports.admin), log_dir.join("catalog.log"));
+        let catalog = start_catalog(&bin, ports_catalog, &catalog_env, log).await?;
         let mut orders_env = vec![
             ("ORDERS_LISTEN_ADDR", format!("127.0.0.1:{}", ports.orders)),
             (
                 "ORDERS_ADMIN_ADDR",
                 format!("127.0.0.1:{}", ports.orders_admin),
             ),
-            ("CATALOG_URL", ports.catalog_url()),
+            ("CATALOG_URL", url(ports.catalog)),
             ("DATABASE_URL", database_url.clone()),
         ];
         orders_env.extend(env.orders.iter().map(|(k, v)| (k.as_str(), v.clone())));
@@ -168,7 +189,7 @@ impl Services {
     /// Polls `/readyz` (database and catalog reachable) every 100 ms.
     async fn wait_ready(&mut self, limit: Duration) -> anyhow::Result<()> {
         let client = reqwest::Client::new();
-        let url = format!("{}/readyz", self.ports.orders_url());
+        let url = format!("{}/readyz", url(self.ports.orders));
         let started = Instant::now();
         while started.elapsed() < limit {
             for (name, process) in [("orders", &mut self.orders), ("catalog", &mut self.catalog)] {
@@ -202,6 +223,44 @@ impl Services {
     }
 }
 
+/// catalog-service from `bin` on loopback `port` and `admin` (its fault API), with
+/// `env` besides, its log in `log`; once it accepts connections.
+pub async fn start_catalog(
+    bin: &Path,
+    (port, admin): (u16, u16),
+    env: &[(&str, String)],
+    log: PathBuf,
+) -> anyhow::Result<ServiceProcess> {
+    let mut all = vec![
+        ("CATALOG_LISTEN_ADDR", format!("127.0.0.1:{port}")),
+        ("CATALOG_ADMIN_ADDR", format!("127.0.0.1:{admin}")),
+    ];
+    all.extend_from_slice(env);
+    let mut process = ServiceProcess::start(&bin.join("catalog-service"), &all, log)?;
+    wait_listening(port, &mut process).await?;
+    Ok(process)
+}
+
+/// Waits until `process` accepts connections on `port`; fails if it exits first.
+pub async fn wait_listening(port: u16, process: &mut ServiceProcess) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if let Some(status) = process.exited() {
+            bail!("exited ({status}):\n{}", process.log_tail(20));
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "not listening after 30 s:\n{}",
+            process.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
 /// A new, empty database named `name` on `cluster`.
 pub async fn fresh_database(cluster: &PgCluster, name: &str) -> anyhow::Result<String> {
     create_database(&cluster.url("postgres"), name).await
@@ -223,17 +282,17 @@ pub async fn run_with_stack(
     let ports = services.ports;
     eprintln!(
         "stack: orders {}, catalog {}, logs in {}",
-        ports.orders_url(),
-        ports.catalog_url(),
+        url(ports.orders),
+        url(ports.catalog),
         log_dir.display()
     );
     let status = tokio::process::Command::new(program)
         .args(args)
-        .env("ORDERS_URL", ports.orders_url())
-        .env("ORDERS_ADMIN_URL", ports.orders_admin_url())
+        .env("ORDERS_URL", url(ports.orders))
+        .env("ORDERS_ADMIN_URL", url(ports.orders_admin))
         .env("ORDERS_PID", services.orders.pid().to_string())
-        .env("CATALOG_URL", ports.catalog_url())
-        .env("CATALOG_ADMIN_URL", ports.admin_url())
+        .env("CATALOG_URL", url(ports.catalog))
+        .env("CATALOG_ADMIN_URL", url(ports.admin))
         .env("DATABASE_URL", &services.database_url)
         .env("STACK_LOG_DIR", log_dir)
         .status()

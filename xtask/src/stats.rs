@@ -4,6 +4,8 @@
 //! whenever it was answered. That is what a caller sees, and it keeps a slow answer
 //! from being credited to the second in which the service finally produced it.
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use serde::{Deserialize, Serialize};
 
 /// One order request as k6 logged it.
@@ -53,6 +55,13 @@ pub fn parse_request_log(text: &str) -> Vec<Request> {
         .collect()
 }
 
+/// Now, in ms since the Unix epoch (k6 logs arrivals on the same clock).
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Median, smallest and largest of a figure over the repeats of one mode.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Spread {
@@ -100,7 +109,7 @@ pub fn goodput(requests: &[Request], budget_ms: u64, seconds: f64) -> f64 {
 }
 
 /// The requests of one second of arrivals.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Second {
     /// Seconds since the first arrival.
     pub t: u64,
@@ -169,6 +178,23 @@ pub fn recovery_ms(
         start += 50;
     }
     None
+}
+
+/// A [`std::time::Duration`] as seconds (`f64`) in JSON.
+pub mod secs {
+    pub fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<std::time::Duration, D::Error> {
+        let secs: f64 = serde::Deserialize::deserialize(d)?;
+        Ok(std::time::Duration::from_secs_f64(secs))
+    }
 }
 
 #[cfg(test)]

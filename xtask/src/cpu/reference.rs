@@ -1,25 +1,15 @@
-//! The instrument's control: a second catalog-service that the instrument calls itself,
-//! at a fixed rate, with the same call whatever the mode.
-//!
-//! Why it is there: on a shared machine the CPU one order costs moves by up to ±15 %
-//! from one three-second segment to the next, and every process moves with it. Over the
-//! 200 segments of an A/A run, orders-service's CPU per order followed catalog-service's
-//! with a correlation of 0.98, and PostgreSQL's with 0.95. It is the machine that runs
-//! faster or slower (other tenants, caches, frequency), not the code. Alternating sides
-//! in adjacent segments cancels the slow part of that drift, not the rest: the pairs of
-//! 100-pair runs still spread from 0.70 to 1.48.
-//!
-//! A process that does the same work in both sides measures that speed: its CPU per
-//! call, segment by segment. Dividing a pair's ratio by the control's ratio takes the
-//! machine's speed out. The control must not be one of the measured processes (the
-//! catalog the orders call does a little more work in propagate: it reads the deadline
-//! header), hence a process of its own that nothing else calls. The A/A run shows
-//! whether the division is fair.
+//! The instrument's control (docs/experiment.md, "The control"): a second
+//! catalog-service that nothing but the instrument calls, at a fixed rate, with the same
+//! call whatever the mode. The machine runs faster or slower from one segment to the
+//! next (other tenants, caches, frequency) and every process moves with it; the
+//! control's CPU per call measures that speed, and a pair's ratio divided by the
+//! control's takes it out. It cannot be one of the measured processes: the catalog the
+//! orders call reads the deadline header in propagate.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use test_support::ServiceProcess;
 use test_support::process::{binary_dir, free_port};
@@ -37,20 +27,15 @@ impl Reference {
     /// Starts the control from `profile`'s binary, its log in `dir`, and calls it
     /// `rate` times a second from now on.
     pub(super) async fn start(profile: &str, dir: &Path, rate: u32) -> anyhow::Result<Self> {
-        let binary = binary_dir(&crate::stack::workspace(), profile).join("catalog-service");
+        let bin = binary_dir(&crate::stack::workspace(), profile);
         let port = free_port();
-        let process = ServiceProcess::start(
-            &binary,
-            &[
-                ("CATALOG_LISTEN_ADDR", format!("127.0.0.1:{port}")),
-                ("CATALOG_ADMIN_ADDR", format!("127.0.0.1:{}", free_port())),
-                ("RUST_LOG", "warn".into()),
-            ],
-            dir.join("reference.log"),
-        )?;
-        let url = format!("http://127.0.0.1:{port}/catalog/SKU-00042");
-        let client = reqwest::Client::new();
-        wait_ready(&client, &url).await?;
+        let env = [("RUST_LOG", "warn".to_owned())];
+        let log = dir.join("reference.log");
+        let process = crate::stack::start_catalog(&bin, (port, free_port()), &env, log).await?;
+        let (client, url) = (
+            reqwest::Client::new(),
+            format!("http://127.0.0.1:{port}/catalog/SKU-00042"),
+        );
         let answered = Arc::new(AtomicU64::new(0));
         let caller = tokio::spawn(call(client, url, rate, Arc::clone(&answered)));
         Ok(Self {
@@ -75,22 +60,6 @@ impl Drop for Reference {
     fn drop(&mut self) {
         self.caller.abort();
         self.process.stop(Duration::from_secs(5));
-    }
-}
-
-/// Polls the item until it answers 200, for at most 30 s.
-async fn wait_ready(client: &reqwest::Client, url: &str) -> anyhow::Result<()> {
-    let started = Instant::now();
-    loop {
-        let answer = client.get(url).timeout(Duration::from_secs(1)).send().await;
-        if answer.is_ok_and(|a| a.status().is_success()) {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "the reference catalog-service at {url} was not ready after 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -25,7 +25,7 @@ use std::time::Instant;
 use anyhow::{Context as _, ensure};
 use test_support::process::binary_dir;
 
-use crate::stack::{build_services, workspace};
+use crate::stack::{build_services, run, workspace};
 
 mod rootfs;
 
@@ -121,7 +121,9 @@ pub fn images(args: &ImagesArgs) -> anyhow::Result<()> {
         })?;
     }
     if !args.no_build {
-        step("cargo build (services)", || build_services(&args.profile))?;
+        step("cargo build (services)", || {
+            build_services(&args.profile, &[])
+        })?;
     }
     let binaries = binary_dir(&workspace(), &args.profile);
     let context = cache.join("services");
@@ -248,15 +250,6 @@ fn label(image: &str, key: &str) -> anyhow::Result<String> {
         .arg(image)
         .output()?;
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
-}
-
-/// Runs `command`; an error names it when it fails.
-pub fn run(command: &mut Command) -> anyhow::Result<()> {
-    let status = command
-        .status()
-        .with_context(|| format!("cannot run {command:?}"))?;
-    ensure!(status.success(), "{command:?} failed: {status}");
-    Ok(())
 }
 
 #[cfg(test)]

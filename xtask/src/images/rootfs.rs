@@ -7,14 +7,15 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail, ensure};
 
-use super::{BASE_IMAGE, MADE_HERE, STAND_INS, SUITE, run};
+use super::{BASE_IMAGE, MADE_HERE, STAND_INS, SUITE};
+use crate::stack::{run, which};
 
 /// Makes `tree`: the root file system in `rootfs/` and, for each stand-in, its packages
 /// in `<folder>/debs/`. Built under a temporary name and renamed when complete, so an
 /// interrupted run is started again rather than reused.
 pub(super) fn bootstrap(cache: &Path, tree: &Path, mirror: &str) -> anyhow::Result<()> {
     ensure!(
-        which("debootstrap"),
+        which("debootstrap").is_some(),
         "debootstrap is not installed (Debian: apt-get install debootstrap)"
     );
     let partial = tree.with_extension("partial");
@@ -96,12 +97,6 @@ pub(super) fn import(rootfs: &Path) -> anyhow::Result<()> {
     ensure!(tar.wait()?.success(), "tar of {} failed", rootfs.display());
     ensure!(import.success(), "docker import failed");
     Ok(())
-}
-
-/// Whether `program` is on the PATH.
-fn which(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
 
 /// Removes the files (not the folders) directly in `dir`.

@@ -1,0 +1,103 @@
+//! `cargo xtask readme-tables`: the result tables of the docs, numbers only, rendered
+//! from the summaries committed under `docs/results/`, so no published figure can drift
+//! from the run that made it. Every sentence around them is written by hand.
+//!
+//! A table is the lines between `<!-- results:DIR [FIGURE ...] -->` and
+//! `<!-- results:end -->` in README.md or a page of docs/: the table of
+//! `docs/results/DIR/summary.json` as its `summary.md` has it, or only the rows of the
+//! figures named.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+
+use crate::summary::{self, Summary};
+
+const BEGIN: &str = "<!-- results:";
+const END: &str = "<!-- results:end -->";
+
+/// Renders every table of README.md and docs/*.md under `workspace`; with `check`,
+/// writes nothing. Returns the files whose tables changed (or would).
+pub fn update(workspace: &Path, check: bool) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = vec![workspace.join("README.md")];
+    for entry in std::fs::read_dir(workspace.join("docs"))? {
+        files.push(entry?.path());
+    }
+    files.retain(|f| f.extension().is_some_and(|e| e == "md"));
+    files.sort();
+    let mut changed = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)?;
+        let new = render(&text, &workspace.join("docs/results"))
+            .with_context(|| format!("in {}", file.display()))?;
+        if new != text {
+            if !check {
+                std::fs::write(&file, &new)?;
+            }
+            changed.push(file);
+        }
+    }
+    Ok(changed)
+}
+
+/// `text` with every table block filled from the summaries under `results`.
+fn render(text: &str, results: &Path) -> anyhow::Result<String> {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(BEGIN).filter(|&at| !rest[at..].starts_with(END)) {
+        let open = start + rest[start..].find("-->\n").context("an unclosed marker")? + 4;
+        let mut words = rest[start + BEGIN.len()..open - 4].split_whitespace();
+        let dir = words
+            .next()
+            .context("a marker without its results folder")?;
+        let rows: Vec<&str> = words.collect();
+        let close = open
+            + rest[open..]
+                .find(END)
+                .with_context(|| format!("no {END}"))?;
+        let path = results.join(dir).join("summary.json");
+        let json = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let summary: Summary = serde_json::from_str(&json)?;
+        let table = match rows.is_empty() {
+            true => summary::markdown_table(&summary),
+            false => summary::markdown_table_of(&summary, &rows),
+        };
+        out.push_str(&rest[..open]);
+        out.push('\n');
+        out.push_str(&table);
+        out.push('\n');
+        rest = &rest[close..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_gets_its_runs_table_and_the_text_around_it_stays() {
+        let results = crate::stack::workspace().join("docs/results");
+        let text =
+            "Before.\n\n<!-- results:goodput p99_ms -->\nold\n<!-- results:end -->\n\nAfter.\n";
+        let new = render(text, &results).unwrap();
+        assert!(new.starts_with("Before.\n\n<!-- results:goodput p99_ms -->\n\n| | legacy |"));
+        assert!(
+            new.contains("| p99 latency, ms |") && !new.contains("goodput:"),
+            "{new}"
+        );
+        assert!(
+            new.ends_with("|\n\n<!-- results:end -->\n\nAfter.\n"),
+            "{new}"
+        );
+        assert_eq!(
+            render(&new, &results).unwrap(),
+            new,
+            "a second run changes nothing"
+        );
+        assert!(render("<!-- results:nope -->\n<!-- results:end -->\n", &results).is_err());
+        assert!(render("<!-- results:goodput -->\nno end\n", &results).is_err());
+    }
+}
