@@ -67,7 +67,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::client::{Admit, CallStart, Event, Plugin, Reading};
+use crate::client::{Admit, CallStart, Event, Plugin};
 
 /// Recent calls the estimate is taken from.
 const WINDOW: usize = 64;
@@ -96,10 +96,9 @@ struct Sample {
 
 /// The last [`WINDOW`] calls, kept in the order the estimate walks them: by call time,
 /// a call that finished before one cut at the same time, and otherwise in the order
-/// they were recorded. Every call of a downstream records one and recomputes the
-/// estimate, in every mode, so recording is an insertion into a window kept sorted and
-/// a walk along it: a sorted copy of the window per call is about 20,000 instructions
-/// (callgrind), more than the rest of the call's bookkeeping together.
+/// they were recorded. Every call records one and recomputes the estimate, so recording
+/// is an insertion into a window kept sorted and a walk along it, not a sort per call
+/// (docs/performance.md).
 #[derive(Debug)]
 struct Window {
     /// At most [`WINDOW`] calls, in the estimate's order.
@@ -193,8 +192,8 @@ impl Plugin for Admission {
         }
     }
 
-    fn readings(&self) -> Vec<Reading> {
-        vec![Reading::LatencyEstimate(self.estimate())]
+    fn readings(&self) -> Vec<(&'static str, Duration)> {
+        vec![("latency_estimate", self.estimate())]
     }
 }
 

@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::client::{Event, Plugin, Reading};
+use crate::client::{Event, Plugin};
 
 /// How a client hedges its calls to one downstream.
 ///
@@ -227,8 +227,8 @@ impl Plugin for Hedging {
         }
     }
 
-    fn readings(&self) -> Vec<Reading> {
-        vec![Reading::HedgeDelay(self.delay().unwrap_or_default())]
+    fn readings(&self) -> Vec<(&'static str, Duration)> {
+        vec![("hedge_delay", self.delay().unwrap_or_default())]
     }
 }
 

@@ -1,18 +1,9 @@
-//! [`Bulkhead`]: a cap on concurrent outbound calls with a bounded, timed queue.
-//!
-//! reqwest keeps idle connections but puts no cap on how many are open, so it has no
-//! pool queue to bound. This is what Reactor Netty calls `maxConnections`,
-//! `pendingAcquireMaxCount` and `pendingAcquireTimeout`: at most `max_in_flight` calls
-//! hold a slot, at most `pending_max` wait for one, and a waiter gives up after its
-//! wait. A slot is held until the response *body* has been read (tower's
-//! `ConcurrencyLimit` would release at the headers and undercount).
-//!
-//! The queue limit is propagate's. Observe calls, and slots taken with
-//! `wait_for_slot`, wait with no limit, as code without the technique does. They wait
-//! ahead in the same queue but do not count against the limit: otherwise, after a
-//! switch to propagate, every propagate call would find the queue full of them until
-//! they drained. The pending count shows every waiter; it is the signal the dashboards
-//! use, rising when calls queue for a slot, a different fault from a slow downstream.
+//! [`Bulkhead`]: a cap on concurrent calls with a bounded, timed queue (Reactor Netty's
+//! `maxConnections`, `pendingAcquireMaxCount`, `pendingAcquireTimeout`), since reqwest
+//! caps neither. A slot is held until the *body* has been read (tower's
+//! `ConcurrencyLimit` releases at the headers). Observe calls and `wait_for_slot` wait
+//! without the limit, ahead in the same queue but not counting against it. The pending
+//! count, every waiter, is what tells a queue for slots from a slow downstream.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,7 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// Why no slot was given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum AcquireError {
-    /// `pending_max` calls were already waiting: refused without waiting at all.
+    /// `pending_max` calls were already waiting: refused without waiting.
     QueueFull,
     /// The wait passed its limit.
     TimedOut,
@@ -34,7 +25,7 @@ pub(crate) enum AcquireError {
 pub(crate) struct Bulkhead {
     slots: Arc<Semaphore>,
     max_in_flight: usize,
-    pending_max: Option<usize>,
+    pending_max: usize,
     /// Every waiter.
     pending: AtomicUsize,
     /// The waiters the limit binds.
@@ -47,25 +38,20 @@ pub struct Slot {
     _permit: OwnedSemaphorePermit,
 }
 
-/// A place in the queue; leaving it (with a slot, or by giving up) undoes the counts.
-struct Waiting<'a> {
-    bulkhead: &'a Bulkhead,
-    limited: bool,
-}
+/// A place in the queue; leaving it, with a slot or without, undoes the counts.
+struct Waiting<'a>(&'a Bulkhead, bool);
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        if self.limited {
-            self.bulkhead.limited.fetch_sub(1, Ordering::SeqCst);
+        if self.1 {
+            self.0.limited.fetch_sub(1, Ordering::SeqCst);
         }
-        self.bulkhead.pending.fetch_sub(1, Ordering::SeqCst);
+        self.0.pending.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 impl Bulkhead {
-    /// `max_in_flight` slots (at least 1); at most `pending_max` bounded waiters (`None`:
-    /// no limit).
-    pub(crate) fn new(max_in_flight: usize, pending_max: Option<usize>) -> Self {
+    pub(crate) fn new(max_in_flight: usize, pending_max: usize) -> Self {
         let max_in_flight = max_in_flight.max(1);
         Self {
             slots: Arc::new(Semaphore::new(max_in_flight)),
@@ -76,38 +62,38 @@ impl Bulkhead {
         }
     }
 
-    /// Takes a slot, waiting at most `wait` (`None`: as long as it takes), or refuses
-    /// at once when `pending_max` calls like this one already wait.
-    pub(crate) async fn acquire(&self, wait: Option<Duration>) -> Result<Slot, AcquireError> {
+    /// A slot within `wait`, or a refusal at once when `pending_max` wait already.
+    pub(crate) async fn acquire(&self, wait: Duration) -> Result<Slot, AcquireError> {
         if let Some(slot) = self.try_acquire() {
             return Ok(slot);
         }
-        let waiting = self.join_queue(self.pending_max)?;
-        let permit = match wait {
-            Some(wait) => tokio::time::timeout(wait, Arc::clone(&self.slots).acquire_owned())
-                .await
-                .map_err(|_| AcquireError::TimedOut)?,
-            None => Arc::clone(&self.slots).acquire_owned().await,
-        }
-        .expect("the semaphore is never closed");
-        drop(waiting);
-        Ok(Slot { _permit: permit })
+        // Check and increment in one step: two callers never both take the last place.
+        self.limited
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.pending_max).then_some(n + 1)
+            })
+            .map_err(|_| AcquireError::QueueFull)?;
+        let _waiting = self.join(true);
+        let acquired = tokio::time::timeout(wait, Arc::clone(&self.slots).acquire_owned()).await;
+        let permit = acquired.map_err(|_| AcquireError::TimedOut)?;
+        Ok(Slot {
+            _permit: permit.expect("the semaphore is never closed"),
+        })
     }
 
-    /// Takes a slot however long the queue and the wait; says whether the bounded queue
-    /// was full when it joined (what observe counts as propagate's refusal).
+    /// A slot however long the queue and the wait; and whether the bounded queue was
+    /// full when it joined (what observe counts as propagate's refusal).
     pub(crate) async fn acquire_unbounded(&self) -> (Slot, bool) {
         if let Some(slot) = self.try_acquire() {
             return (slot, false);
         }
-        let over = self.pending() >= self.pending_max.unwrap_or(usize::MAX);
-        let waiting = self.join_queue(None).expect("an unlimited queue has room");
-        let permit = Arc::clone(&self.slots)
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
-        drop(waiting);
-        (Slot { _permit: permit }, over)
+        let over = self.pending() >= self.pending_max;
+        let _waiting = self.join(false);
+        let permit = Arc::clone(&self.slots).acquire_owned().await;
+        let slot = Slot {
+            _permit: permit.expect("the semaphore is never closed"),
+        };
+        (slot, over)
     }
 
     /// A slot if one is free now (a hedge takes no other).
@@ -116,38 +102,21 @@ impl Bulkhead {
         Some(Slot { _permit: permit })
     }
 
-    /// Calls waiting for a slot.
     pub(crate) fn pending(&self) -> usize {
         self.pending.load(Ordering::SeqCst)
     }
 
-    /// Slots in use.
     pub(crate) fn active(&self) -> usize {
         self.max_in_flight - self.slots.available_permits()
     }
 
-    /// Slots in all.
     pub(crate) fn max_in_flight(&self) -> usize {
         self.max_in_flight
     }
 
-    /// Joins the queue: as one of the waiters `limit` applies to (refused when that
-    /// many already wait), or, with `None`, outside the limit.
-    fn join_queue(&self, limit: Option<usize>) -> Result<Waiting<'_>, AcquireError> {
-        if let Some(limit) = limit {
-            // Check and increment in one step: two callers must never both take the
-            // last place.
-            self.limited
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                    (n < limit).then_some(n + 1)
-                })
-                .map_err(|_| AcquireError::QueueFull)?;
-        }
+    fn join(&self, limited: bool) -> Waiting<'_> {
         self.pending.fetch_add(1, Ordering::SeqCst);
-        Ok(Waiting {
-            bulkhead: self,
-            limited: limit.is_some(),
-        })
+        Waiting(self, limited)
     }
 }
 
@@ -157,19 +126,16 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_full_queue_refuses_at_once_and_a_waiter_times_out() {
-        let bulkhead = Arc::new(Bulkhead::new(1, Some(1)));
-        let held = bulkhead.acquire(None).await.unwrap();
+        let bulkhead = Arc::new(Bulkhead::new(1, 1));
+        let held = bulkhead.acquire(Duration::from_secs(3600)).await.unwrap();
         assert_eq!(bulkhead.active(), 1);
         let b = Arc::clone(&bulkhead);
         let waiter =
-            tokio::spawn(async move { b.acquire(Some(Duration::from_millis(40))).await.map(drop) });
+            tokio::spawn(async move { b.acquire(Duration::from_millis(40)).await.map(drop) });
         tokio::task::yield_now().await;
         assert_eq!(bulkhead.pending(), 1);
         assert_eq!(
-            bulkhead
-                .acquire(Some(Duration::from_secs(1)))
-                .await
-                .map(drop),
+            bulkhead.acquire(Duration::from_secs(1)).await.map(drop),
             Err(AcquireError::QueueFull)
         );
         assert_eq!(waiter.await.unwrap(), Err(AcquireError::TimedOut));
@@ -180,11 +146,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_released_slot_goes_to_the_waiter() {
-        let bulkhead = Arc::new(Bulkhead::new(1, None));
-        let held = bulkhead.acquire(None).await.unwrap();
+        let bulkhead = Arc::new(Bulkhead::new(1, usize::MAX));
+        let held = bulkhead.acquire(Duration::from_secs(3600)).await.unwrap();
         let b = Arc::clone(&bulkhead);
-        let waiter =
-            tokio::spawn(async move { b.acquire(Some(Duration::from_secs(1))).await.map(drop) });
+        let waiter = tokio::spawn(async move { b.acquire(Duration::from_secs(1)).await.map(drop) });
         tokio::task::yield_now().await;
         drop(held);
         assert_eq!(waiter.await.unwrap(), Ok(()));
@@ -196,8 +161,8 @@ mod tests {
     /// that follow (they still wait ahead of them, and count in `pending`).
     #[tokio::test(start_paused = true)]
     async fn unbounded_waiters_do_not_fill_the_bounded_queue() {
-        let bulkhead = Arc::new(Bulkhead::new(1, Some(1)));
-        let held = bulkhead.acquire(None).await.unwrap();
+        let bulkhead = Arc::new(Bulkhead::new(1, 1));
+        let held = bulkhead.acquire(Duration::from_secs(3600)).await.unwrap();
         let unbounded: Vec<_> = (0..3)
             .map(|_| {
                 let b = Arc::clone(&bulkhead);
@@ -208,16 +173,12 @@ mod tests {
         assert_eq!(bulkhead.pending(), 3);
 
         let b = Arc::clone(&bulkhead);
-        let waiter =
-            tokio::spawn(async move { b.acquire(Some(Duration::from_secs(1))).await.map(drop) });
+        let waiter = tokio::spawn(async move { b.acquire(Duration::from_secs(1)).await.map(drop) });
         tokio::task::yield_now().await;
         assert_eq!(bulkhead.pending(), 4, "the bounded call waits too");
         // The limit still holds among the calls it binds.
         assert_eq!(
-            bulkhead
-                .acquire(Some(Duration::from_secs(1)))
-                .await
-                .map(drop),
+            bulkhead.acquire(Duration::from_secs(1)).await.map(drop),
             Err(AcquireError::QueueFull)
         );
         // The slot goes round: the unbounded waiters first, in order, then the bounded one.
@@ -231,10 +192,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_dropped_waiter_leaves_the_queue() {
-        let bulkhead = Arc::new(Bulkhead::new(1, Some(4)));
-        let _held = bulkhead.acquire(None).await.unwrap();
+        let bulkhead = Arc::new(Bulkhead::new(1, 4));
+        let _held = bulkhead.acquire(Duration::from_secs(3600)).await.unwrap();
         let b = Arc::clone(&bulkhead);
-        let waiter = tokio::spawn(async move { b.acquire(None).await.map(drop) });
+        let waiter =
+            tokio::spawn(async move { b.acquire(Duration::from_secs(3600)).await.map(drop) });
         tokio::task::yield_now().await;
         assert_eq!(bulkhead.pending(), 1);
         waiter.abort();
@@ -247,7 +209,7 @@ mod tests {
     /// (which the metrics read at each scrape) are exactly 0.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn the_counts_return_to_exactly_zero_after_a_storm_of_completions_and_cancellations() {
-        let bulkhead = Arc::new(Bulkhead::new(3, Some(100_000)));
+        let bulkhead = Arc::new(Bulkhead::new(3, 100_000));
         for round in 0..40 {
             let tasks: Vec<_> = (0..600)
                 .map(|i| {
@@ -259,7 +221,7 @@ mod tests {
                         } else {
                             Duration::from_secs(10)
                         };
-                        if let Ok(slot) = bulkhead.acquire(Some(wait)).await {
+                        if let Ok(slot) = bulkhead.acquire(wait).await {
                             tokio::task::yield_now().await;
                             drop(slot);
                         }

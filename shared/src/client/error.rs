@@ -1,118 +1,74 @@
-//! [`CallError`]: how a budgeted call failed, and the answer each failure becomes.
-//!
-//! The error knows the downstream it came from, so turning it into the answer needs
-//! nothing else (`?` in a handler does it, through `From<CallError> for Problem`), and
-//! the answer names that downstream's own stages: a full `inventory` pool is 503
-//! `inventory_pool`, never `catalog_pool`. What went wrong is its [`kind`](CallError::kind);
-//! the underlying error, where there is one (reqwest's, serde's), is its
-//! [`source`](std::error::Error::source).
+//! [`CallError`]: how a budgeted call failed, and the answer each failure becomes. The
+//! error knows its downstream, so `?` in a handler answers in that downstream's own
+//! stages: a full `inventory` pool is 503 `inventory_pool`, never `catalog_pool`.
 
 use std::time::Duration;
 
 use http::{HeaderMap, StatusCode, header};
 
+use super::Reply;
 use crate::deadline::{Deadline, DeadlineExceeded};
 use crate::problem::Problem;
-use crate::stage::{Downstream, Stage};
-
-use super::Reply;
+use crate::stage::Downstream;
 
 /// What went wrong with a budgeted call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CallErrorKind {
     /// The bulkhead's queue was full: refused before any I/O, 503 `{name}_pool`.
+    #[error("refused by the pool: the pool queue is full")]
     QueueFull,
-    /// The wait for a bulkhead slot passed its limit: 503 `{name}_pool`.
+    /// The wait for a slot passed its limit: 503 `{name}_pool`.
+    #[error("refused by the pool: timed out waiting for a pool slot")]
     AcquireTimeout,
-    /// Refused before taking a slot: recent calls say this one cannot finish in what it
-    /// has left (admission). 503 with the call's stage.
+    /// Refused before taking a slot: recent calls say it cannot finish in what it has
+    /// left (admission). 503 with the call's stage.
+    #[error("predicted to finish late: needs about {needed:?}, has {available:?}")]
     PredictedLate {
         /// Pool wait plus call time, as estimated.
         needed: Duration,
         /// What the call had to spend.
         available: Duration,
     },
-    /// Our deadline ran out (while waiting for a slot, or during the call): 504.
+    /// Our deadline ran out (waiting for a slot, or during the call): 504.
+    #[error("{0}")]
     Deadline(DeadlineExceeded),
     /// The downstream answered 504: the shared deadline ran out there. Never retried.
+    #[error("the downstream ran out of budget")]
     DownstreamDeadline(DeadlineExceeded),
     /// The downstream answered 503: passed on with its `Retry-After`.
+    #[error("the downstream is overloaded")]
     DownstreamOverloaded {
-        /// From the downstream's `Retry-After`, or 1 s when it sends none or one that is
-        /// not whole seconds.
+        /// From the downstream's `Retry-After` (whole seconds), else 1 s.
         retry_after: Duration,
     },
     /// The downstream answered 404 for what we asked: the caller's input was wrong.
+    #[error("not found downstream")]
     NotFound,
     /// Any other non-success status: 502.
+    #[error("the downstream answered {0}")]
     Status(StatusCode),
     /// Connection refused or reset, or another transport failure: 502.
+    #[error("the downstream is unreachable")]
     Unreachable,
     /// A success status with a body we cannot read: 502.
+    #[error("the downstream sent an invalid body")]
     Invalid,
-    /// The request could not be built (a header that is not valid HTTP, a body that
-    /// does not serialize): our own mistake, found before any I/O. 500.
+    /// The request could not be built (a bad header, a body that does not serialize):
+    /// our own mistake, found before any I/O. 500.
+    #[error("the request could not be built")]
     Request,
 }
 
-/// A failed outbound call: which downstream, what went wrong, and why.
-///
-/// ```
-/// use deadline_propagation::client::{CallError, CallErrorKind};
-/// use deadline_propagation::Problem;
-///
-/// fn answer(err: CallError) -> Problem {
-///     match err.kind() {
-///         // A 404 from the downstream is the caller's mistake: say so in our words.
-///         CallErrorKind::NotFound => Problem::not_found("no such item"),
-///         // Everything else as the contract says: 504, 503 or 502, naming the stage.
-///         _ => err.into(),
-///     }
-/// }
-/// ```
+/// A failed outbound call: which downstream, what went wrong, and the underlying error
+/// (reqwest's, serde's) as its source.
 #[derive(Debug, thiserror::Error)]
-#[error("{downstream}: {}", describe(kind))]
+#[error("{downstream}: {kind}")]
 pub struct CallError {
     downstream: Downstream,
     kind: CallErrorKind,
     #[source]
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
-}
-
-fn describe(kind: &CallErrorKind) -> String {
-    match kind {
-        CallErrorKind::QueueFull => "refused by the pool: the pool queue is full".to_owned(),
-        CallErrorKind::AcquireTimeout => {
-            "refused by the pool: timed out waiting for a pool slot".to_owned()
-        }
-        CallErrorKind::PredictedLate { needed, available } => {
-            format!("predicted to finish late: needs about {needed:?}, has {available:?}")
-        }
-        CallErrorKind::Deadline(exceeded) => exceeded.to_string(),
-        CallErrorKind::DownstreamDeadline(_) => "the downstream ran out of budget".to_owned(),
-        CallErrorKind::DownstreamOverloaded { .. } => "the downstream is overloaded".to_owned(),
-        CallErrorKind::NotFound => "not found downstream".to_owned(),
-        CallErrorKind::Status(status) => format!("the downstream answered {status}"),
-        CallErrorKind::Unreachable => "the downstream is unreachable".to_owned(),
-        CallErrorKind::Invalid => "the downstream sent an invalid body".to_owned(),
-        CallErrorKind::Request => "the request could not be built".to_owned(),
-    }
-}
-
-/// The wait passed on with a downstream 503 whose `Retry-After` is missing or unreadable,
-/// and the one a refusal of our own asks for.
-pub(crate) const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
-
-/// The wait a downstream asks for in `Retry-After`, in delay-seconds (the form both
-/// services send). The HTTP-date form counts as unreadable: turning it into a wait would
-/// trust the other host's clock, which this project never does.
-fn retry_after(headers: &HeaderMap) -> Duration {
-    headers
-        .get(header::RETRY_AFTER)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|text| text.trim().parse::<u64>().ok())
-        .map_or(DEFAULT_RETRY_AFTER, Duration::from_secs)
 }
 
 impl CallError {
@@ -143,8 +99,8 @@ impl CallError {
         self.downstream
     }
 
-    /// Sorts a downstream's answer: a 2xx is the reply, anything else an error. A 504
-    /// counts as this request's deadline running out downstream.
+    /// Sorts an answer: a 2xx is the reply, anything else an error; a 504 is this
+    /// request's deadline running out downstream.
     pub(crate) fn check(
         downstream: Downstream,
         answer: Reply,
@@ -164,39 +120,44 @@ impl CallError {
     }
 }
 
-/// The answer for a failed call, naming its downstream's stages: `{name}_pool` for a
-/// refusal by its bulkhead, `{name}` for the rest (a deadline answer carries the stage
-/// it ran out in). A bad request of our own is a 500, never blamed on the downstream.
+/// The wait a downstream asks for in `Retry-After`, in delay-seconds; the HTTP-date
+/// form, or none, is a second (turning a date into a wait would trust its clock).
+fn retry_after(headers: &HeaderMap) -> Duration {
+    headers
+        .get(header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(1), Duration::from_secs)
+}
+
+/// The answer for a failed call: `{name}_pool` for a refusal by its bulkhead,
+/// `{name}` for the rest. A bad request of our own is a 500, never blamed downstream.
 impl From<CallError> for Problem {
     fn from(err: CallError) -> Self {
-        let (stage, pool): (Stage, Stage) = (err.downstream.call(), err.downstream.pool());
+        let (stage, retry) = (err.downstream.call(), Duration::from_secs(1));
         match err.kind {
-            CallErrorKind::QueueFull | CallErrorKind::AcquireTimeout => Problem::overloaded(
-                pool,
-                DEFAULT_RETRY_AFTER,
-                format!(
+            CallErrorKind::QueueFull | CallErrorKind::AcquireTimeout => {
+                let detail = format!(
                     "no connection to the {stage} service: {}; retry later",
-                    describe(&err.kind)
-                ),
-            ),
-            CallErrorKind::PredictedLate { needed, available } => Problem::overloaded(
-                stage,
-                DEFAULT_RETRY_AFTER,
-                format!(
-                    "not sent to the {stage} service: recent calls need about {} ms, {} ms \
-                     were left; retry later",
-                    needed.as_millis(),
-                    available.as_millis()
-                ),
-            ),
+                    err.kind
+                );
+                Problem::overloaded(err.downstream.pool(), retry, detail)
+            }
+            CallErrorKind::PredictedLate { needed, available } => {
+                let (needed, available) = (needed.as_millis(), available.as_millis());
+                let detail = format!(
+                    "not sent to the {stage} service: recent calls need about {needed} ms, \
+                     {available} ms were left; retry later"
+                );
+                Problem::overloaded(stage, retry, detail)
+            }
             CallErrorKind::Deadline(exceeded) | CallErrorKind::DownstreamDeadline(exceeded) => {
                 Problem::deadline(exceeded)
             }
-            CallErrorKind::DownstreamOverloaded { retry_after } => Problem::overloaded(
-                stage,
-                retry_after,
-                format!("the {stage} service is overloaded; retry later"),
-            ),
+            CallErrorKind::DownstreamOverloaded { retry_after } => {
+                let detail = format!("the {stage} service is overloaded; retry later");
+                Problem::overloaded(stage, retry_after, detail)
+            }
             CallErrorKind::NotFound => {
                 Problem::not_found(format!("not found in the {stage} service"))
             }

@@ -1,19 +1,7 @@
-//! Stage `{name}`: one call, as one or more attempts, each a request and its body under
-//! what is left of the deadline, with the budget propagated and the trace context
-//! injected; then the call's answer.
-//!
-//! A call is its first attempt, perhaps a hedge beside it (when a plugin times one),
+//! Stage `{name}`: one call as attempts, each a request and its body under what is left,
+//! the budget sent on: the first, perhaps a hedge beside it (when a plugin times one),
 //! perhaps a retry after it (a refused connection; a 503 of a request safe to send
-//! twice). Every extra attempt passes three checks, in order, and is counted when it
-//! does not:
-//!
-//! 1. the deadline: no COMMIT is on the wire, and what is left covers what nine recent
-//!    attempts in ten took (at least 20 ms);
-//! 2. a slot, for a hedge (a retry keeps the slot of the attempt it repeats);
-//! 3. the plugins (the retry budget's token).
-//!
-//! Each attempt is timed on its own and told to the plugins; one dropped unfinished
-//! (its caller went away, or its hedge won) is told as cancelled, and as cut.
+//! twice). Each is timed and told to the plugins.
 
 use std::pin::pin;
 use std::time::Duration;
@@ -26,19 +14,16 @@ use tracing::Instrument;
 use super::request::{CallRequest, Reply};
 use super::wire::server_total;
 use super::{
-    Attempt, AttemptEnd, AttemptKind, AttemptOutcome, BudgetedClient, CallError, CallErrorKind,
-    Event, Slot,
+    Attempt, AttemptKind, AttemptOutcome, BudgetedClient, CallError, CallErrorKind, Event, Slot,
 };
 use crate::deadline::{Deadline, DeadlineExceeded};
 use crate::header::REQUEST_TIMEOUT_HEADER;
 use crate::mode::{DEADLINE_MODE_HEADER, DeadlineMode, OBSERVE};
 
-/// The least budget worth any extra attempt, whatever the plugins know.
+/// The least budget worth any extra attempt.
 const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);
 
-/// The headers the client sets itself; a caller's values for them are dropped, so no
-/// caller can send more budget than is left, a mode that is not this call's, or a
-/// trace context that is not this call's.
+/// The headers the client sets itself; a caller's values for them are dropped.
 const OWNED_HEADERS: [HeaderName; 4] = [
     REQUEST_TIMEOUT_HEADER,
     DEADLINE_MODE_HEADER,
@@ -46,17 +31,8 @@ const OWNED_HEADERS: [HeaderName; 4] = [
     HeaderName::from_static("tracestate"),
 ];
 
-/// What one attempt gave: reqwest's answer (any status) or its failure, or the
-/// deadline.
+/// What one attempt gave: an answer (any status) or a failure, or the deadline.
 type Outcome = Result<Result<Reply, reqwest::Error>, DeadlineExceeded>;
-
-/// An attempt that ran and that the call did not end with: its kind, and whether it
-/// was cut.
-#[derive(Clone, Copy)]
-struct Ran {
-    kind: AttemptKind,
-    cut: bool,
-}
 
 /// One attempt that came back, with the slot it held (a retry goes on it).
 struct Tried {
@@ -67,16 +43,14 @@ struct Tried {
 }
 
 impl Tried {
-    /// An answer the call can end with: any status but a 5xx (a 404 is an answer too),
-    /// not a failure to reach the downstream, not the deadline.
+    /// An answer the call can end with: any status but a 5xx.
     fn is_good(&self) -> bool {
         matches!(&self.outcome, Ok(Ok(reply)) if !reply.status.is_server_error())
     }
 }
 
 impl BudgetedClient {
-    /// The call in a client span named after the method and the downstream
-    /// (`POST inventory`), carrying the budget and what is left of it.
+    /// The call in a client span (`POST inventory`).
     pub(super) async fn send_request(
         &self,
         deadline: &Deadline,
@@ -110,7 +84,6 @@ impl BudgetedClient {
         let mode = deadline.mode();
         let spent = self.is_spent(deadline);
         if spent && mode.enforces() {
-            // Nothing is sent, so there is nothing to learn from either.
             return Err(self.error(CallErrorKind::Deadline(deadline.exceeded(stage))));
         }
         let mut headers = request.headers.clone();
@@ -120,7 +93,7 @@ impl BudgetedClient {
         crate::trace::inject(span, &mut headers);
         self.emit(Event::Call);
         let first = self.try_once(deadline, request, headers.clone(), slot);
-        // The attempts that ran and that the call did not end with.
+        // The attempts that ran and that the call did not end with: kind, and cut.
         let mut ran = Vec::with_capacity(2);
         let (mut tried, mut kind) = match self.hedge_delay(deadline, request) {
             Some(delay) => {
@@ -129,11 +102,8 @@ impl BudgetedClient {
             }
             None => (first.await, AttemptKind::First),
         };
-        // A refused connection sent nothing, so a retry is safe for any method (a POST
-        // included: the downstream never saw it); a 503 says the downstream refused the
-        // request before doing any work, which is safe to repeat for a request that may
-        // be sent twice. Nothing else is retried, a 504 least of all: the shared
-        // deadline has run out there.
+        // A refused connection sent nothing: safe to retry for any method. A 503 says
+        // the downstream refused before any work: safe for a request that may go twice.
         let retryable = match &tried.outcome {
             Ok(Err(err)) => err.is_connect(),
             Ok(Ok(reply)) => {
@@ -142,36 +112,24 @@ impl BudgetedClient {
             Err(_) => false,
         };
         if retryable && mode.enforces() {
-            match self
-                .deadline_allows_extra(deadline)
-                .and_then(|()| self.plugins_allow_extra())
-            {
+            match self.extra_allowed(deadline, || Some(())) {
                 Ok(()) => {
                     self.emit(Event::Retry);
-                    ran.push(Ran {
-                        kind,
-                        cut: tried.cut,
-                    });
+                    ran.push((kind, tried.cut));
                     tried = self.try_once(deadline, request, headers, tried.slot).await;
                     kind = AttemptKind::Retry;
                 }
-                Err(refused) => self.count(AttemptKind::Retry, refused),
+                Err(refused) => self.emit(Event::Counted(AttemptKind::Retry, refused)),
             }
         }
-        // The attempts the call did not end with lost (or were cut); the last won,
-        // unless it was cut.
-        for loser in &ran {
-            let outcome = match loser.cut {
-                true => AttemptOutcome::Cut,
-                false => AttemptOutcome::Lost,
-            };
-            self.count(loser.kind, outcome);
+        let outcome = |cut, otherwise| if cut { AttemptOutcome::Cut } else { otherwise };
+        for (loser, cut) in ran {
+            self.emit(Event::Counted(loser, outcome(cut, AttemptOutcome::Lost)));
         }
-        let outcome = match tried.cut {
-            true => AttemptOutcome::Cut,
-            false => AttemptOutcome::Won,
-        };
-        self.count(kind, outcome);
+        self.emit(Event::Counted(
+            kind,
+            outcome(tried.cut, AttemptOutcome::Won),
+        ));
         if let Ok(Ok(answer)) = &tried.outcome {
             span.record("http.response.status_code", answer.status.as_u16());
         }
@@ -185,9 +143,8 @@ impl BudgetedClient {
         }
     }
 
-    /// The first attempt, and a hedge beside it if it has not answered after `delay`
-    /// and the checks allow one; the first good answer wins and the other attempt is
-    /// dropped (pushed onto `ran`). Returns the answer and the kind of its attempt.
+    /// The first attempt, and a hedge beside it after `delay` if the checks allow; the
+    /// first good answer wins, the other is dropped (pushed onto `ran`).
     async fn hedged(
         &self,
         deadline: &Deadline,
@@ -195,54 +152,39 @@ impl BudgetedClient {
         headers: &HeaderMap,
         first: impl Future<Output = Tried>,
         delay: Duration,
-        ran: &mut Vec<Ran>,
+        ran: &mut Vec<(AttemptKind, bool)>,
     ) -> (Tried, AttemptKind) {
+        let (first_kind, hedge_kind) = (AttemptKind::First, AttemptKind::Hedge);
         let mut first = pin!(first);
         tokio::select! {
             biased;
-            tried = &mut first => return (tried, AttemptKind::First),
+            tried = &mut first => return (tried, first_kind),
             () = tokio::time::sleep(delay) => {}
         }
-        let slot = self.deadline_allows_extra(deadline).and_then(|()| {
-            let slot = self.bulkhead.try_acquire().ok_or(AttemptOutcome::NoSlot)?;
-            self.plugins_allow_extra().map(|()| slot)
-        });
-        let slot = match slot {
+        let slot = match self.extra_allowed(deadline, || self.bulkhead.try_acquire()) {
             Ok(slot) => slot,
             Err(refused) => {
-                self.count(AttemptKind::Hedge, refused);
-                return (first.await, AttemptKind::First);
+                self.emit(Event::Counted(hedge_kind, refused));
+                return (first.await, first_kind);
             }
         };
         let mut hedge = pin!(self.try_once(deadline, request, headers.clone(), slot));
-        let (first_kind, hedge_kind) = (AttemptKind::First, AttemptKind::Hedge);
+        // A loser dropped unfinished lost; one that failed first may have been cut.
         let (winner, loser) = tokio::select! {
-            tried = &mut first => {
-                if tried.is_good() {
-                    // The hedge is dropped unfinished: it lost, it was not cut.
-                    ((tried, first_kind), Ran { kind: hedge_kind, cut: false })
-                } else {
-                    // The first failed: the hedge's answer is the call's, whatever it is.
-                    let loser = Ran { kind: first_kind, cut: tried.cut };
-                    ((hedge.await, hedge_kind), loser)
-                }
-            }
-            tried = &mut hedge => {
-                if tried.is_good() {
-                    ((tried, hedge_kind), Ran { kind: first_kind, cut: false })
-                } else {
-                    let loser = Ran { kind: hedge_kind, cut: tried.cut };
-                    ((first.await, first_kind), loser)
-                }
-            }
+            tried = &mut first => match tried.is_good() {
+                true => ((tried, first_kind), (hedge_kind, false)),
+                false => ((hedge.await, hedge_kind), (first_kind, tried.cut)),
+            },
+            tried = &mut hedge => match tried.is_good() {
+                true => ((tried, hedge_kind), (first_kind, false)),
+                false => ((first.await, first_kind), (hedge_kind, tried.cut)),
+            },
         };
         ran.push(loser);
         winner
     }
 
-    /// When the first attempt of this call may be hedged: a plugin times hedges, the
-    /// request is safe to send twice and not a health check, and the mode is propagate
-    /// (observe sends what code without the technique sends).
+    /// When the first attempt may be hedged (propagate, safe to send twice).
     fn hedge_delay(&self, deadline: &Deadline, request: &CallRequest<'_>) -> Option<Duration> {
         let hedgeable = request.repeatable() && request.admission && deadline.mode().enforces();
         hedgeable
@@ -250,11 +192,15 @@ impl BudgetedClient {
             .flatten()
     }
 
-    /// The deadline's check of an extra attempt: no COMMIT on the wire, and, unless a
-    /// plugin switched the rule off, what is left (less what is kept back) covers what
-    /// nine recent attempts in ten took. An attempt with less would too often be cut at
-    /// the deadline: the work it asks of the downstream would be thrown away.
-    fn deadline_allows_extra(&self, deadline: &Deadline) -> Result<(), AttemptOutcome> {
+    /// The checks of an extra attempt, in order: the deadline (no COMMIT on the wire,
+    /// and what is left covers what nine attempts in ten take, unless a plugin switched
+    /// that rule off), then `slot` (a hedge's: one free at once), then the plugins
+    /// (asked last, so that one refused for another reason spends nothing).
+    fn extra_allowed<S>(
+        &self,
+        deadline: &Deadline,
+        slot: impl FnOnce() -> Option<S>,
+    ) -> Result<S, AttemptOutcome> {
         let rule = self.plugins.iter().all(|p| p.deadline_rule());
         let likely = self.plugins.iter().find_map(|p| p.likely_attempt());
         let likely = likely.unwrap_or_default().max(MIN_RETRY_BUDGET);
@@ -262,20 +208,11 @@ impl BudgetedClient {
         if deadline.log().past_no_return() || (rule && left < likely) {
             return Err(AttemptOutcome::RefusedDeadline);
         }
-        Ok(())
-    }
-
-    /// The plugins' check, asked last so that one refused for another reason spends
-    /// nothing.
-    fn plugins_allow_extra(&self) -> Result<(), AttemptOutcome> {
+        let slot = slot().ok_or(AttemptOutcome::NoSlot)?;
         match self.plugins.iter().all(|p| p.allow_extra()) {
-            true => Ok(()),
+            true => Ok(slot),
             false => Err(AttemptOutcome::RefusedBudget),
         }
-    }
-
-    fn count(&self, kind: AttemptKind, outcome: AttemptOutcome) {
-        self.emit(Event::Counted(kind, outcome));
     }
 
     /// One attempt on `slot`, timed and told.
@@ -294,40 +231,34 @@ impl BudgetedClient {
         };
         let outcome = self.attempt(deadline, request, headers).await;
         std::mem::forget(unfinished);
-        let cut = self.learn(started, &outcome, request.admission);
-        Tried { outcome, slot, cut }
-    }
-
-    /// Tells the plugins an attempt came back (censored when cut at our deadline, or
-    /// when the downstream ran out of the budget we gave it: it would have taken at
-    /// least this long), and learns the wire's share of it. Returns whether it was cut.
-    fn learn(&self, started: Instant, outcome: &Outcome, learns: bool) -> bool {
         let took = started.elapsed();
-        let (end, censored) = match outcome {
-            Err(_) => (AttemptEnd::Timeout, true),
-            Ok(Ok(answer)) => (
-                AttemptEnd::Status(answer.status),
-                answer.status == StatusCode::GATEWAY_TIMEOUT,
-            ),
-            Ok(Err(err)) if err.is_timeout() => (AttemptEnd::Timeout, true),
-            Ok(Err(_)) => (AttemptEnd::Error, false),
+        let (status, failure) = match &outcome {
+            Ok(Ok(answer)) => (Some(answer.status), ""),
+            Ok(Err(err)) if !err.is_timeout() => (None, "error"),
+            _ => (None, "timeout"),
         };
-        if let Ok(Ok(answer)) = outcome
+        // Censored when cut at our deadline, or when the downstream ran out of the
+        // budget we gave it: it would have taken at least this long.
+        let cut = status.is_none_or(|s| s == StatusCode::GATEWAY_TIMEOUT) && failure != "error";
+        if let Ok(Ok(answer)) = &outcome
             && let Some(server) = server_total(&answer.headers)
         {
             self.wire.record(took, server);
         }
+        let learns = request.admission;
         self.emit(Event::Attempt(Attempt {
             started,
             took,
-            end,
-            censored,
+            status,
+            failure,
+            censored: cut,
             learns,
         }));
-        censored
+        Tried { outcome, slot, cut }
     }
 
-    /// One request, bounded as the mode says.
+    /// One request: bounded by the deadline in propagate, by the fixed timeout in
+    /// observe (with the marker, so the downstream does not enforce either).
     async fn attempt(
         &self,
         deadline: &Deadline,
@@ -335,40 +266,35 @@ impl BudgetedClient {
         mut headers: HeaderMap,
     ) -> Outcome {
         let stage = self.config.name.call();
-        let url = format!("{}{}", self.config.base_url, request.path);
         let budget = deadline.outbound_millis(self.keep_back());
         if let Some(ms) = budget {
             headers.insert(REQUEST_TIMEOUT_HEADER, ms.into());
         }
-        let timeout = match deadline.mode() {
-            // The budget goes downstream (unless spent), but nothing here enforces it,
-            // and the marker asks the downstream not to enforce it either.
-            DeadlineMode::Observe => {
-                headers.insert(DEADLINE_MODE_HEADER, OBSERVE);
-                Some(self.config.timeout)
-            }
-            // No more than what is kept back is left: the budget is spent, no I/O.
-            DeadlineMode::Propagate if budget.is_none() => return Err(deadline.exceeded(stage)),
-            DeadlineMode::Propagate => None,
-        };
-        let mut builder = self
-            .http
-            .request(request.method.clone(), url)
-            .headers(headers);
+        let url = format!("{}{}", self.config.base_url, request.path);
+        let mut builder = self.http.request(request.method.clone(), url);
         if let Some(body) = &request.body {
             builder = builder.body(body.clone());
         }
         let downstream = self.config.name;
-        match timeout {
-            Some(timeout) => Ok(fetch(builder.timeout(timeout), downstream).await),
-            None => deadline.run(stage, fetch(builder, downstream)).await,
+        match deadline.mode() {
+            DeadlineMode::Observe => {
+                headers.insert(DEADLINE_MODE_HEADER, OBSERVE);
+                let builder = builder.headers(headers).timeout(self.config.timeout);
+                Ok(fetch(builder, downstream).await)
+            }
+            // No more than what is kept back is left: the budget is spent, no I/O.
+            DeadlineMode::Propagate if budget.is_none() => Err(deadline.exceeded(stage)),
+            DeadlineMode::Propagate => {
+                let fetched = fetch(builder.headers(headers), downstream);
+                deadline.run(stage, fetched).await
+            }
         }
     }
 }
 
 impl CallRequest<'_> {
-    /// Whether the request may be sent twice: `GET` and `HEAD`, or a request that
-    /// carries an `Idempotency-Key` or was marked [`idempotent`](Self::idempotent).
+    /// Whether the request may be sent twice: `GET`, `HEAD`, marked idempotent, or
+    /// carrying an `Idempotency-Key`.
     pub(super) fn repeatable(&self) -> bool {
         self.idempotent
             || self.method == Method::GET
@@ -377,15 +303,13 @@ impl CallRequest<'_> {
     }
 }
 
-/// Sends and reads the whole body: both belong inside the same timeout. The answer is
-/// any status here; [`CallError::check`] sorts success from failure.
+/// Sends and reads the whole body: both belong inside the same timeout.
 async fn fetch(
     request: reqwest::RequestBuilder,
     downstream: crate::stage::Downstream,
 ) -> Result<Reply, reqwest::Error> {
     let response = request.send().await?;
-    let status = response.status();
-    let headers = response.headers().clone();
+    let (status, headers) = (response.status(), response.headers().clone());
     let body = response.bytes().await?;
     Ok(Reply {
         status,
@@ -395,10 +319,8 @@ async fn fetch(
     })
 }
 
-/// An attempt that has started and is not yet timed. If its future is dropped first
-/// (the caller went away; or its hedge won), the guard tells it as cancelled and cut.
-/// Without it, the calls of callers who gave up would drop out of every estimate, and
-/// a downstream slower than their patience would read as a fast one.
+/// An attempt not yet timed: dropped first (its caller went away, its hedge won), it is
+/// told as cancelled and cut, or a slow downstream would read as fast.
 struct Unfinished<'a> {
     client: &'a BudgetedClient,
     learns: bool,
@@ -410,7 +332,8 @@ impl Drop for Unfinished<'_> {
         self.client.emit(Event::Attempt(Attempt {
             started: self.started,
             took: self.started.elapsed(),
-            end: AttemptEnd::Cancelled,
+            status: None,
+            failure: "cancelled",
             censored: true,
             learns: self.learns,
         }));

@@ -36,7 +36,7 @@ async fn a_spent_budget_is_a_504_even_where_admission_and_the_queue_would_refuse
     let client = BudgetedClient::new(config).unwrap().plugin(RefuseAll);
     let reserve = client.config().reserve;
     // The one slot is taken and the queue holds none: the bulkhead refuses.
-    let _held = client.bulkhead.acquire(None).await.unwrap();
+    let _held = client.bulkhead.acquire(MS(1000)).await.unwrap();
 
     let answer = |err: CallError| {
         let response = axum::response::IntoResponse::into_response(Problem::from(err));

@@ -1,19 +1,7 @@
-//! [`Wire`]: the network's share of a call, learned from the downstream's own account.
-//!
-//! A budget header is relative: the downstream starts its clock when it has read the
-//! request and answers by the end of the budget it was given. The time the request and
-//! the answer spend on the wire is spent from the caller's budget but not from the
-//! downstream's, so a downstream given all that is left (less the reserve) can answer
-//! in time by its own clock and still be late by the caller's: on a link with 100 ms of
-//! latency, a slow downstream works its whole budget and its answer arrives 100 ms after
-//! the caller gave up on it.
-//!
-//! So the client keeps the wire back too. A downstream that runs this crate's ingress
-//! layer reports its own time in `Server-Timing` (`total;dur=12.4`); the client's call
-//! time minus that is the round trip on the wire (connect, send, transfer, and any wait
-//! before the downstream's clock started). Its moving average is subtracted from every
-//! budget sent, beside the reserve. A downstream that reports no `Server-Timing` is
-//! given the remainder less the reserve, as before.
+//! [`Wire`]: the network's share of a call, kept back from the budget sent on: the
+//! downstream's clock starts when it has read the request, so the round trip is the
+//! caller's to pay. A downstream running this crate's ingress reports its own time in
+//! `Server-Timing`; the call time less that, averaged, is kept back beside the reserve.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -1,17 +1,10 @@
-//! The caller and its transaction's job: who answers, and who polls the job.
-//!
-//! A transaction is a job that owns its connection and is never dropped halfway (see
-//! the [module](super)). It runs inside the caller's future while the caller waits,
-//! and is handed to a task of its own only if the caller stops polling it first (its
-//! deadline passed, it went away): a task per transaction would wake another worker on
-//! every order, which was the largest share of the technique's cost in the service's
-//! own CPU (docs/performance.md).
-//!
-//! Exactly one of the two answers: the job, when it knows the outcome in time, or the
-//! caller, at the deadline, when it does not. The job claims the answer before it sends
-//! COMMIT, so a COMMIT's outcome is always the job's to tell. The stop (the caller is
-//! past its deadline or gone) has no waker: it is set only just before the job is
-//! polled again, by the caller or by the task that takes the job over.
+//! The caller and its transaction's job: who answers, and who polls the job. The job
+//! runs inside the caller's future while the caller waits, and moves to a task of its
+//! own only if the caller stops polling it first: a task per transaction would wake
+//! another worker on every order (docs/performance.md). Exactly one of the two answers:
+//! the job when it knows in time, else the caller at its deadline. The job claims the
+//! answer before COMMIT, so a COMMIT's outcome is always the job's to tell. The stop
+//! has no waker: it is set only just before the job is polled again.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -1,7 +1,6 @@
-//! [`Job`]: one transaction, owning its connection: acquire, `BEGIN` with the limit,
-//! the body, then COMMIT as a point of no return or ROLLBACK. It answers through the
-//! [`Handoff`] as soon as the answer is known, then cleans up: the cancelled statement
-//! read to its end, `ROLLBACK` sent, the connection back in the pool in step with the
+//! [`Job`]: one transaction owning its connection: acquire, `BEGIN` with the limit, the
+//! body, then COMMIT as a point of no return or ROLLBACK. It answers as soon as the
+//! answer is known, then cleans up: the connection back in the pool in step with the
 //! server, or closed when that cannot be made sure of.
 
 use std::future::Future;
@@ -26,27 +25,23 @@ use super::{Check, DbError, End, PING_AFTER_IDLE, Statements, classify};
 use crate::deadline::Deadline;
 use crate::stage::Stage;
 
-/// How much earlier than the deadline the server is told to stop, so that it usually
-/// stops first (a statement's timer starts a round trip after it is set).
+/// How much earlier than the deadline the server is told to stop, so it stops first.
 const SERVER_MARGIN: Duration = Duration::from_millis(10);
 
 /// The least budget a step (the first statement, or COMMIT) is started with.
 const MIN_STEP: Duration = Duration::from_millis(12);
 
-/// How long past the deadline a COMMIT's outcome is waited for: a slow WAL flush, or
-/// learning on another connection the outcome of one whose connection was lost.
+/// How long past the deadline a COMMIT's outcome is waited for (docs/design.md §5).
 pub(super) const COMMIT_GRACE: Duration = Duration::from_millis(250);
 
-/// How long a cancelled statement (or a `ROLLBACK`) may take to come back before its
-/// connection is closed instead of returned.
+/// How long a cancelled statement or a `ROLLBACK` may take before its connection is
+/// closed instead of returned.
 const CLEANUP_GRACE: Duration = Duration::from_secs(2);
 
-/// How often a cancel is sent again: PostgreSQL ignores one that reaches a backend
-/// between two statements.
+/// How often a cancel is sent again (one between two statements is ignored).
 const RECANCEL_EVERY: Duration = Duration::from_millis(25);
 
-/// How long a cancel may take; one that has not answered may land later, so its
-/// connection is closed rather than returned.
+/// How long a cancel may take; one that has not answered may land later.
 const CANCEL_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// How often a lost COMMIT's backend is looked at until it has left its transaction.
@@ -74,18 +69,15 @@ pub(super) struct Job<T> {
     pub(super) cancel_unsettled: AtomicBool,
 }
 
-/// How a statement under [`Job::guarded`] ended.
+/// How a statement under [`Job::guarded`] ended: finished (`cancelled` if a cancel was
+/// sent meanwhile: nothing may be committed), or abandoned (its connection given up).
 enum Guarded<O> {
-    /// It finished; `cancelled`: a cancel was sent while it ran (the deadline passed or
-    /// the caller went away), so nothing may be committed.
     Finished { output: O, cancelled: bool },
-    /// It did not come back in time even after cancels: the connection is given up.
     Abandoned,
 }
 
 impl<T: Send> Job<T> {
-    /// Runs the transaction and answers through the handoff, at most once, and only if
-    /// the caller has not answered itself at its deadline.
+    /// Runs the transaction and answers through the handoff.
     pub(super) async fn run<B: Statements<T>>(self, body: B) {
         let acquired = self
             .acquire()
@@ -100,9 +92,8 @@ impl<T: Send> Job<T> {
         self.deadline.log().observe_start(Stage::Db, remaining);
         let _ = self.handoff.connected_at.set(connected_at);
         let span = self.deadline.stage_span(Stage::Db);
-        // Boxed before it is wrapped, so each wrapper moves a pointer. A body that
-        // panics must not hand its connection back with the transaction open: the panic
-        // is caught here, where the connection is still ours to close.
+        // Boxed, so each wrapper moves a pointer. A body that panics must not hand its
+        // connection back with the transaction open: it is closed here.
         let transacted = Box::pin(self.transact(&mut conn, session, body));
         let ran = AssertUnwindSafe(Instrument::instrument(transacted, span))
             .catch_unwind()
@@ -140,7 +131,7 @@ impl<T: Send> Job<T> {
             Some((conn, session)) => Ok(Ok((conn, Some(session)))),
             None => {
                 // sqlx's wait holds a whole connect: written into a box made first, so
-                // no future moves its kilobytes.
+                // no future moves it.
                 let waited = Box::write(Box::new_uninit(), self.pool.acquire());
                 let acquired = timeout_at(until, Box::into_pin(waited)).await;
                 acquired.map(|acquired| acquired.map(|conn| (conn, None)))
@@ -160,11 +151,9 @@ impl<T: Send> Job<T> {
         Ok(taken)
     }
 
-    /// A connection the pool holds idle, taken at once, without sqlx's wait (its
-    /// semaphore, its timer), which cost a few thousand instructions of every order
-    /// (docs/performance.md). sqlx's check on the way out (a ping after a second idle)
-    /// is made here instead; a connection that fails it is closed, and sqlx's wait finds
-    /// another.
+    /// A connection the pool holds idle, taken at once without sqlx's wait (a
+    /// semaphore and a timer on every order, docs/performance.md); sqlx's check (a ping
+    /// after a second idle) is made here. One that fails it is closed.
     async fn take_idle(&self, now: Instant, until: Instant) -> Option<(Conn, Session)> {
         let mut conn = self.pool.try_acquire()?;
         let checked = timeout_at(until, async {
@@ -225,10 +214,8 @@ impl<T: Send> Job<T> {
         self.commit(conn, value, check).await;
     }
 
-    /// The connection's session, so a cancel can reach it: known when the connection
-    /// was taken idle, else looked up (no I/O but a connection's first time). A
-    /// connection whose session could not be learned, or whose caller left meanwhile,
-    /// is closed: a statement cut halfway leaves it out of step.
+    /// The connection's session, so a cancel can reach it. A connection whose session
+    /// could not be learned, or whose caller left meanwhile, is closed.
     async fn identify(
         &self,
         conn: &mut Conn,
@@ -292,11 +279,10 @@ impl<T: Send> Job<T> {
         }
     }
 
-    /// Runs `statement` to its end. If the caller stops first (its deadline passed, or
-    /// it went away), the statement is cancelled on the server, again every
-    /// [`RECANCEL_EVERY`] (the body may start another statement after a cancel found
-    /// the backend idle), and read to its end anyway, so the connection stays in step.
-    /// Past `give_up_after` from the first cancel, it is abandoned.
+    /// Runs `statement` to its end. If the caller stops first, the statement is
+    /// cancelled on the server, again every [`RECANCEL_EVERY`], and read to its end
+    /// anyway, so the connection stays in step; `give_up_after` the first cancel, it is
+    /// abandoned.
     async fn guarded<F: Future>(
         &self,
         statement: F,
@@ -314,16 +300,14 @@ impl<T: Send> Job<T> {
     }
 
     /// [`guarded`](Self::guarded) past the stop: cancels until the statement ends, or
-    /// until `give_up`, whatever the network does (a cancel that cannot get through is
-    /// not waited for past it).
+    /// until `give_up` whatever the network does (no cancel is waited for past it).
     async fn cancel_until_ended<F: Future>(
         &self,
         mut statement: Pin<&mut F>,
         give_up: Instant,
     ) -> Guarded<F::Output> {
         loop {
-            // The statement is read while the cancel is on its way; the cancel is
-            // awaited even when the statement ends first, so none is left behind.
+            // A cancel is awaited even when the statement ends first: none left behind.
             let next = (Instant::now() + RECANCEL_EVERY).min(give_up);
             let cancel = async {
                 if timeout_at(give_up, self.cancel_on_server()).await.is_err() {
@@ -351,9 +335,8 @@ impl<T: Send> Job<T> {
         }
     }
 
-    /// Cancels whatever this transaction's backend runs, from the side pool. A cancel
-    /// whose fate is unknown (it failed, timed out, or the backend is not known) marks
-    /// the connection for closing, since it might still land on a later transaction.
+    /// Cancels what this transaction's backend runs, from the side pool; a cancel whose
+    /// fate is unknown marks the connection for closing (it might land later).
     async fn cancel_on_server(&self) {
         let Some(backend) = self.backend.get() else {
             self.cancel_unsettled.store(true, Ordering::Relaxed);
@@ -376,15 +359,11 @@ impl<T: Send> Job<T> {
         self.cancel_unsettled.store(true, Ordering::Relaxed);
     }
 
-    /// COMMIT as a point of no return: not started without [`MIN_STEP`] left; its
-    /// deferred work fired under the limit where the schema has any; cancelled at the
-    /// deadline (which aborts it until the commit record is written); its outcome
-    /// awaited within [`COMMIT_GRACE`], and answered only as the server or the table
-    /// tells it.
+    /// COMMIT as a point of no return (see the [module](super)): its outcome awaited
+    /// within [`COMMIT_GRACE`], and answered only as the server or the table tells it.
     async fn commit(&self, conn: &mut Conn, value: T, check: Option<Check>) {
         let left = self.deadline.remaining();
-        // From here on the outcome is this job's to tell; a caller that answered at its
-        // deadline already has its 504, and then no COMMIT may be sent.
+        // From here on the outcome is this job's; a caller past its deadline has its 504.
         if left < MIN_STEP || !self.handoff.claim() {
             self.answer(Err(exceeded(&self.deadline, Stage::Db)));
             return self.rollback(conn).await;
@@ -393,8 +372,7 @@ impl<T: Send> Job<T> {
         let sql = commit_sql(self.deferred, server_limit(left));
         let _no_return = self.deadline.point_of_no_return();
         match self.guarded(run_batch(conn, sql), COMMIT_GRACE).await {
-            // Committed, even if a cancel came after the commit record (PostgreSQL holds
-            // interrupts from there on and completes the COMMIT).
+            // Committed (past the commit record, PostgreSQL completes it whatever comes).
             Guarded::Finished { output: Ok(()), .. } => {
                 if let Some(change) = self.limit_sent.get() {
                     change.committed();
@@ -424,8 +402,8 @@ impl<T: Send> Job<T> {
     }
 
     /// The outcome of a COMMIT whose connection failed, learned on another connection
-    /// within the grace: once the backend is out of the transaction, `check` reads the
-    /// table. Without a check, or without an answer in time, it is unknown.
+    /// within the grace: once the backend has left the transaction, `check` reads the
+    /// table.
     async fn learn_outcome(&self, check: Option<Check>) -> Result<(), DbError> {
         let (Some(check), Some(backend)) = (check, self.backend.get()) else {
             return Err(DbError::OutcomeUnknown);
@@ -497,10 +475,9 @@ impl<T: Send> Job<T> {
     }
 }
 
-/// Whether an error answered to the COMMIT batch proves that nothing was committed:
-/// only an `ERROR` the server reports in a session that goes on (PostgreSQL reports
-/// nothing but `PANIC` once the commit record is written). A lost connection, a
-/// `FATAL`, a protocol error proves nothing.
+/// Whether an error answered to COMMIT proves that nothing was committed: only an
+/// `ERROR` in a session that goes on (after the commit record PostgreSQL reports only
+/// `PANIC`); a lost connection, a `FATAL`, a protocol error prove nothing.
 fn proves_rollback(err: &sqlx::Error) -> bool {
     let sqlx::Error::Database(db) = err else {
         return false;

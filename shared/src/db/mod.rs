@@ -1,37 +1,29 @@
 //! PostgreSQL under the deadline: [`Db::transaction`] and [`Db::read`] are the only way
 //! to run SQL (there is no public pool), so no statement runs outside the budget.
 //!
-//! # What an answer promises
+//! A success means committed; a 504, 503 or 502 means nothing was written, so a client
+//! may retry even without an `Idempotency-Key`. Once COMMIT is on the wire the server
+//! may commit whatever the client does, so COMMIT is a point of no return: not started
+//! with too little left, its deferred work fired first under the limit, cancelled at
+//! the deadline (which aborts it until the commit record is written), its outcome
+//! awaited (250 ms past the deadline at most) and answered truthfully: only an error
+//! the server reports in a session that goes on proves a rollback; otherwise the
+//! outcome is learned on another connection ([`End::CommitVerified`]) or is a 500 that
+//! promises nothing, never a 504.
 //!
-//! A success means the transaction committed; a 504, 503 or 502 means nothing was
-//! written, so a client may retry even without an `Idempotency-Key`. The dangerous
-//! moment is COMMIT: once it is on the wire the server may commit whatever the client
-//! does. So COMMIT is a point of no return: it is not started with too little left; the
-//! deferred work it would run unbounded is fired first under the limit; it is cancelled
-//! at the deadline, which still aborts it until the commit record is written; and its
-//! outcome is awaited (250 ms past the deadline at most) and answered truthfully. Only
-//! an error the server reports in a session that goes on proves a rollback; otherwise
-//! the outcome is learned on another connection ([`End::CommitVerified`]), or is a 500
-//! that promises nothing, never a 504.
+//! One transaction: `db_pool`, a connection within `min(acquire timeout, remaining)`
+//! (a saturated database is a quick 503, not a slow 504); then `db`: `BEGIN` with `SET
+//! statement_timeout` to what is left where the session's does not fit (`session.rs`,
+//! `sql.rs`), the body's statements, which the server stops at the deadline (57014,
+//! 504 `db`), and COMMIT or ROLLBACK as the body says.
 //!
-//! # One transaction
-//!
-//! 1. `db_pool`: a pooled connection within `min(acquire timeout, remaining)`: a
-//!    saturated or unreachable database is a quick 503, not a slow 504.
-//! 2. `db`: `BEGIN`, with `SET statement_timeout` to what is left where the session's
-//!    limit does not fit it (`session.rs`), in one round trip (`sql.rs`).
-//! 3. the body's statements: the server stops one that waits on a lock or runs long at
-//!    the deadline (57014, a 504 `db`).
-//! 4. COMMIT or ROLLBACK, as the body says.
-//!
-//! Dropping a sqlx future mid-statement leaves its connection out of step with the
-//! server (sqlx then closes it: one reconnect per cancel, when the database is busiest),
-//! so each transaction is a job (`job.rs`) that owns its connection and never drops a
-//! statement: when the caller goes away, or the deadline passes before the server's
-//! limit fires, it cancels the statement on the server (`pg_cancel_backend`, from a
-//! side pool), reads it to its end, rolls back, and returns the connection in step. The
-//! caller gets its answer as soon as it is known, and at its deadline at the latest
-//! (`handoff.rs`); the cleanup finishes after.
+//! Dropping a sqlx future mid-statement leaves its connection out of step (sqlx then
+//! closes it: a reconnect per cancel, when the database is busiest), so each
+//! transaction is a job (`job.rs`) that owns its connection: when the caller goes away,
+//! or the deadline passes before the server's limit fires, it cancels the statement on
+//! the server (`pg_cancel_backend`, from a side pool), reads it to its end, rolls back
+//! and returns the connection in step. The caller's answer comes as soon as it is known,
+//! at its deadline at the latest (`handoff.rs`); the cleanup finishes after.
 //!
 //! The statement limit and the cancel reach the server only while the network does, so
 //! every session also carries bounds the server keeps by itself ([`DbConfig`]).
@@ -75,18 +67,7 @@ pub enum End<T> {
 }
 
 /// A read that tells whether a transaction committed, for a COMMIT whose connection was
-/// lost: typically "does the row I inserted exist". It runs once the transaction has
-/// ended on the server.
-///
-/// ```
-/// use deadline_propagation::db::{Check, End};
-///
-/// let id: i64 = 42; // returned by the body's INSERT
-/// let check = Check::new(move |conn| {
-///     Box::pin(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM orders WHERE id = $1)").bind(id).fetch_one(conn))
-/// });
-/// let end = End::CommitVerified(id, check);
-/// ```
+/// lost: "does the row I inserted exist", run once the transaction has ended.
 pub struct Check(Box<dyn Read<bool>>);
 
 impl Check {
@@ -135,18 +116,13 @@ impl<T, F> Read<T> for F where
 {
 }
 
-/// Pool settings, and the bounds the server keeps on each session by itself.
-///
-/// When the link to the database is cut (packets dropped, no reset), neither the
-/// statement limit nor a cancel arrives, and a finished statement's transaction would
-/// sit `idle in transaction` with its row locks for as long as the server's TCP stack
-/// takes to give up: minutes. So every session is opened with bounds, as startup
-/// options (no statement, no round trip, in every mode):
-/// `idle_in_transaction_session_timeout` = [`idle_in_transaction`](Self::idle_in_transaction)
-/// (a body runs only SQL, so a live client waits a round trip at most), and
-/// `tcp_user_timeout` = [`liveness`](Self::liveness) with keepalives every second and
-/// `client_connection_check_interval` at a quarter of it (a running statement whose
-/// client is gone stops). Zero switches a bound off.
+/// Pool settings, and the bounds the server keeps on each session by itself: with the
+/// link cut (no reset), neither the limit nor a cancel arrives, and a transaction would
+/// sit `idle in transaction` with its locks for minutes. So every session carries, as
+/// startup options, `idle_in_transaction_session_timeout` (a body runs only SQL, so a
+/// live client waits a round trip at most) and `tcp_user_timeout` with keepalives and
+/// `client_connection_check_interval` (a statement whose client is gone stops). Zero
+/// switches a bound off.
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub struct DbConfig {
@@ -199,21 +175,6 @@ impl DbConfig {
 const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
 /// The pools and what they know. Cheap to clone.
-///
-/// ```no_run
-/// use std::time::Duration;
-/// use deadline_propagation::db::{Db, DbConfig};
-/// use deadline_propagation::Deadline;
-///
-/// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let db = Db::connect_lazy("postgres://app@127.0.0.1/app", DbConfig::default())?;
-/// let deadline = Deadline::after(Duration::from_millis(300));
-/// // Pool wait, BEGIN with statement_timeout = what is left, the query, ROLLBACK.
-/// let one: i32 = db
-///     .read(&deadline, |conn| Box::pin(sqlx::query_scalar("SELECT 1").fetch_one(conn)))
-///     .await?;
-/// # Ok(()) }
-/// ```
 #[derive(Clone, Debug)]
 pub struct Db {
     pool: PgPool,
@@ -306,28 +267,7 @@ impl Db {
     }
 
     /// Runs `body` in one transaction under `deadline`; commits or rolls back as its
-    /// [`End`] says.
-    ///
-    /// ```no_run
-    /// use deadline_propagation::db::End;
-    ///
-    /// # async fn example(db: deadline_propagation::db::Db, deadline: deadline_propagation::Deadline) -> Result<(), deadline_propagation::Problem> {
-    /// let taken: bool = db
-    ///     .transaction(&deadline, |conn| {
-    ///         Box::pin(async move {
-    ///             let updated = sqlx::query("UPDATE inventory SET available = available - 1 WHERE sku = $1 AND available >= 1")
-    ///                 .bind("SKU-00001")
-    ///                 .execute(&mut *conn)
-    ///                 .await?;
-    ///             Ok(match updated.rows_affected() {
-    ///                 0 => End::Rollback(false),
-    ///                 _ => End::Commit(true),
-    ///             })
-    ///         })
-    ///     })
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
+    /// [`End`] says (`shared/examples/database.rs` has one).
     pub async fn transaction<T, B>(&self, deadline: &Deadline, body: B) -> Result<T, DbError>
     where
         T: Send + 'static,

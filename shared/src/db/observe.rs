@@ -1,6 +1,5 @@
 //! The observe path of [`Db`]: a transaction as code without the technique runs it,
-//! counting where propagate would have refused it, so a rollout can watch before it
-//! enforces.
+//! counting where propagate would have refused it.
 
 use std::time::Duration;
 
@@ -16,9 +15,8 @@ use crate::stage::Stage;
 const OBSERVE_WAIT: Duration = Duration::from_secs(30);
 
 impl Db {
-    /// The transaction with no budget and no server-side limit, its statements dropped
-    /// wherever the caller's future is dropped; the wait for a connection bounded only
-    /// by [`OBSERVE_WAIT`]. What propagate would have refused is counted.
+    /// The transaction with no budget and no server-side limit, the wait for a
+    /// connection bounded only by [`OBSERVE_WAIT`].
     pub(super) async fn observed<T, B: Statements<T>>(
         &self,
         body: B,

@@ -1,24 +1,17 @@
-//! What is known of each pooled connection's server session, learned once per
-//! connection: its backend (where a cancel is sent), the `statement_timeout` in force on
-//! it, and when it was last used.
+//! What is known of each pooled connection's server session, learned once: its backend
+//! (where a cancel is sent), the `statement_timeout` in force on it, and when it was
+//! last used. Naming the backend in every transaction costs a statement each
+//! (docs/performance.md). sqlx hides the process id and gives a connection no place to
+//! keep a value, so a connection is known by its cached prepared [`IDENTIFY`]: preparing
+//! it again costs no I/O and gives back the cached column list, whose address is that
+//! connection's own. A cancel names the backend's start too, so a reused id is safe.
 //!
-//! The backend's process id is learned once, not named in every transaction (a
-//! statement per transaction, a few per cent of the database's CPU). sqlx hides the id
-//! and gives a pooled connection no place to keep a value, so the connection is
-//! recognised by its cached prepared statement of [`IDENTIFY`]: preparing it again
-//! costs no I/O and hands back the cached column list, whose address is that
-//! connection's own (the map holds the statement, so the address is not reused). A
-//! cancel names the backend's start time too, so an id reused by a new session is never
-//! cancelled in its place.
-//!
-//! The limit is the session's, not the transaction's: a `SET LOCAL` in every
-//! transaction was 4 to 6 % of pgbench's throughput (docs/performance.md). A limit in
-//! force serves a transaction that wants `wanted` ms when it is never later and at most a
-//! sixteenth earlier; one that is sent is set a thirty-second early, the middle of that
-//! window, so budgets alike reuse it. A `SET` inside a transaction is undone by its
-//! ROLLBACK, so the value is known only once the transaction's end is: unknown from the
-//! `SET` on, the new value after COMMIT, the old after ROLLBACK; an unknown limit never
-//! serves.
+//! The limit is the session's, not the transaction's, so that budgets alike send none
+//! (a `SET LOCAL` in every transaction costs the database, docs/performance.md). It
+//! serves a transaction when it is never later than wanted and at most a sixteenth
+//! earlier; one sent is a thirty-second early, the middle of that window. A `SET` is
+//! undone by ROLLBACK, so the value is unknown from the `SET` to the transaction's end,
+//! and an unknown limit never serves.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,7 +1,6 @@
-//! The SQL the envelope sends: the batch that opens a transaction with its limit, the
-//! batch that commits it, and whether the schema can leave work to COMMIT. Each batch
-//! is one round trip of utility statements (`SET` needs no snapshot and no plan; a
-//! `SELECT set_config(..)` needs both).
+//! The SQL the envelope sends: the batches that open and commit a transaction, each one
+//! round trip of utility statements (`SET` needs no snapshot and no plan, unlike
+//! `SELECT set_config(..)`), and whether the schema can leave work to COMMIT.
 
 use std::borrow::Cow;
 use std::sync::Mutex;
@@ -32,11 +31,9 @@ pub(crate) fn begin_sql(access: Access, limit_ms: Option<u64>) -> Cow<'static, s
     }
 }
 
-/// The batch that commits. PostgreSQL turns its statement timer off before COMMIT and
-/// only then fires deferred work (deferred constraints, constraint triggers), which
-/// would run unbounded; where the schema has any, `SET CONSTRAINTS ALL IMMEDIATE` fires
-/// it first as an ordinary statement under a `LOCAL` limit of what is left. Where it
-/// has none, `COMMIT` alone.
+/// The batch that commits. PostgreSQL turns its statement timer off before COMMIT's
+/// deferred work, so where the schema has any, `SET CONSTRAINTS ALL IMMEDIATE` fires it
+/// first under a `LOCAL` limit of what is left; elsewhere `COMMIT` alone.
 pub(crate) fn commit_sql(deferred: bool, limit_ms: u64) -> Cow<'static, str> {
     match deferred {
         true => format!(
@@ -72,10 +69,8 @@ pub(crate) const DEFERRED_WORK: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.
 /// How old a reading of the schema may get before a transaction asks for a new one.
 const REFRESH: Duration = Duration::from_secs(60);
 
-/// Whether the schema can leave work to COMMIT, read after migrations, on
-/// `learn_schema`, and in the background once a minute. Until it is known, every COMMIT
-/// fires deferred work; a schema changed in between is still bounded by the cancel at
-/// the deadline, which aborts deferred work until the commit record is written.
+/// Whether the schema can leave work to COMMIT: read after migrations, on
+/// `learn_schema`, and once a minute; until known, every COMMIT fires deferred work.
 #[derive(Debug, Default)]
 pub(super) struct DeferredWork {
     known: Mutex<Option<(bool, Instant)>>,

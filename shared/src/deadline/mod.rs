@@ -181,7 +181,7 @@ impl Deadline {
             return Err(self.exceeded(stage));
         }
         let span = self.stage_span(stage);
-        // Boxed where it is made (an HTTP call's future is kilobytes): the timeout and
+        // Boxed where it is made (an HTTP call's future is large): the timeout and
         // the span then wrap a pointer instead of moving the step.
         let step = Box::into_pin(Box::write(Box::new_uninit(), step.into_future()));
         let outcome = tokio::time::timeout_at(self.at, step)

@@ -85,6 +85,7 @@ impl InvalidBudget {
     }
 
     /// What was wrong with the value (for the fuzz targets' oracles).
+    #[cfg(feature = "test-util")]
     #[doc(hidden)]
     pub fn reason(&self) -> &InvalidValue {
         &self.reason

@@ -19,8 +19,7 @@ use crate::timing::StageLog;
 const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
 pin_project! {
-    /// Resolves to the handler's response, or to a 504 `ingress` problem if the
-    /// deadline fires first. Dropping the handler's future is what cancels its work.
+    /// The handler's response, or a 504 `ingress` problem if the deadline fires first.
     pub struct ResponseFuture<F> {
         #[pin]
         kind: Kind<F>,

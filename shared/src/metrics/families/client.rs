@@ -14,9 +14,7 @@ use prometheus_client::registry::Registry;
 
 use super::exemplar::{LatencyHistogram, latency_histogram_with_exemplars, observe_traced};
 use super::{DeadlineMetrics, Histogram, latency_histogram};
-use crate::client::{
-    ATTEMPTS, AttemptKind, AttemptOutcome, BudgetedClient, Event, Plugin, Reading, Refusal,
-};
+use crate::client::{AttemptKind, AttemptOutcome, BudgetedClient, Event, Plugin};
 use crate::metrics::names::{
     HTTP_CLIENT_ADMISSION_PROBES_TOTAL, HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL,
     HTTP_CLIENT_ATTEMPTS_TOTAL, HTTP_CLIENT_HEDGE_DELAY_SECONDS,
@@ -166,8 +164,7 @@ impl ClientMetrics {
         let _ = self.estimate.get_or_create(&label);
         let _ = self.wire.get_or_create(&label);
         let _ = self.hedge_delay.get_or_create(&label);
-        for (kind, outcome) in ATTEMPTS {
-            let (kind, outcome) = (kind.as_str(), outcome.as_str());
+        for &(kind, outcome) in &ATTEMPTS {
             let _ = self.attempts.get_or_create(&ClientAttempt {
                 client,
                 kind,
@@ -178,7 +175,7 @@ impl ClientMetrics {
         let _ = self
             .admission
             .get_or_create(&ClientReason { client, reason });
-        for reason in Refusal::ALL.map(Refusal::as_str) {
+        for reason in ["queue_full", "acquire_timeout", "deadline"] {
             let _ = self
                 .rejections
                 .get_or_create(&ClientReason { client, reason });
@@ -229,10 +226,11 @@ impl ClientMetrics {
         self.wire
             .get_or_create(&label)
             .set(client.wire().as_secs_f64());
-        for reading in client.readings() {
-            let (family, value) = match reading {
-                Reading::LatencyEstimate(d) => (&self.estimate, d),
-                Reading::HedgeDelay(d) => (&self.hedge_delay, d),
+        for (reading, value) in client.readings() {
+            let family = match reading {
+                "latency_estimate" => &self.estimate,
+                "hedge_delay" => &self.hedge_delay,
+                _ => continue,
             };
             family.get_or_create(&label).set(value.as_secs_f64());
         }
@@ -240,7 +238,7 @@ impl ClientMetrics {
 
     /// Counts one attempt of a call, or one that was not sent.
     fn count_attempt(&self, client: &'static str, kind: AttemptKind, outcome: AttemptOutcome) {
-        let (kind, outcome) = (kind.as_str(), outcome.as_str());
+        let (kind, outcome) = (kind_label(kind), outcome_label(outcome));
         self.attempts
             .get_or_create(&ClientAttempt {
                 client,
@@ -275,11 +273,13 @@ impl Plugin for ClientObserver {
         let (families, client) = (&self.families, self.client);
         match *event {
             Event::SlotWait(waited) => families.observe_acquire(client, waited),
-            Event::Refused(reason) => families.count_rejection(client, reason.as_str()),
+            Event::Refused(reason) => families.count_rejection(client, reason),
             Event::Probe => families.count_probe(client),
             Event::PredictedLate => families.count_predicted_late(client),
             Event::Attempt(attempt) => {
-                families.observe_request(client, &attempt.end.label(), attempt.took);
+                let label = attempt.status.map(|s| s.as_str().to_owned());
+                let label = label.as_deref().unwrap_or(attempt.failure);
+                families.observe_request(client, label, attempt.took);
             }
             Event::Counted(kind, outcome) => families.count_attempt(client, kind, outcome),
             Event::Retry => families.count_retry(client),
@@ -287,3 +287,40 @@ impl Plugin for ClientObserver {
         }
     }
 }
+
+fn kind_label(kind: AttemptKind) -> &'static str {
+    match kind {
+        AttemptKind::First => "first",
+        AttemptKind::Hedge => "hedge",
+        AttemptKind::Retry => "retry",
+    }
+}
+
+fn outcome_label(outcome: AttemptOutcome) -> &'static str {
+    match outcome {
+        AttemptOutcome::Won => "won",
+        AttemptOutcome::Lost => "lost",
+        AttemptOutcome::Cut => "cut",
+        AttemptOutcome::RefusedBudget => "refused_budget",
+        AttemptOutcome::RefusedDeadline => "refused_deadline",
+        AttemptOutcome::NoSlot => "no_slot",
+    }
+}
+
+/// Every `(kind, outcome)` an attempt can have (a first attempt is always sent, a retry
+/// never loses): their series exist from the start.
+const ATTEMPTS: [(&str, &str); 13] = [
+    ("first", "won"),
+    ("first", "lost"),
+    ("first", "cut"),
+    ("hedge", "won"),
+    ("hedge", "lost"),
+    ("hedge", "cut"),
+    ("hedge", "refused_budget"),
+    ("hedge", "refused_deadline"),
+    ("hedge", "no_slot"),
+    ("retry", "won"),
+    ("retry", "cut"),
+    ("retry", "refused_budget"),
+    ("retry", "refused_deadline"),
+];
