@@ -8,8 +8,8 @@ use deadline_propagation::hedging::HedgePolicy;
 use deadline_propagation::retry_budget::RetryBudget;
 use service_kit::telemetry::LogFormat;
 
-use crate::mode::Mode;
-use crate::prechecks::{self, PrecheckSpec};
+use deadline_propagation::Downstream;
+use serde::{Deserialize, Serialize};
 
 /// orders-service settings. `--help` lists each with its variable and default.
 #[derive(Parser, Debug, Clone)]
@@ -129,7 +129,7 @@ pub struct Config {
     /// own with the catalog's pool settings. Names: `[a-z][a-z0-9_]*`, not `catalog`, a
     /// fixed stage or ending in `_pool`. Default: none.
     #[arg(long = "precheck", env = "ORDERS_PRECHECKS", value_delimiter = ',', value_name = "NAME=URL",
-          value_parser = prechecks::parse_spec)]
+          value_parser = parse_spec)]
     pub prechecks: Vec<PrecheckSpec>,
 
     /// PostgreSQL pool size.
@@ -315,6 +315,77 @@ impl Config {
     pub(crate) fn ms(value: u64) -> Duration {
         Duration::from_millis(value)
     }
+}
+
+/// The service's mode, as settings, the admin API and the metric label spell it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The service without the technique: no budget, a fixed 30 s HTTP timeout that
+    /// does not cover the pool wait, no queue limit, no `statement_timeout`.
+    Legacy,
+    /// Everything runs, nothing is refused: what propagate would refuse is counted.
+    Observe,
+    /// The technique.
+    Propagate,
+}
+
+impl Mode {
+    /// Every mode, for the gauge.
+    pub const ALL: [Mode; 3] = [Mode::Legacy, Mode::Observe, Mode::Propagate];
+
+    /// The name in settings, the admin API and the metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Legacy => "legacy",
+            Mode::Observe => "observe",
+            Mode::Propagate => "propagate",
+        }
+    }
+}
+
+/// One configured check, as `--precheck name=url` gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrecheckSpec {
+    /// Its name: the `client` label and the stages `{name}`, `{name}_pool`.
+    pub name: Downstream,
+    /// Scheme, host and port, e.g. `http://127.0.0.1:8083`.
+    pub base_url: String,
+    /// Path and query, e.g. `/check`.
+    pub path: String,
+}
+
+/// Reads `name=url` (clap's value parser for `ORDERS_PRECHECKS` / `--precheck`). The
+/// name follows [`Downstream::new`]'s rules and may not be `catalog`; the URL is an
+/// absolute `http` or `https` URL without credentials.
+pub fn parse_spec(value: &str) -> Result<PrecheckSpec, String> {
+    let (name, url) = value.split_once('=').ok_or_else(|| {
+        format!("{value:?} is not name=url (like fraud=http://127.0.0.1:8083/check)")
+    })?;
+    let name = Downstream::new(name.trim()).map_err(|err| err.to_string())?;
+    if name == service_kit::metrics::catalog() {
+        return Err("the name catalog is taken by the catalog client".to_owned());
+    }
+    let url = reqwest::Url::parse(url.trim()).map_err(|err| format!("{url:?}: {err}"))?;
+    if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
+        return Err(format!("{url}: use an http:// or https:// URL with a host"));
+    }
+    if !url.username().is_empty() || url.password().is_some() || url.fragment().is_some() {
+        return Err(format!(
+            "{url}: credentials and fragments are not supported"
+        ));
+    }
+    let base_url = url.origin().ascii_serialization();
+    let path = url
+        .as_str()
+        .strip_prefix(&base_url)
+        .ok_or_else(|| format!("{url}: cannot split into origin and path"))?
+        .to_owned();
+    Ok(PrecheckSpec {
+        name,
+        base_url,
+        path,
+    })
 }
 
 #[cfg(test)]

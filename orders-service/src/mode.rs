@@ -14,35 +14,9 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use serde::{Deserialize, Serialize};
 use service_kit::metrics::names::DEADLINE_MODE;
 
-/// The service's mode, as settings, the admin API and the metric label spell it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// The service without the technique: no budget, a fixed 30 s HTTP timeout that
-    /// does not cover the pool wait, no queue limit, no `statement_timeout`.
-    Legacy,
-    /// Everything runs, nothing is refused: what propagate would refuse is counted.
-    Observe,
-    /// The technique.
-    Propagate,
-}
-
-impl Mode {
-    /// Every mode, for the gauge.
-    pub const ALL: [Mode; 3] = [Mode::Legacy, Mode::Observe, Mode::Propagate];
-
-    /// The name in settings, the admin API and the metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Legacy => "legacy",
-            Mode::Observe => "observe",
-            Mode::Propagate => "propagate",
-        }
-    }
-}
+pub use crate::config::Mode;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModeLabels {

@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
 use utoipa::ToSchema;
 
-use crate::AppState;
 use crate::budget::Budget;
+use crate::store::Store;
 use service_kit::answers::Answers as _;
 
 /// The largest quantity one order may ask for.
@@ -187,7 +187,7 @@ enum Attempt {
 /// COMMIT is known to have succeeded; every error from here means nothing was written
 /// (or, for a COMMIT whose outcome could not be learned, a 500 that says so).
 pub async fn place_order(
-    state: &AppState,
+    store: Store<'_>,
     budget: &Budget,
     order: &NewOrder,
     unit_price_cents: u32,
@@ -196,7 +196,7 @@ pub async fn place_order(
     let unit_price = i32::try_from(unit_price_cents).map_err(Problem::internal)?;
     let total = i64::from(unit_price) * i64::from(order.quantity);
     let (sku, quantity, key_owned) = (order.sku.clone(), order.quantity, key.map(str::to_owned));
-    let attempt = state
+    let attempt = store
         .transaction(budget, move |conn| {
             Box::pin(async move {
                 let row: Option<PlacedRow> = sqlx::query_as(PLACE_ORDER)
@@ -258,13 +258,13 @@ fn order_exists(id: i64) -> Check {
 /// now, and a replay must not be refused with "nothing written" about an order that
 /// exists); the same key for a different order is the client's mistake.
 pub async fn find_replay(
-    state: &AppState,
+    store: Store<'_>,
     budget: &Budget,
     order: &NewOrder,
     key: &str,
 ) -> Result<Option<Order>, Problem> {
     let key = key.to_owned();
-    let existing: Option<Order> = state
+    let existing: Option<Order> = store
         .read(budget, move |conn| {
             Box::pin(
                 sqlx::query_as(sqlx::AssertSqlSafe(format!(
@@ -292,11 +292,11 @@ fn replay(existing: Order, order: &NewOrder) -> Result<Order, Problem> {
 
 /// The order with `id`, if any.
 pub async fn find_order(
-    state: &AppState,
+    store: Store<'_>,
     budget: &Budget,
     id: i64,
 ) -> Result<Option<Order>, Problem> {
-    state
+    store
         .read(budget, move |conn| {
             Box::pin(
                 sqlx::query_as(sqlx::AssertSqlSafe(format!(

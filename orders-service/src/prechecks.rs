@@ -35,52 +35,7 @@ use tokio::time::Instant;
 use crate::budget::Budget;
 use crate::config::Config;
 use crate::legacy::{Failure, PlainClient};
-use crate::orders::NewOrder;
 use service_kit::answers::Answers as _;
-
-/// One configured check, as `--precheck name=url` gives it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PrecheckSpec {
-    /// Its name: the `client` label and the stages `{name}`, `{name}_pool`.
-    pub name: Downstream,
-    /// Scheme, host and port, e.g. `http://127.0.0.1:8083`.
-    pub base_url: String,
-    /// Path and query, e.g. `/check`.
-    pub path: String,
-}
-
-/// Reads `name=url` (clap's value parser for `ORDERS_PRECHECKS` / `--precheck`). The
-/// name follows [`Downstream::new`]'s rules and may not be `catalog`; the URL is an
-/// absolute `http` or `https` URL without credentials.
-pub fn parse_spec(value: &str) -> Result<PrecheckSpec, String> {
-    let (name, url) = value.split_once('=').ok_or_else(|| {
-        format!("{value:?} is not name=url (like fraud=http://127.0.0.1:8083/check)")
-    })?;
-    let name = Downstream::new(name.trim()).map_err(|err| err.to_string())?;
-    if name == service_kit::metrics::catalog() {
-        return Err("the name catalog is taken by the catalog client".to_owned());
-    }
-    let url = reqwest::Url::parse(url.trim()).map_err(|err| format!("{url:?}: {err}"))?;
-    if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
-        return Err(format!("{url}: use an http:// or https:// URL with a host"));
-    }
-    if !url.username().is_empty() || url.password().is_some() || url.fragment().is_some() {
-        return Err(format!(
-            "{url}: credentials and fragments are not supported"
-        ));
-    }
-    let base_url = url.origin().ascii_serialization();
-    let path = url
-        .as_str()
-        .strip_prefix(&base_url)
-        .ok_or_else(|| format!("{url}: cannot split into origin and path"))?
-        .to_owned();
-    Ok(PrecheckSpec {
-        name,
-        base_url,
-        path,
-    })
-}
 
 /// The configured checks, each with its own client (cheap to clone).
 #[derive(Clone, Debug, Default)]
@@ -134,8 +89,8 @@ impl Prechecks {
 
     /// Asks every check about `order` under `budget`, concurrently; the first
     /// failure is the answer (the others are dropped, which cancels them).
-    pub async fn pass(&self, budget: &Budget, order: &NewOrder) -> Result<(), Problem> {
-        let body = serde_json::json!({"sku": order.sku, "quantity": order.quantity});
+    pub async fn pass(&self, budget: &Budget, sku: &str, quantity: i32) -> Result<(), Problem> {
+        let body = serde_json::json!({"sku": sku, "quantity": quantity});
         let asks = self.checks.iter().map(|check| {
             let body = &body;
             async move {
@@ -194,6 +149,7 @@ fn refusal(err: CallError, check: Downstream) -> Problem {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::parse_spec;
 
     #[test]
     fn a_spec_is_split_into_name_origin_and_path() {

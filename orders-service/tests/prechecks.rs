@@ -10,7 +10,7 @@ use axum::Router;
 use axum::http::{HeaderMap, StatusCode as AxumStatus};
 use axum::routing::post;
 use common::{MS, TestApp, json_of, spawn_app_with};
-use orders_service::prechecks::parse_spec;
+use orders_service::config::parse_spec;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use test_support::{Running, metric_value};

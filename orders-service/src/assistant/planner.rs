@@ -8,11 +8,14 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
+use deadline_propagation::tools::ToolPolicy;
 use deadline_propagation::{Deadline, Problem, Stage};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::tools::Tool;
+use super::tool::Tool;
+use crate::config::Config;
 
 /// A tool call the planner wants made.
 #[derive(Debug, Clone, Serialize)]
@@ -185,6 +188,38 @@ pub fn parse_tool_calls(reply: &Value) -> Vec<PlannedCall> {
 
 /// How long the default planner HTTP client keeps idle connections.
 pub const PLANNER_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How assistant turns are planned and budgeted.
+#[derive(Clone, Debug)]
+pub struct Assistant {
+    /// Turn, per-tool and call-count budgets.
+    pub policy: ToolPolicy,
+    /// Rules or an OpenAI-compatible model.
+    pub planner: Planner,
+}
+
+impl Assistant {
+    /// The assistant `config` sets up.
+    pub fn from_config(config: &Config) -> anyhow::Result<Self> {
+        let planner = match &config.assistant_llm_url {
+            None => Planner::Rules,
+            Some(url) => Planner::OpenAi(OpenAiPlanner {
+                url: url.clone(),
+                model: config.assistant_llm_model.clone(),
+                api_key: config.assistant_llm_api_key.clone(),
+                http: reqwest::Client::builder()
+                    .pool_idle_timeout(PLANNER_IDLE_TIMEOUT)
+                    .build()
+                    .context("cannot build the planner's HTTP client")?,
+            }),
+        };
+        let mut policy = ToolPolicy::default();
+        policy.turn = Config::ms(config.assistant_turn_budget_ms);
+        policy.per_tool = Config::ms(config.assistant_tool_budget_ms);
+        policy.max_calls = config.assistant_max_tool_calls;
+        Ok(Self { policy, planner })
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -60,14 +60,23 @@ pub(super) async fn create_order(
         .map(|value| orders::validate_key(value.as_bytes()))
         .transpose()?;
     if let Some(key) = &key
-        && let Some(existing) = orders::find_replay(&state, &budget, &order, key).await?
+        && let Some(existing) = orders::find_replay(state.store(), &budget, &order, key).await?
     {
         return Ok(created(existing, true));
     }
     let item = state.catalog.item(&budget, &order.sku).await?;
-    state.prechecks.pass(&budget, &order).await?;
-    let placed =
-        orders::place_order(&state, &budget, &order, item.price_cents, key.as_deref()).await?;
+    state
+        .prechecks
+        .pass(&budget, &order.sku, order.quantity)
+        .await?;
+    let placed = orders::place_order(
+        state.store(),
+        &budget,
+        &order,
+        item.price_cents,
+        key.as_deref(),
+    )
+    .await?;
     Ok(match placed {
         Placed::Created(order) => created(order, false),
         Placed::Replayed(order) => created(order, true),
@@ -94,7 +103,7 @@ pub(super) async fn get_order(
 ) -> Result<Json<Order>, Problem> {
     let not_found = || Problem::not_found(format!("no order {id:?}"));
     let number: i64 = id.parse().map_err(|_| not_found())?;
-    orders::find_order(&state, &budget, number)
+    orders::find_order(state.store(), &budget, number)
         .await?
         .map(Json)
         .ok_or_else(not_found)
