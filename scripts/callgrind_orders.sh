@@ -3,8 +3,8 @@
 # orders-service under callgrind beside a `cargo xtask stack`, the same binary switched
 # at run time, 200 sequential orders a segment, legacy and propagate twice each.
 # Instruction counts are the same from run to run whatever else the machine does, so
-# they price a small change of the Rust side that CPU time cannot see (docs/experiment.md,
-# the cost of the technique):
+# they price a small change of the Rust side that CPU time cannot see (docs/performance.md
+# has what they measured):
 #
 #   cargo build --release -p orders-service -p catalog-service
 #   cargo xtask stack --profile release -- scripts/callgrind_orders.sh

@@ -7,7 +7,7 @@
 # it, over one connection, N1 and then N2 times; the difference of the two backends'
 # totals over N2 - N1 leaves the connection's start-up out. Instruction counts do not
 # move with what else the machine does, so they price what a few per cent of CPU time
-# cannot (docs/experiment.md, the cost of the technique):
+# cannot (docs/performance.md has what they measured):
 #
 #   scripts/callgrind_postgres.sh        # about two minutes
 #

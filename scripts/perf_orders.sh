@@ -4,7 +4,7 @@
 # sending 500 orders/s for DUR a mode while `perf stat` counts the process's task clock,
 # context switches and every system call by name. Software events and tracepoints only,
 # so it works where the machine has no hardware counters. Wake-ups the CPU time cannot
-# explain show up here (docs/experiment.md, the cost of the technique):
+# explain show up here (docs/performance.md has what they measured):
 #
 #   cargo build --release -p orders-service -p catalog-service
 #   cargo xtask stack --profile release -- scripts/perf_orders.sh

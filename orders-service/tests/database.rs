@@ -278,7 +278,7 @@ async fn an_observed_transaction_does_not_run_under_a_limit_propagate_left_on_it
 /// answer must not wake that future's own task while the task is polling it. tokio
 /// queues a task woken during its own poll again and may wake another worker to run it:
 /// a futex and two context switches per order for nothing (the happy path's cost,
-/// docs/experiment.md).
+/// docs/performance.md).
 #[tokio::test]
 async fn a_transaction_that_ends_in_time_does_not_wake_its_own_task() {
     use std::sync::Arc;
