@@ -11,13 +11,13 @@
 //! # The estimate
 //!
 //! What a call started *now* will take is best told by the calls started most recently.
-//! The estimate is a quantile of the last [`WINDOW`] call times, each weighted by how
-//! recently its call *started* (halving every [`HALF_LIFE`]). Weighting by start, not
+//! The estimate is a quantile of the last `WINDOW` call times, each weighted by how
+//! recently its call *started* (halving every `HALF_LIFE`). Weighting by start, not
 //! by completion, is what makes recovery quick: when the downstream gets fast, the slow
 //! calls started before that still complete for a while, but they started earlier than
 //! the first fast call, so they count for little next to it.
 //!
-//! The quantile is a *low* one ([`MIN_SUCCESS_CHANCE`], 10 %): a call is refused only
+//! The quantile is a *low* one (`MIN_SUCCESS_CHANCE`, 10 %): a call is refused only
 //! when the chance that it finishes in what it has left is below one in ten. A high
 //! quantile would refuse calls that have a good chance: with a catalog answering in 200
 //! to 800 ms and a 700 ms budget, 80 % of calls succeed, and refusing them all because
@@ -35,7 +35,7 @@
 //! calls still running at its cut, and says nothing about any time above it. The
 //! estimate is the first time by which the chance of having finished reaches 10 %. When
 //! the calls that finished are too few for that (every recent call was cut), the
-//! downstream is slower than anything seen: the estimate is then [`CENSORED_FACTOR`]
+//! downstream is slower than anything seen: the estimate is then `CENSORED_FACTOR`
 //! times the longest cut, longer than those callers could wait, by a margin that
 //! callers with much more budget can still afford.
 //!
@@ -52,14 +52,14 @@
 //! the downstream getting fast.
 //!
 //! The probe goes to a call with enough budget to learn something: at least
-//! 1/[`MIN_PROBE_SHARE`] of the estimate. Callers like the ones that were cut have about
+//! 1/`MIN_PROBE_SHARE` of the estimate. Callers like the ones that were cut have about
 //! half the estimate (it is twice their cut), so they qualify with room to spare; a caller with a few ms left does not, since it would be cut long before a slow
-//! downstream answered. If no such call comes for [`PROBE_STARVED_AFTER`], any refused
+//! downstream answered. If no such call comes for `PROBE_STARVED_AFTER`, any refused
 //! call may probe: when only short callers are left, one of them must find out that the
 //! downstream got quick, and cut, it cannot lower the estimate anyway.
 //!
 //! The pool wait is added per call: a call that must queue for a slot needs the wait
-//! on top of the call itself (see [`expected_wait`]).
+//! on top of the call itself (see `expected_wait`).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -94,6 +94,23 @@ struct Sample {
     censored: bool,
 }
 
+/// A call as the window keeps it: its recency weight is computed once, when it is
+/// recorded, and not again on every walk.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    took: Duration,
+    censored: bool,
+    /// `2^((started − base) / HALF_LIFE)`. Only the ratios of the weights matter to
+    /// Kaplan–Meier, so weighting from a fixed base is the same as weighting by age
+    /// from the newest call.
+    weight: f64,
+    /// The number the call got when recorded: the oldest has the smallest.
+    order: u64,
+}
+
+/// Past this exponent the window rebases its weights, far below where `f64` overflows.
+const REBASE_EXPONENT: f64 = 512.0;
+
 /// The last [`WINDOW`] calls, kept in the order the estimate walks them: by call time,
 /// a call that finished before one cut at the same time, and otherwise in the order
 /// they were recorded. Every call records one and recomputes the estimate, so recording
@@ -102,10 +119,11 @@ struct Sample {
 #[derive(Debug)]
 struct Window {
     /// At most [`WINDOW`] calls, in the estimate's order.
-    sorted: Vec<(Sample, u64)>,
-    /// The number the next recorded call gets: the oldest in the window has the
-    /// smallest, and leaves first.
+    sorted: Vec<Entry>,
+    /// The number the next recorded call gets.
     next: u64,
+    /// The start the weights are measured from (the first call's, then a rebase's).
+    base: Option<Instant>,
 }
 
 impl Window {
@@ -113,6 +131,7 @@ impl Window {
         Self {
             sorted: Vec::with_capacity(WINDOW),
             next: 0,
+            base: None,
         }
     }
 
@@ -120,23 +139,48 @@ impl Window {
     fn record(&mut self, sample: Sample) {
         if self.sorted.len() == WINDOW {
             let oldest = self.next - WINDOW as u64;
-            if let Some(at) = self.sorted.iter().position(|&(_, n)| n == oldest) {
+            if let Some(at) = self.sorted.iter().position(|e| e.order == oldest) {
                 self.sorted.remove(at);
             }
         }
+        let entry = Entry {
+            took: sample.took,
+            censored: sample.censored,
+            weight: self.weight(sample.started),
+            order: self.next,
+        };
         // A call cut at the same time as one finished was still running then, so it
         // sorts after it; among calls of the same time and kind, the newest goes last
         // (the order a stable sort of the calls as recorded gives).
-        let key = (sample.took, sample.censored);
-        let at = self
-            .sorted
-            .partition_point(|(s, _)| (s.took, s.censored) <= key);
-        self.sorted.insert(at, (sample, self.next));
+        let key = (entry.took, entry.censored);
+        let at = self.sorted.partition_point(|e| (e.took, e.censored) <= key);
+        self.sorted.insert(at, entry);
         self.next += 1;
     }
 
+    /// The weight of a call started at `started`, rebasing every weight first when it
+    /// would grow past [`REBASE_EXPONENT`]. A weight never reaches zero, so the walk
+    /// always has some weight at risk.
+    fn weight(&mut self, started: Instant) -> f64 {
+        let base = *self.base.get_or_insert(started);
+        let exponent = if started >= base {
+            started.duration_since(base).as_secs_f64()
+        } else {
+            -base.duration_since(started).as_secs_f64()
+        } / HALF_LIFE.as_secs_f64();
+        if exponent <= REBASE_EXPONENT {
+            return exponent.exp2().max(f64::MIN_POSITIVE);
+        }
+        let shrink = (-exponent).exp2();
+        for entry in &mut self.sorted {
+            entry.weight = (entry.weight * shrink).max(f64::MIN_POSITIVE);
+        }
+        self.base = Some(started);
+        1.0
+    }
+
     fn quantile(&self, quantile: f64) -> Duration {
-        weighted_quantile(self.sorted.iter().map(|(sample, _)| sample), quantile)
+        weighted_quantile(&self.sorted, quantile)
     }
 }
 
@@ -282,39 +326,21 @@ impl Admission {
 
 /// The first call time by which, by the weighted Kaplan–Meier estimate, a share
 /// `quantile` of calls have finished; [`CENSORED_FACTOR`] times the longest cut when no
-/// time reaches it (see the module's "Censored calls"). Each sample is weighted by how
-/// recently its call started. `sorted` is at most [`WINDOW`] calls, in [`Window`]'s
+/// time reaches it (see the module's "Censored calls"). `sorted` is in [`Window`]'s
 /// order.
-fn weighted_quantile<'a, I>(sorted: I, quantile: f64) -> Duration
-where
-    I: Iterator<Item = &'a Sample> + Clone,
-{
-    let Some(newest) = sorted.clone().map(|s| s.started).max() else {
-        return Duration::ZERO;
-    };
-    let weight = |s: &Sample| {
-        let age = newest.duration_since(s.started).as_secs_f64();
-        (-age / HALF_LIFE.as_secs_f64()).exp2()
-    };
-    // Each weight once, on the stack: a window holds at most `WINDOW` calls.
-    debug_assert!(sorted.clone().count() <= WINDOW);
-    let mut weights = [0.0; WINDOW];
-    let mut at_risk = 0.0;
-    for (slot, sample) in weights.iter_mut().zip(sorted.clone()) {
-        *slot = weight(sample);
-        at_risk += *slot;
-    }
+fn weighted_quantile(sorted: &[Entry], quantile: f64) -> Duration {
+    let mut at_risk: f64 = sorted.iter().map(|e| e.weight).sum();
     let mut still_running = 1.0;
     let mut longest = Duration::ZERO;
-    for (sample, &weight) in sorted.zip(&weights) {
-        if !sample.censored {
-            still_running *= 1.0 - weight / at_risk;
+    for entry in sorted {
+        if !entry.censored {
+            still_running *= 1.0 - entry.weight / at_risk;
             if 1.0 - still_running >= quantile - f64::EPSILON {
-                return sample.took;
+                return entry.took;
             }
         }
-        at_risk -= weight;
-        longest = sample.took;
+        at_risk -= entry.weight;
+        longest = entry.took;
     }
     longest.saturating_mul(CENSORED_FACTOR)
 }
@@ -607,7 +633,7 @@ mod tests {
                 censored: ms % 2 == 1,
             });
         }
-        let kept: Vec<Duration> = window.sorted.iter().map(|(s, _)| s.took).collect();
+        let kept: Vec<Duration> = window.sorted.iter().map(|e| e.took).collect();
         let expected: Vec<Duration> = (0..=WINDOW as u64).filter(|&ms| ms != 32).map(MS).collect();
         assert_eq!(kept, expected, "the oldest left first");
         // A finished call sorts before a cut one of the same time, whatever came first.
@@ -619,8 +645,8 @@ mod tests {
         let at_three: Vec<bool> = window
             .sorted
             .iter()
-            .filter(|(s, _)| s.took == MS(3))
-            .map(|(s, _)| s.censored)
+            .filter(|e| e.took == MS(3))
+            .map(|e| e.censored)
             .collect();
         assert_eq!(at_three, [false, true]);
     }
@@ -727,11 +753,14 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The window gives the estimate a sort of the last `WINDOW` calls would: the
-        /// same calls, in the same order, so the same quantile to the bit.
+        /// The window gives the estimate what sorting the last `WINDOW` calls and
+        /// weighting each by its age from the newest start would: the same calls, in the
+        /// same order, with the same weights up to rounding. Starts up to 200 s apart
+        /// make the window rebase its weights on the way.
         #[test]
-        fn the_window_agrees_with_sorting_the_last_calls(
+        fn the_window_agrees_with_sorting_and_weighting_the_last_calls(
             calls in proptest::collection::vec((0u64..50, 0u64..40, proptest::bool::ANY), 0..200),
+            spread in proptest::sample::select(vec![1u64, 4000]),
             quantile in 0.0f64..1.0,
         ) {
             let origin = Instant::now();
@@ -739,7 +768,7 @@ mod tests {
             let mut all = Vec::new();
             for (started_ms, took_ms, censored) in calls {
                 let sample = Sample {
-                    started: origin + MS(started_ms),
+                    started: origin + MS(started_ms * spread),
                     took: MS(took_ms),
                     censored,
                 };
@@ -748,9 +777,21 @@ mod tests {
             }
             let mut last: Vec<Sample> = all[all.len().saturating_sub(WINDOW)..].to_vec();
             last.sort_by_key(|s| (s.took, s.censored));
+            let newest = last.iter().map(|s| s.started).max();
+            let by_age: Vec<Entry> = last
+                .iter()
+                .map(|s| Entry {
+                    took: s.took,
+                    censored: s.censored,
+                    weight: (-(newest.unwrap() - s.started).as_secs_f64()
+                        / HALF_LIFE.as_secs_f64())
+                    .exp2(),
+                    order: 0,
+                })
+                .collect();
             proptest::prop_assert_eq!(
                 window.quantile(quantile),
-                weighted_quantile(last.iter(), quantile)
+                weighted_quantile(&by_age, quantile)
             );
         }
     }

@@ -35,8 +35,8 @@
 //! 4. [`Problem`] (`problem/`): the answers, 504 naming its [`Stage`] (`stage.rs`).
 //! 5. [`DeadlineMode`] (`mode.rs`): propagate, or observe (count, refuse nothing).
 //!
-//! The chain beside it, each on the core alone: [`client`] (feature `http-client`), one
-//! timeout over pool wait, request and body, the budget sent on; then [`db`] (feature
+//! The chain beside it, each on the core alone: `client` (feature `http-client`), one
+//! timeout over pool wait, request and body, the budget sent on; then `db` (feature
 //! `sqlx`), `statement_timeout` from what is left, a cancel at the deadline, COMMIT as a
 //! point of no return.
 //!

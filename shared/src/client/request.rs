@@ -51,14 +51,15 @@ impl<'c> CallRequest<'c> {
     }
 
     /// Adds a header. The client owns `X-Request-Timeout-Ms`, `X-Deadline-Mode` and the
-    /// trace context: values given here for them are replaced, so no caller sends more
-    /// budget than is left.
+    /// trace context: values given here for them are dropped and the client's own sent,
+    /// so no caller sends more budget than is left.
     pub fn header<K, V>(mut self, name: K, value: V) -> Self
     where
         K: TryInto<HeaderName>,
         V: TryInto<HeaderValue>,
     {
         match (name.try_into(), value.try_into()) {
+            (Ok(name), Ok(_)) if super::send::OWNED_HEADERS.contains(&name) => {}
             (Ok(name), Ok(value)) => {
                 self.headers.append(name, value);
             }

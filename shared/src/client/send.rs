@@ -24,7 +24,7 @@ use crate::mode::{DEADLINE_MODE_HEADER, DeadlineMode, OBSERVE};
 const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);
 
 /// The headers the client sets itself; a caller's values for them are dropped.
-const OWNED_HEADERS: [HeaderName; 4] = [
+pub(super) const OWNED_HEADERS: [HeaderName; 4] = [
     REQUEST_TIMEOUT_HEADER,
     DEADLINE_MODE_HEADER,
     HeaderName::from_static("traceparent"),
@@ -86,18 +86,16 @@ impl BudgetedClient {
         if spent && mode.enforces() {
             return Err(self.error(CallErrorKind::Deadline(deadline.exceeded(stage))));
         }
-        let mut headers = request.headers.clone();
-        for owned in &OWNED_HEADERS {
-            headers.remove(owned);
-        }
-        crate::trace::inject(span, &mut headers);
+        // The trace context, the same for every attempt (empty without `otel`).
+        let mut trace = HeaderMap::new();
+        crate::trace::inject(span, &mut trace);
         self.emit(Event::Call);
-        let first = self.try_once(deadline, request, headers.clone(), slot);
+        let first = self.try_once(deadline, request, &trace, slot);
         // The attempts that ran and that the call did not end with: kind, and cut.
         let mut ran = Vec::with_capacity(2);
         let (mut tried, mut kind) = match self.hedge_delay(deadline, request) {
             Some(delay) => {
-                self.hedged(deadline, request, &headers, first, delay, &mut ran)
+                self.hedged(deadline, request, &trace, first, delay, &mut ran)
                     .await
             }
             None => (first.await, AttemptKind::First),
@@ -116,7 +114,7 @@ impl BudgetedClient {
                 Ok(()) => {
                     self.emit(Event::Retry);
                     ran.push((kind, tried.cut));
-                    tried = self.try_once(deadline, request, headers, tried.slot).await;
+                    tried = self.try_once(deadline, request, &trace, tried.slot).await;
                     kind = AttemptKind::Retry;
                 }
                 Err(refused) => self.emit(Event::Counted(AttemptKind::Retry, refused)),
@@ -149,7 +147,7 @@ impl BudgetedClient {
         &self,
         deadline: &Deadline,
         request: &CallRequest<'_>,
-        headers: &HeaderMap,
+        trace: &HeaderMap,
         first: impl Future<Output = Tried>,
         delay: Duration,
         ran: &mut Vec<(AttemptKind, bool)>,
@@ -168,7 +166,7 @@ impl BudgetedClient {
                 return (first.await, first_kind);
             }
         };
-        let mut hedge = pin!(self.try_once(deadline, request, headers.clone(), slot));
+        let mut hedge = pin!(self.try_once(deadline, request, trace, slot));
         // A loser dropped unfinished lost; one that failed first may have been cut.
         let (winner, loser) = tokio::select! {
             tried = &mut first => match tried.is_good() {
@@ -220,7 +218,7 @@ impl BudgetedClient {
         &self,
         deadline: &Deadline,
         request: &CallRequest<'_>,
-        headers: HeaderMap,
+        trace: &HeaderMap,
         slot: Slot,
     ) -> Tried {
         let started = Instant::now();
@@ -229,7 +227,7 @@ impl BudgetedClient {
             learns: request.admission,
             started,
         };
-        let outcome = self.attempt(deadline, request, headers).await;
+        let outcome = self.attempt(deadline, request, trace).await;
         std::mem::forget(unfinished);
         let took = started.elapsed();
         let (status, failure) = match &outcome {
@@ -263,31 +261,42 @@ impl BudgetedClient {
         &self,
         deadline: &Deadline,
         request: &CallRequest<'_>,
-        mut headers: HeaderMap,
+        trace: &HeaderMap,
     ) -> Outcome {
         let stage = self.config.name.call();
-        let budget = deadline.outbound_millis(self.keep_back());
-        if let Some(ms) = budget {
-            headers.insert(REQUEST_TIMEOUT_HEADER, ms.into());
-        }
         let url = format!("{}{}", self.config.base_url, request.path);
         let mut builder = self.http.request(request.method.clone(), url);
+        // Copied only when there is something to copy: most calls carry no header of
+        // their own, and an empty map costs nothing until written to.
+        for headers in [&request.headers, trace] {
+            if !headers.is_empty() {
+                builder = builder.headers(headers.clone());
+            }
+        }
         if let Some(body) = &request.body {
             builder = builder.body(body.clone());
         }
         let downstream = self.config.name;
+        let budget = deadline.outbound_millis(self.keep_back());
         match deadline.mode() {
             DeadlineMode::Observe => {
-                headers.insert(DEADLINE_MODE_HEADER, OBSERVE);
-                let builder = builder.headers(headers).timeout(self.config.timeout);
+                let builder = builder
+                    .header(DEADLINE_MODE_HEADER, OBSERVE)
+                    .timeout(self.config.timeout);
+                let builder = match budget {
+                    Some(ms) => builder.header(REQUEST_TIMEOUT_HEADER, ms),
+                    None => builder,
+                };
                 Ok(fetch(builder, downstream).await)
             }
             // No more than what is kept back is left: the budget is spent, no I/O.
-            DeadlineMode::Propagate if budget.is_none() => Err(deadline.exceeded(stage)),
-            DeadlineMode::Propagate => {
-                let fetched = fetch(builder.headers(headers), downstream);
-                deadline.run(stage, fetched).await
-            }
+            DeadlineMode::Propagate => match budget {
+                None => Err(deadline.exceeded(stage)),
+                Some(ms) => {
+                    let builder = builder.header(REQUEST_TIMEOUT_HEADER, ms);
+                    deadline.run(stage, fetch(builder, downstream)).await
+                }
+            },
         }
     }
 }
