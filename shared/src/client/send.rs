@@ -278,25 +278,17 @@ impl BudgetedClient {
         }
         let downstream = self.config.name;
         let budget = deadline.outbound_millis(self.keep_back());
+        if let Some(ms) = budget {
+            builder = builder.header(REQUEST_TIMEOUT_HEADER, ms);
+        }
         match deadline.mode() {
             DeadlineMode::Observe => {
-                let builder = builder
-                    .header(DEADLINE_MODE_HEADER, OBSERVE)
-                    .timeout(self.config.timeout);
-                let builder = match budget {
-                    Some(ms) => builder.header(REQUEST_TIMEOUT_HEADER, ms),
-                    None => builder,
-                };
-                Ok(fetch(builder, downstream).await)
+                let builder = builder.header(DEADLINE_MODE_HEADER, OBSERVE);
+                Ok(fetch(builder.timeout(self.config.timeout), downstream).await)
             }
             // No more than what is kept back is left: the budget is spent, no I/O.
-            DeadlineMode::Propagate => match budget {
-                None => Err(deadline.exceeded(stage)),
-                Some(ms) => {
-                    let builder = builder.header(REQUEST_TIMEOUT_HEADER, ms);
-                    deadline.run(stage, fetch(builder, downstream)).await
-                }
-            },
+            DeadlineMode::Propagate if budget.is_none() => Err(deadline.exceeded(stage)),
+            DeadlineMode::Propagate => deadline.run(stage, fetch(builder, downstream)).await,
         }
     }
 }
