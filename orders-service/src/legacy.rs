@@ -131,6 +131,9 @@ fn timed_out(stage: Stage, started: Instant) -> Problem {
     })
 }
 
+/// How long a legacy connection stays open unused.
+const LEGACY_IDLE: Duration = Duration::from_secs(5);
+
 /// A plain sqlx pool and plain transactions.
 #[derive(Clone, Debug)]
 pub struct PlainDb {
@@ -139,13 +142,18 @@ pub struct PlainDb {
 
 impl PlainDb {
     /// A lazily connecting pool of `config.max_connections`, its sessions carrying
-    /// `config`'s bounds for a silent network.
+    /// `config`'s bounds for a silent network. It sits beside `Db`'s pool, so its
+    /// connections close after [`LEGACY_IDLE`] unused: after a switch out of legacy the
+    /// two pools do not hold twice the connections for long. No ping on the way out of
+    /// the pool: a round trip per transaction the envelope does not pay would make the
+    /// baseline dearer than plain code need be.
     pub fn connect_lazy(url: &str, config: &DbConfig) -> Result<Self, sqlx::Error> {
         let options: PgConnectOptions = url.parse()?;
         let bounds = config.session_bounds();
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(LEGACY_TIMEOUT)
+            .idle_timeout(LEGACY_IDLE)
             .test_before_acquire(false)
             .connect_lazy_with(options.options(bounds));
         Ok(Self { pool })

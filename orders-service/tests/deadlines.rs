@@ -64,6 +64,41 @@ async fn legacy_mode_waits_for_the_slow_catalog_and_succeeds() {
     );
 }
 
+/// Legacy's pool sits beside the envelope's: once the service leaves legacy, the
+/// connections legacy opened close on their own (pg_stat_activity says), so the two
+/// pools do not hold twice the connections for long.
+#[tokio::test]
+async fn the_connections_legacy_opened_close_soon_after_a_switch_out_of_legacy() {
+    let app = spawn_app_with(|c| c.deadline_mode = Mode::Legacy).await;
+    let before = app.service_backends().await;
+    let orders =
+        ["SKU-00001", "SKU-00002", "SKU-00003", "SKU-00004"].map(|sku| app.order(sku, 1, None));
+    for response in join_all(orders).await {
+        assert_eq!(response.status(), StatusCode::CREATED);
+    }
+    let legacy: Vec<i32> = app
+        .service_backends()
+        .await
+        .difference(&before)
+        .copied()
+        .collect();
+    assert!(!legacy.is_empty(), "legacy opened connections of its own");
+    app.switch_mode("propagate").await;
+    let deadline = Instant::now() + MS(30_000);
+    loop {
+        let open = app.service_backends().await;
+        let left: Vec<_> = legacy.iter().filter(|pid| open.contains(pid)).collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "legacy's sessions {left:?} still open"
+        );
+        tokio::time::sleep(MS(200)).await;
+    }
+}
+
 /// Legacy is the service without the technique: it never reads a budget header, so
 /// even a malformed one is no 400, and its answers say nothing of stages.
 #[tokio::test]
