@@ -267,7 +267,7 @@ impl Db {
     }
 
     /// Runs `body` in one transaction under `deadline`; commits or rolls back as its
-    /// [`End`] says (`shared/examples/database.rs` has one).
+    /// [`End`] says (orders-service's `place_order` is one, with `End::CommitVerified`).
     pub async fn transaction<T, B>(&self, deadline: &Deadline, body: B) -> Result<T, DbError>
     where
         T: Send + 'static,

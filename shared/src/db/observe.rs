@@ -57,7 +57,7 @@ impl Db {
     }
 
     /// Resets a session that may carry a limit a propagate transaction left (see
-    /// `limit.rs`) to the server's own, outside any transaction, so that an observed
+    /// `session.rs`) to the server's own, outside any transaction, so that an observed
     /// transaction runs as code without the technique would. Known sessions with the
     /// server's own value cost no I/O; each session is reset at most once per switch.
     async fn without_limit(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
