@@ -1,6 +1,7 @@
-// The load of `cargo xtask experiment` (docs/design.md §9). xtask runs this script once per
-// mode with the same settings, injects and removes the catalog fault itself, and
-// computes every figure from the request log this script writes.
+// The load of `cargo xtask experiment` (docs/design.md §9), of the compose stack's `k6`
+// service, and for running by hand: `k6 run k6/experiment.js` against the services.
+// xtask runs this script once per mode with the same settings, injects and removes the
+// catalog fault itself, and computes every figure from the request log it asks for.
 //
 //   MODEL=open   RATE=150 DURATION=30s   an open model: RATE orders per second arrive
 //                                        whatever the service does (constant-arrival-rate)
@@ -17,21 +18,28 @@
 // (`PUT /admin/faults`, DELAY_MS ± JITTER_MS) and teardown() removes the fault; both
 // fail the run if the admin API is unreachable. xtask leaves DELAY_MS unset.
 //
-// Each answer is one console line `arrival_ms,status,elapsed_ms` (status 0: the client
-// gave up; 1: a transport error; elapsed_ms with three decimals for an answer), and
-// `,budget_ms` where each order has its own
-// (BUDGET_MIN, BUDGET_MAX), written with `--log-format raw --console-output FILE`.
+// With LOG_REQUESTS=1 (xtask sets it), each answer is one console line
+// `arrival_ms,status,elapsed_ms` (status 0: the client gave up; 1: a transport error;
+// elapsed_ms with three decimals for an answer), and `,budget_ms` where each order has
+// its own (BUDGET_MIN, BUDGET_MAX); xtask writes them to a file with `--log-format raw
+// --console-output FILE`. Without it the console stays quiet.
+//
 // Thresholds carry the acceptance criteria, so k6 exits non-zero (99) when they fail:
 // no status other than 201, 503, 504 or a client timeout (with OUTCOME_UNKNOWN_OK=1,
 // as when the link to the database is cut, also a 500 whose problem type is
-// urn:problem:outcome-unknown); in propagate mode, p99 within BUDGET_MS + MARGIN_MS.
+// urn:problem:outcome-unknown); every check() passes (a 201 carries the order's id, a
+// 503 or 504 is application/problem+json); in propagate mode, p99 within BUDGET_MS +
+// MARGIN_MS. Observe refuses nothing, so it has legacy's thresholds.
+//
+// The end-of-test summary is k6's own (thresholds, checks, metrics on stdout); the same
+// as JSON with k6's `--summary-export FILE` (or K6_SUMMARY_EXPORT=FILE).
 
 import http from 'k6/http';
-import { sleep } from 'k6';
+import { check, sleep } from 'k6';
 import { Rate } from 'k6/metrics';
 import { envChoice, envInt, envString } from './lib/env.js';
 
-const MODE = envChoice('MODE', 'propagate', ['propagate', 'legacy']);
+const MODE = envChoice('MODE', 'propagate', ['propagate', 'observe', 'legacy']);
 const MODEL = envChoice('MODEL', 'open', ['open', 'closed']);
 const RATE = envInt('RATE', 150);
 const VUS = envInt('VUS', 50);
@@ -45,14 +53,17 @@ const TIMEOUT_MS = envInt('TIMEOUT_MS', BUDGET_MS + 1000);
 const MARGIN_MS = envInt('MARGIN_MS', 50);
 const THINK_MS = envInt('THINK_MS', 0);
 const ORDERS_URL = envString('ORDERS_URL', 'http://127.0.0.1:8080').replace(/\/+$/, '');
-const SUMMARY_PATH = envString('SUMMARY_PATH', 'k6-summary.json');
 const DELAY_MS = envInt('DELAY_MS', 0);
 const JITTER_MS = envInt('JITTER_MS', 0);
 const CATALOG_ADMIN_URL = envString('CATALOG_ADMIN_URL', 'http://127.0.0.1:9081').replace(/\/+$/, '');
 const OUTCOME_UNKNOWN_OK = envInt('OUTCOME_UNKNOWN_OK', 0) === 1;
+const LOG_REQUESTS = envInt('LOG_REQUESTS', 0) === 1;
 const SKU_COUNT = 1000; // SKU-00001 .. SKU-01000 exist in catalog and inventory
 
 const unexpectedStatus = new Rate('unexpected_status');
+const DESIGNED = OUTCOME_UNKNOWN_OK
+  ? 'status is 201, 503, 504, 500 outcome-unknown or a client timeout'
+  : 'status is 201, 503, 504 or a client timeout';
 
 // 201 is an order, 504 "the deadline ran out", 503 "refused early": the service doing
 // its job, so none of them counts in http_req_failed.
@@ -84,6 +95,7 @@ export const options = {
   scenarios: { orders: { ...scenario, exec: 'createOrder' } },
   thresholds: {
     unexpected_status: ['rate==0'],
+    checks: ['rate==1'],
     'http_req_duration{endpoint:create_order}': p99,
   },
   summaryTrendStats: ['avg', 'min', 'med', 'max', 'p(90)', 'p(95)', 'p(99)'],
@@ -138,8 +150,8 @@ export function createOrder() {
         'X-Request-Timeout-Ms': String(budget),
       },
       timeout: `${TIMEOUT_MS}ms`,
-      // The body is read only where a 500 may be a true answer, to tell which.
-      responseType: OUTCOME_UNKNOWN_OK ? 'text' : 'none',
+      // Read, for the checks below (and a 500's problem type); the rest stay discarded.
+      responseType: 'text',
       tags: { name: 'POST /api/orders', endpoint: 'create_order' },
     },
   );
@@ -154,18 +166,31 @@ export function createOrder() {
       : String(Date.now() - arrival);
   const unknown =
     OUTCOME_UNKNOWN_OK && status === 500 && String(res.body).includes('urn:problem:outcome-unknown');
-  unexpectedStatus.add(![0, 201, 503, 504].includes(status) && !unknown);
-  console.log(BUDGET_MAX > 0 ? `${arrival},${status},${elapsed},${budget}` : `${arrival},${status},${elapsed}`);
+  const designed = [0, 201, 503, 504].includes(status) || unknown;
+  unexpectedStatus.add(!designed);
+  checkAnswer(res, status, designed);
+  if (LOG_REQUESTS) {
+    console.log(BUDGET_MAX > 0 ? `${arrival},${status},${elapsed},${budget}` : `${arrival},${status},${elapsed}`);
+  }
   if (MODEL === 'closed' && THINK_MS > 0) {
     sleep((THINK_MS * (2 / 3 + (2 / 3) * Math.random())) / 1000);
   }
 }
 
-export function handleSummary(data) {
-  const d = data.metrics['http_req_duration{endpoint:create_order}'];
-  const line = d
-    ? `k6 ${MODE}: ${data.metrics.http_reqs.values.count} requests, ` +
-      `p99 ${d.values['p(99)'].toFixed(1)} ms\n`
-    : `k6 ${MODE}: no requests\n`;
-  return { [SUMMARY_PATH]: JSON.stringify(data, null, 1), stdout: line };
+// The answer's shape, by its status: what a client of orders-service relies on.
+function checkAnswer(res, status, designed) {
+  const checks = { [DESIGNED]: () => designed };
+  if (status === 201) {
+    checks['201 carries the order, with its id'] = (r) => {
+      try {
+        return Number.isInteger(JSON.parse(r.body).id);
+      } catch (_) {
+        return false;
+      }
+    };
+  } else if (status === 503 || status === 504) {
+    checks['503 and 504 are application/problem+json'] = (r) =>
+      String(r.headers['Content-Type']).startsWith('application/problem+json');
+  }
+  check(res, checks);
 }

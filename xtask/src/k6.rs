@@ -51,7 +51,7 @@ pub struct K6Run {
 }
 
 /// Runs `k6/experiment.js` with `load` against `orders_url`, writing `k6-summary.json`,
-/// `requests.csv` and `k6.log` into `dir`.
+/// `requests.csv` (the request log, `LOG_REQUESTS=1`) and `k6.log` into `dir`.
 pub async fn run(
     k6: &Path,
     load: &Load,
@@ -85,7 +85,9 @@ pub async fn run(
         ("MARGIN_MS", margin_ms.to_string()),
         ("ORDERS_URL", orders_url.to_owned()),
         ("OUTCOME_UNKNOWN_OK", outcome_unknown_ok.to_string()),
-        ("SUMMARY_PATH", summary.display().to_string()),
+        // k6's own summary: as text into k6.log, as JSON into k6-summary.json.
+        ("K6_SUMMARY_EXPORT", summary.display().to_string()),
+        ("LOG_REQUESTS", "1".to_owned()),
     ];
     let log = std::fs::File::create(dir.join("k6.log"))?;
     let status = tokio::process::Command::new(k6)
