@@ -23,14 +23,19 @@
 #   docker build -f Dockerfile --target orders-service-prebuilt \
 #       -t deadline-propagation/orders-service:dev <folder with the binaries>
 #
-# `cargo xtask images` does that with target/debug's binaries (docs/docker.md). Those
-# targets come before the build stage on purpose: Docker's legacy builder (the one that
-# runs where BuildKit is absent) builds every stage up to the target in file order, so
-# a build stage above them would make it pull the `rust` image. The legacy builder
-# ignores the `syntax` line and never reaches the cache mounts below, which need
-# BuildKit; BuildKit itself builds only the stages a target uses.
+# `cargo xtask images` does that with target/debug's binaries, and with `--build-arg
+# BASE_IMAGE=deadline-propagation/offline-debian:bookworm`, the Debian tree it makes by
+# debootstrap, as the runtime's base (docs/docker.md). Those targets come before the
+# build stage on purpose: Docker's legacy builder (the one that runs where BuildKit is
+# absent) builds every stage up to the target in file order, so a build stage above them
+# would make it pull the `rust` image. The legacy builder ignores the `syntax` line and
+# never reaches the cache mounts below, which need BuildKit; BuildKit itself builds only
+# the stages a target uses.
 
 ARG RUST_VERSION=1.94
+# The runtime stages' base: Debian bookworm, as the `rust` build image is, so the binaries
+# find the same glibc. Without a registry, `cargo xtask images` passes its own.
+ARG BASE_IMAGE=debian:bookworm-slim
 # Cargo features for both services, e.g. `--build-arg CARGO_FEATURES=tls` for outbound
 # HTTPS (a hosted LLM planner or OTLP endpoint). Empty: plain HTTP, the faster build.
 ARG CARGO_FEATURES=""
@@ -39,7 +44,7 @@ ARG CARGO_FEATURES=""
 # No extra packages by default: the services speak plain HTTP inside the compose network
 # (reqwest is built without TLS) and compose's health checks use bash's /dev/tcp. With
 # the tls feature, rustls verifies servers against the system's CA certificates.
-FROM debian:bookworm-slim AS runtime
+FROM ${BASE_IMAGE} AS runtime
 ARG CARGO_FEATURES
 RUN case ",$CARGO_FEATURES," in \
         *,tls,*) apt-get update \
@@ -80,11 +85,7 @@ COPY orders-service /usr/local/bin/orders-service
 FROM rust:${RUST_VERSION}-bookworm AS build
 ARG CARGO_FEATURES
 WORKDIR /src
-# sqlx's query macros check SQL at compile time against a live database unless told to
-# use the prepared metadata in .sqlx/ (`cargo sqlx prepare --workspace`); no database
-# is reachable inside `docker build`.
-ENV SQLX_OFFLINE=true \
-    CARGO_TERM_COLOR=never
+ENV CARGO_TERM_COLOR=never
 # The whole workspace: every member's manifest must be present for cargo to resolve it.
 # .dockerignore keeps target/, .git/ and the non-Rust folders out of the context.
 COPY . .

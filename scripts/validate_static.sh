@@ -82,7 +82,6 @@ rendered=$(mktemp)
 for env_file in "$no_env" .env.example; do
     name=$([ "$env_file" = "$no_env" ] && echo "no .env" || echo "--env-file .env.example")
     for files in "-f docker-compose.yml" "-f docker-compose.yml -f docker-compose.offline.yml"; do
-        [ -f docker-compose.offline.yml ] || [ "$files" = "-f docker-compose.yml" ] || continue
         # shellcheck disable=SC2086 # $files is two or four words on purpose
         if out=$("${compose[@]}" $files --env-file "$env_file" \
                  --profile load config 2>&1); then

@@ -2,9 +2,9 @@
 //! host through the ports it publishes, then taken down (docs/docker.md).
 //!
 //! The compose file is used as it is, with its health checks, `depends_on`, settings
-//! and published ports; only the services whose images [`crate::images`] can make
-//! without a registry are started ([`SERVICES`]: Grafana, Jaeger and k6 are left out).
-//! The images must exist: `cargo xtask images` first.
+//! and published ports, and [`OVERRIDE`] pointing it at the stand-ins; only the services
+//! whose images [`crate::images`] can make without a registry are started ([`SERVICES`]:
+//! Grafana, Jaeger and k6 are left out). The images must exist: `cargo xtask images`.
 //!
 //! What is checked, in order: every container with a health check becomes healthy; an
 //! order is created (201); with the catalog slowed through its fault API, an order
@@ -20,7 +20,7 @@ use anyhow::{Context as _, bail, ensure};
 use serde_json::Value;
 
 use crate::dashboards::SEED_QUERY;
-use crate::images::{POSTGRES_IMAGE, PROMETHEUS_IMAGE, SERVICE_IMAGES, exists};
+use crate::images::{OVERRIDE, POSTGRES_IMAGE, PROMETHEUS_IMAGE, SERVICE_IMAGES, exists};
 use crate::prometheus::instant_query;
 use crate::run::set_fault;
 use crate::scenario::Fault;
@@ -223,7 +223,8 @@ fn ok(what: &str) {
     println!("compose-check: ok  {what}");
 }
 
-/// The compose command of this machine, for docker-compose.yml under [`PROJECT`].
+/// The compose command of this machine, for docker-compose.yml and [`OVERRIDE`] under
+/// [`PROJECT`].
 struct Compose {
     /// `docker compose` (v2) where the plugin exists, else `docker-compose` (v1).
     program: Vec<&'static str>,
@@ -255,7 +256,8 @@ impl Compose {
         command
             .args(&self.program[1..])
             .current_dir(workspace())
-            .args(["--project-name", PROJECT, "--file", "docker-compose.yml"]);
+            .args(["--project-name", PROJECT, "--file", "docker-compose.yml"])
+            .args(["--file", OVERRIDE]);
         command
     }
 

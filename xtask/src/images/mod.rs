@@ -1,22 +1,22 @@
 //! `cargo xtask images`: every image `docker-compose.yml` runs (but Grafana, Jaeger and
 //! k6), made on a machine without a container registry, from Debian's packages and the
-//! binaries the host built (docs/docker.md).
+//! binaries the host built (docs/docker.md). The stand-ins have names of their own,
+//! which `docker-compose.offline.yml` points the compose file at.
 //!
 //! 1. `debootstrap` a Debian bookworm root file system (the minbase variant) into the
 //!    cache, and download beside it the packages of PostgreSQL 15 and Prometheus with
 //!    their dependencies, resolved against that file system. Only when an image below
 //!    must be made, and once: the cache is reused while it exists.
-//! 2. `docker import` the file system as [`BASE_IMAGE`], the name the Dockerfile uses,
-//!    unless the engine has that image.
+//! 2. `docker import` the file system as [`BASE_IMAGE`], unless the engine has it.
 //! 3. Build [`POSTGRES_IMAGE`] and [`PROMETHEUS_IMAGE`] on it from `xtask/images/`:
 //!    the downloaded packages are in the build context, so no build needs the network.
 //!    An image built from the same files (its recipe label) is kept.
 //! 4. Build the two service images from the Dockerfile's `*-prebuilt` targets, which
-//!    copy the host's binaries instead of compiling in a `rust` image.
+//!    copy the host's binaries instead of compiling in a `rust` image, on
+//!    [`BASE_IMAGE`] (the Dockerfile's build argument `BASE_IMAGE`).
 //!
-//! Every image gets the tag `docker-compose.yml` names, so `docker compose up` finds
-//! it and pulls nothing. An image of that name that this command did not make (a real
-//! one, pulled from a registry) is left alone and used as it is.
+//! No stand-in takes the name of an image a registry serves: with a registry, compose
+//! without the override pulls the real ones, and never runs a stand-in by mistake.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -29,13 +29,16 @@ use crate::stack::{build_services, run, workspace};
 
 mod rootfs;
 
-/// The base image: the Dockerfile's `FROM` and the stand-ins' base.
-pub const BASE_IMAGE: &str = "debian:bookworm-slim";
-/// docker-compose.yml's PostgreSQL image.
-pub const POSTGRES_IMAGE: &str = "postgres:15";
-/// docker-compose.yml's Prometheus image. The stand-in runs Debian's Prometheus 2.42,
-/// which reads the project's configuration and takes compose's flags as v3 does.
-pub const PROMETHEUS_IMAGE: &str = "prom/prometheus:v3.5.0";
+/// The debootstrap tree: the stand-ins' base, and the services' (the Dockerfile's
+/// `BASE_IMAGE`, `debian:bookworm-slim` by default).
+pub const BASE_IMAGE: &str = "deadline-propagation/offline-debian:bookworm";
+/// Debian's PostgreSQL 15, for docker-compose.yml's `postgres:15`.
+pub const POSTGRES_IMAGE: &str = "deadline-propagation/offline-postgres:15";
+/// Debian's Prometheus 2.42, for docker-compose.yml's `prom/prometheus:v3.5.0`: it reads
+/// the project's configuration and takes compose's flags as v3 does.
+pub const PROMETHEUS_IMAGE: &str = "deadline-propagation/offline-prometheus:debian";
+/// The override that points docker-compose.yml at the stand-ins.
+pub const OVERRIDE: &str = "docker-compose.offline.yml";
 /// The Dockerfile's prebuilt targets and the image names docker-compose.yml gives the
 /// services.
 pub const SERVICE_IMAGES: [(&str, &str); 2] = [
@@ -45,8 +48,8 @@ pub const SERVICE_IMAGES: [(&str, &str); 2] = [
     ),
     ("orders-service", "deadline-propagation/orders-service:dev"),
 ];
-/// The label on every image made here, so a real image of the same name is recognised
-/// and never replaced. The Dockerfiles in `xtask/images/` set it too.
+/// The label on every image made here (`docker image ls --filter label=...` lists them).
+/// The Dockerfiles in `xtask/images/` set it too.
 const MADE_HERE: &str = "dev.deadline-propagation.made-by=cargo-xtask-images";
 /// The label holding a hash of the files a stand-in was built from ([`recipe`]): an
 /// image built from other files is built again, an up-to-date one needs no root file
@@ -92,11 +95,7 @@ pub fn images(args: &ImagesArgs) -> anyhow::Result<()> {
     let mut stand_ins = Vec::new();
     for (image, folder, _) in STAND_INS {
         let recipe = recipe(folder)?;
-        if !exists(image)? {
-            stand_ins.push((image, folder, recipe));
-        } else if label(image, MADE_HERE)? != made_here_value() {
-            println!("images: {image} exists and was not made here (a real image), kept");
-        } else if base_missing || label(image, RECIPE_LABEL)? != recipe {
+        if !exists(image)? || base_missing || label(image, RECIPE_LABEL)? != recipe {
             // A new base image is a new foundation: what stands on it is built again.
             stand_ins.push((image, folder, recipe));
         } else {
@@ -199,9 +198,10 @@ fn build_service(binaries: &Path, context: &Path, target: &str, image: &str) -> 
         std::fs::copy(&binary, context.join(name))?;
     }
     let target = format!("{target}-prebuilt");
+    let base = format!("BASE_IMAGE={BASE_IMAGE}");
     docker_build(
         &workspace().join("Dockerfile"),
-        &["--target", &target],
+        &["--target", &target, "--build-arg", &base],
         image,
         context,
     )
@@ -236,14 +236,8 @@ pub fn exists(image: &str) -> anyhow::Result<bool> {
         .success())
 }
 
-/// The value [`MADE_HERE`] gives its label.
-fn made_here_value() -> &'static str {
-    MADE_HERE.split_once('=').expect("key=value").1
-}
-
-/// The value of `image`'s label `key` (the part before any `=`), empty when unset.
+/// The value of `image`'s label `key`, empty when unset.
 fn label(image: &str, key: &str) -> anyhow::Result<String> {
-    let key = key.split_once('=').map_or(key, |(k, _)| k);
     let output = Command::new("docker")
         .args(["image", "inspect", "--format"])
         .arg(format!("{{{{index .Config.Labels \"{key}\"}}}}"))
@@ -256,24 +250,35 @@ fn label(image: &str, key: &str) -> anyhow::Result<String> {
 mod tests {
     use super::*;
 
-    /// The tags made here are the names the compose file and the Dockerfile use.
+    /// The tags made here are the names the files use: the services' in the compose
+    /// file, the stand-ins' only in the override (none a registry serves), the base in
+    /// the stand-ins' Dockerfiles.
     #[test]
     fn tags_are_the_names_the_files_use() {
-        let compose = std::fs::read_to_string(workspace().join("docker-compose.yml")).unwrap();
-        let images = [POSTGRES_IMAGE, PROMETHEUS_IMAGE]
-            .into_iter()
-            .chain(SERVICE_IMAGES.map(|(_, image)| image));
-        for image in images {
-            assert!(
-                compose.contains(&format!("image: {image}\n")),
-                "docker-compose.yml names no image {image}"
-            );
+        let read = |path: &str| std::fs::read_to_string(workspace().join(path)).unwrap();
+        let (compose, offline) = (read("docker-compose.yml"), read(OVERRIDE));
+        for image in SERVICE_IMAGES.map(|(_, image)| image) {
+            assert!(compose.contains(&format!("image: {image}\n")), "{image}");
         }
-        let dockerfile = std::fs::read_to_string(workspace().join("Dockerfile")).unwrap();
-        assert!(dockerfile.contains(&format!("FROM {BASE_IMAGE} AS runtime\n")));
+        for image in [BASE_IMAGE, POSTGRES_IMAGE, PROMETHEUS_IMAGE] {
+            assert!(
+                image.starts_with("deadline-propagation/offline-"),
+                "{image}"
+            );
+            assert!(!compose.contains(image), "docker-compose.yml names {image}");
+        }
+        for image in [POSTGRES_IMAGE, PROMETHEUS_IMAGE] {
+            assert!(offline.contains(&format!("image: {image}\n")), "{image}");
+        }
+        let dockerfile = read("Dockerfile");
+        assert!(dockerfile.contains("FROM ${BASE_IMAGE} AS runtime\n"));
         for (target, _) in SERVICE_IMAGES {
             assert!(dockerfile.contains(&format!(" AS {target}-prebuilt\n")));
             assert!(dockerfile.contains(&format!(" AS {target}\n")));
+        }
+        for (_, folder, _) in STAND_INS {
+            let text = read(&format!("xtask/images/{folder}/Dockerfile"));
+            assert!(text.contains(&format!("FROM {BASE_IMAGE}\n")), "{folder}");
         }
     }
 
