@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::assistant::planner::Assistant;
 use crate::catalog::CatalogClient;
 use crate::config::{Config, Mode};
+use crate::health::{self, Health};
 use crate::legacy::PlainDb;
 use crate::mode::ModeSwitch;
 use crate::prechecks::Prechecks;
@@ -32,12 +33,13 @@ pub struct Application {
 impl Application {
     /// Connects, migrates and binds (port 0 picks a free port, as tests do).
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let mut mode = None;
+        let mut own = None;
         let metrics =
             service_kit::metrics::for_service(SERVICE, config.runtime_metrics, |registry| {
-                mode = Some(ModeSwitch::new(config.deadline_mode, SERVICE, registry));
+                let mode = ModeSwitch::new(config.deadline_mode, SERVICE, registry);
+                own = Some((mode, Health::new(SERVICE, registry)));
             });
-        let mode = mode.expect("the registry was built");
+        let (mode, health) = own.expect("the registry was built");
         // Every tool's series exist at 0 from the first scrape.
         metrics.declare_tools(assistant::Tool::ALL.map(assistant::Tool::name));
         // Before the database: a bad precheck setting fails start-up at once.
@@ -47,10 +49,10 @@ impl Application {
         db_config.acquire_timeout = Config::ms(config.db_pool_acquire_timeout_ms);
         db_config.idle_in_transaction = Config::ms(config.db_idle_in_transaction_timeout_ms);
         db_config.liveness = Config::ms(config.db_liveness_timeout_ms);
-        let db = Db::connect_lazy(&config.database_url, db_config)
+        let db = Db::connect_lazy(config.database_url.expose(), db_config)
             .context("DATABASE_URL is not a valid PostgreSQL URL")?
             .with_metrics(&metrics);
-        let plain_db = PlainDb::connect_lazy(&config.database_url, &db_config)
+        let plain_db = PlainDb::connect_lazy(config.database_url.expose(), &db_config)
             .context("DATABASE_URL is not a valid PostgreSQL URL")?;
         migrate(&db).await?;
         let catalog =
@@ -81,6 +83,7 @@ impl Application {
                 metrics,
                 assistant: Assistant::from_config(&config)?,
                 mode,
+                health,
             },
             config,
         })
@@ -121,14 +124,23 @@ impl Application {
         let app = routes::router(&self.config, self.state.clone(), stop.clone());
         let admin = admin::router(self.state.mode.clone(), self.config.admin_allow_remote);
         let admin_stop = stop.clone();
+        let draining = self.state.health.clone();
         let shutdown = async move {
             shutdown.await;
+            draining.start_draining();
             stop.cancel();
         };
+        // The dependencies' gauges, checked in the background while the service runs.
+        let every = Config::ms(self.config.dependency_check_every_ms);
+        let watch =
+            (!every.is_zero()).then(|| tokio::spawn(health::watch(self.state.clone(), every)));
         tokio::join!(
             serve(self.listener, app, shutdown, options),
             serve(self.admin, admin, admin_stop.cancelled_owned(), options),
         );
+        if let Some(watch) = watch {
+            watch.abort();
+        }
         self.state.db.close().await;
         self.state.plain_db.close().await;
     }

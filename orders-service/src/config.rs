@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::Parser;
 use deadline_propagation::hedging::HedgePolicy;
 use deadline_propagation::retry_budget::RetryBudget;
+use service_kit::secret::{Secret, SecretUrl};
 use service_kit::telemetry::LogFormat;
 
 use deadline_propagation::Downstream;
@@ -27,13 +28,15 @@ pub struct Config {
     #[arg(long, env = "CATALOG_URL", default_value = "http://127.0.0.1:8081")]
     pub catalog_url: String,
 
-    /// PostgreSQL URL. Migrations run at start-up.
+    /// PostgreSQL URL. Migrations run at start-up. Its password never shows: not in
+    /// `--help`, not in `Debug`.
     #[arg(
         long,
         env = "DATABASE_URL",
+        hide_env_values = true,
         default_value = "postgres://postgres@127.0.0.1:5432/orders"
     )]
-    pub database_url: String,
+    pub database_url: SecretUrl,
 
     /// The largest budget granted, whatever the client asks for.
     #[arg(long, env = "DEADLINE_MAX_MS", default_value_t = 2000,
@@ -180,9 +183,9 @@ pub struct Config {
     #[arg(long, env = "ASSISTANT_LLM_MODEL", default_value = "gpt-4o-mini")]
     pub assistant_llm_model: String,
 
-    /// Bearer token for the planner API (never logged).
+    /// Bearer token for the planner API (never shown: not in `--help`, not in `Debug`).
     #[arg(long, env = "ASSISTANT_LLM_API_KEY", hide_env_values = true)]
-    pub assistant_llm_api_key: Option<String>,
+    pub assistant_llm_api_key: Option<Secret>,
 
     /// Host names the MCP endpoint answers to (DNS-rebinding protection), comma separated.
     #[arg(
@@ -209,6 +212,13 @@ pub struct Config {
     #[arg(long, env = "HEADER_READ_TIMEOUT_MS", default_value_t = 5000,
           value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub header_read_timeout_ms: u64,
+
+    /// How often PostgreSQL and the catalog are checked for the `dependency_up` gauges;
+    /// 0: never (`/health/dependencies` still asks them when called). Readiness does
+    /// not follow them either way.
+    #[arg(long, env = "DEPENDENCY_CHECK_EVERY_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    pub dependency_check_every_ms: u64,
 
     /// Export the tokio runtime's metrics (`tokio_*`, docs/design.md §7); `false` only
     /// to measure what they cost.
@@ -283,12 +293,14 @@ pub fn parse_origin(value: &str) -> Result<String, String> {
 }
 
 impl Config {
-    /// Settings for tests: port 0, the given catalog and database.
+    /// Settings for tests: port 0, the given catalog and database, and no background
+    /// check of the dependencies (tests count the calls and statements they cause).
     pub fn for_tests(catalog_url: &str, database_url: &str) -> Self {
         Self::parse_from([
             "orders-service",
             "--listen-addr=127.0.0.1:0",
             "--admin-addr=127.0.0.1:0",
+            "--dependency-check-every-ms=0",
             &format!("--catalog-url={catalog_url}"),
             &format!("--database-url={database_url}"),
         ])

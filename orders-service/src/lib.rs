@@ -22,7 +22,8 @@
 //!   each order must pass before it is written.
 //! - [`assistant`]: tool calls for AI assistants under numeric budgets: the chat
 //!   endpoint and the MCP server.
-//! - [`routes`]: the HTTP API, health and readiness.
+//! - [`routes`]: the HTTP API, health and readiness; [`health`]: what readiness asks
+//!   (started, not draining) and what it does not (the dependencies).
 //! - [`admin`]: `GET|PUT /admin/mode` on the admin address: the rollout switch.
 //!
 //! `DEADLINE_MODE=legacy` runs the same handlers without the technique, for the
@@ -35,6 +36,7 @@ pub mod assistant;
 pub mod budget;
 pub mod catalog;
 pub mod config;
+pub mod health;
 pub mod legacy;
 pub mod mode;
 pub mod orders;

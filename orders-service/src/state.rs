@@ -5,6 +5,7 @@ use deadline_propagation::metrics::Metrics;
 
 use crate::assistant::planner::Assistant;
 use crate::catalog::CatalogClient;
+use crate::health::Health;
 use crate::legacy::PlainDb;
 use crate::mode::ModeSwitch;
 use crate::prechecks::Prechecks;
@@ -27,6 +28,8 @@ pub struct AppState {
     pub assistant: Assistant,
     /// The mode in force, switched by the admin API.
     pub mode: ModeSwitch,
+    /// Whether the service drains, and its dependencies' gauges.
+    pub health: Health,
 }
 
 impl AppState {

@@ -19,6 +19,7 @@ async fn the_served_document_is_the_committed_one() {
             "/api/assistant/chat",
             "/api/orders",
             "/api/orders/{id}",
+            "/health/dependencies",
             "/healthz",
             "/readyz"
         ]

@@ -8,6 +8,7 @@ use common::{MS, json_of, spawn_app, spawn_app_with};
 use futures_util::future::join_all;
 use reqwest::StatusCode;
 use serde_json::json;
+use test_support::{metric_value, wait_until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
@@ -365,20 +366,56 @@ async fn not_enough_stock_is_a_409_and_changes_nothing() {
     assert_eq!(app.order_rows().await, 0);
 }
 
+/// A catalog outage does not make orders-service unready: it still serves, answering
+/// orders at once with the contract's 502 naming the catalog and reading orders from
+/// PostgreSQL. The outage shows where people and Prometheus look instead.
 #[tokio::test]
-async fn readyz_reports_the_catalog_going_away() {
-    let app = spawn_app().await;
-    let ready = app.get("/readyz").await;
-    assert_eq!(ready.status(), StatusCode::OK);
+async fn with_the_catalog_stopped_the_service_stays_ready_and_answers_in_budget() {
+    let mut app = spawn_app_with(|c| c.dependency_check_every_ms = 200).await;
+    let created = app.order("SKU-00001", 1, None).await;
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let id = json_of(created).await["id"].as_i64().expect("an order id");
+    let ready = app.get("/health/dependencies").await;
+    assert_eq!(json_of(ready).await["status"], "ok");
 
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", closed.local_addr().unwrap());
-    drop(closed);
-    let app = spawn_app_with(|c| c.catalog_url = url).await;
+    app.stop_catalog().await;
+    for _ in 0..10 {
+        let ready = app.get("/readyz").await;
+        assert_eq!(
+            ready.status(),
+            StatusCode::OK,
+            "ready with the catalog gone"
+        );
+    }
     let started = Instant::now();
-    let ready = app.get("/readyz").await;
-    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert!(started.elapsed() < MS(600));
+    let order = app.order("SKU-00002", 1, Some(700)).await;
+    assert_eq!(order.status(), StatusCode::BAD_GATEWAY);
+    assert!(started.elapsed() < MS(700), "took {:?}", started.elapsed());
+    assert_eq!(json_of(order).await["stage"], "catalog");
+    let read = app.get(&format!("/api/orders/{id}")).await;
+    assert_eq!(
+        read.status(),
+        StatusCode::OK,
+        "an order is read from PostgreSQL alone"
+    );
+
+    // The background check tells Prometheus within its period.
+    let up = |dependency| format!(r#"service="orders-service",dependency="{dependency}""#);
+    wait_until("the catalog's gauge at 0", MS(3000), || async {
+        let exposition = app.scrape(&app.base).await;
+        metric_value(&exposition, "dependency_up", &up("catalog")) == Some(0.0)
+    })
+    .await;
+    let exposition = app.scrape(&app.base).await;
+    assert_eq!(
+        metric_value(&exposition, "dependency_up", &up("database")),
+        Some(1.0)
+    );
+    let report = json_of(app.get("/health/dependencies").await).await;
+    assert_eq!(report["status"], "degraded", "{report}");
+    assert_eq!(report["database"], "ok", "{report}");
+    assert_ne!(report["catalog"], "ok", "{report}");
+    assert_eq!(app.get("/readyz").await.status(), StatusCode::OK);
 }
 
 #[tokio::test]

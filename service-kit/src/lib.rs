@@ -12,6 +12,8 @@
 //! - [`json`]: [`JsonBody`](json::JsonBody), a JSON extractor whose rejections are
 //!   problems, and a body size limit that refuses an announced oversize at once.
 //! - [`telemetry`]: logs (text or JSON) and OpenTelemetry traces over OTLP/HTTP.
+//! - [`secret`]: settings whose `Debug` never shows their secret (an API key, a
+//!   database URL's password).
 //! - [`metrics`]: the service's metric registry: the library's families plus the
 //!   process's memory and CPU and the tokio runtime's workers and queues.
 //! - [`openapi`]: what the layers add to each service's OpenAPI document (the budget
@@ -25,5 +27,6 @@ pub mod json;
 pub mod metrics;
 pub mod openapi;
 pub mod profiling;
+pub mod secret;
 pub mod server;
 pub mod telemetry;

@@ -5,7 +5,9 @@
 //!   them. The level comes from `RUST_LOG` (default `info`).
 //! - Traces: OpenTelemetry through `tracing-opentelemetry`, exported over OTLP/HTTP only
 //!   when `OTEL_EXPORTER_OTLP_ENDPOINT` is set. Otherwise no OpenTelemetry layer is
-//!   installed at all: nothing is exported and nothing is slowed down.
+//!   installed at all: nothing is exported and nothing is slowed down. The service is
+//!   named in the traces by `OTEL_SERVICE_NAME` (or `service.name` in
+//!   `OTEL_RESOURCE_ATTRIBUTES`), by the binary's own name when neither says.
 //! - Propagation: the library (feature `otel`) extracts W3C `traceparent` at the
 //!   ingress and injects it into outbound calls once the global propagator is set,
 //!   which [`init`] does when it exports, so one trace crosses both services.
@@ -142,11 +144,23 @@ fn otlp_provider(
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .build()?;
-    let resource = opentelemetry_sdk::Resource::builder()
-        .with_service_name(service)
-        .build();
     Ok(SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
-        .with_resource(resource)
+        .with_resource(resource(service))
         .build())
+}
+
+/// The resource the standard variables describe (`OTEL_SERVICE_NAME`,
+/// `OTEL_RESOURCE_ATTRIBUTES`), named `service` only where they name no service.
+fn resource(service: &'static str) -> opentelemetry_sdk::Resource {
+    let detected = opentelemetry_sdk::Resource::builder().build();
+    let named = detected
+        .get(&opentelemetry::Key::from_static_str("service.name"))
+        .is_some_and(|name| !name.as_str().starts_with("unknown_service"));
+    match named {
+        true => detected,
+        false => opentelemetry_sdk::Resource::builder()
+            .with_service_name(service)
+            .build(),
+    }
 }

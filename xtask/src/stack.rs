@@ -186,7 +186,7 @@ impl Services {
         Ok(services)
     }
 
-    /// Polls `/readyz` (database and catalog reachable) every 100 ms.
+    /// Polls `/readyz` (started and migrated) every 100 ms.
     async fn wait_ready(&mut self, limit: Duration) -> anyhow::Result<()> {
         let client = reqwest::Client::new();
         let url = format!("{}/readyz", url(self.ports.orders));

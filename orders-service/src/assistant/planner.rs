@@ -13,6 +13,7 @@ use deadline_propagation::tools::ToolPolicy;
 use deadline_propagation::{Deadline, Problem, Stage};
 use serde::Serialize;
 use serde_json::{Value, json};
+use service_kit::secret::Secret;
 
 use super::tool::Tool;
 use crate::config::Config;
@@ -101,26 +102,16 @@ pub fn plan_by_rules(message: &str) -> Vec<PlannedCall> {
 }
 
 /// An OpenAI-compatible planner (`POST {url}/chat/completions` with `tools`).
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct OpenAiPlanner {
     /// Base URL, e.g. `https://api.openai.com/v1`.
     pub url: String,
     /// Model name.
     pub model: String,
     /// Bearer token, if the endpoint needs one. Never printed.
-    pub api_key: Option<String>,
+    pub api_key: Option<Secret>,
     /// The HTTP client.
     pub http: reqwest::Client,
-}
-
-impl std::fmt::Debug for OpenAiPlanner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenAiPlanner")
-            .field("url", &self.url)
-            .field("model", &self.model)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .finish()
-    }
 }
 
 impl OpenAiPlanner {
@@ -152,7 +143,7 @@ impl OpenAiPlanner {
             ))
             .json(&body);
         if let Some(key) = &self.api_key {
-            request = request.bearer_auth(key);
+            request = request.bearer_auth(key.expose());
         }
         // The model's answer is part of the turn: it gets what is left of it, no more.
         let call = async {

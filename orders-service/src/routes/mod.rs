@@ -62,6 +62,7 @@ pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> 
         .routes(routes!(assistant::chat::chat))
         .routes(routes!(health::readyz))
         .routes(routes!(health::healthz))
+        .routes(routes!(health::dependencies))
         .split_for_parts();
     let document = openapi::serve(openapi::finish(api, Ingress::default()));
     let routes = routes
@@ -70,9 +71,11 @@ pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> 
         .with_state(state);
     let routes = service_kit::json::limit_bodies(routes, MAX_BODY_BYTES);
     // Load balancers' probes are bounded, but their budgets are nobody's: not reported.
-    let layer = DeadlineLayer::new(policy)
-        .live_mode(mode.live())
-        .probes(["/healthz", "/readyz"]);
+    let layer = DeadlineLayer::new(policy).live_mode(mode.live()).probes([
+        "/healthz",
+        "/readyz",
+        "/health/dependencies",
+    ]);
     let legacy = routes.clone().layer(Extension(Budget::Unbounded));
     let legacy = deadline_propagation::measure(legacy, &metrics);
     let technique = deadline_propagation::instrument(routes, layer, &metrics);

@@ -32,7 +32,7 @@ pub struct TestApp {
     pub side: PgPool,
     pub catalog_url: String,
     orders: Option<Running>,
-    _catalog: Running,
+    catalog: Option<Running>,
 }
 
 pub async fn spawn_app() -> TestApp {
@@ -80,7 +80,7 @@ pub async fn spawn_app_with_catalog(
         side,
         catalog_url,
         orders: Some(test_support::spawn(|shutdown| app.run_until(shutdown))),
-        _catalog: catalog,
+        catalog: Some(catalog),
     }
 }
 
@@ -330,6 +330,13 @@ impl TestApp {
 
     pub fn metrics(&self) -> String {
         self.state.metrics.render()
+    }
+
+    /// Stops the catalog: its port closes, as when its process is gone.
+    pub async fn stop_catalog(&mut self) {
+        if let Some(catalog) = self.catalog.take() {
+            catalog.shutdown().await;
+        }
     }
 
     pub async fn shutdown(&mut self) {

@@ -1,7 +1,7 @@
 //! The names of the families the demo's services add to the library's, as the
 //! exposition spells them: the process (the Prometheus process collector's names, so
 //! existing dashboards and alerts apply), the tokio runtime, orders-service's mode and
-//! the catalog's injected delay. Dashboard checks read them from here beside
+//! its dependencies' health, and the catalog's injected delay. Dashboard checks read them from here beside
 //! `deadline_propagation::metrics::names`.
 
 /// Resident memory of the process (gauge).
@@ -19,6 +19,9 @@ pub const TOKIO_GLOBAL_QUEUE_DEPTH: &str = "tokio_global_queue_depth";
 /// (orders) 1 for the mode in force (`legacy`, `observe`, `propagate`), by `service`
 /// and `mode` (gauge).
 pub const DEADLINE_MODE: &str = "deadline_mode";
+/// (orders) 1 when a dependency (`database`, `catalog`) answered its last check, by
+/// `service` and `dependency` (gauge).
+pub const DEPENDENCY_UP: &str = "dependency_up";
 /// (catalog) The injected delay now; 0 when none (gauge).
 pub const CATALOG_FAULT_DELAY_SECONDS: &str = "catalog_fault_delay_seconds";
 
@@ -31,6 +34,7 @@ pub const SCALARS: &[&str] = &[
     TOKIO_ALIVE_TASKS,
     TOKIO_GLOBAL_QUEUE_DEPTH,
     DEADLINE_MODE,
+    DEPENDENCY_UP,
     CATALOG_FAULT_DELAY_SECONDS,
 ];
 
