@@ -181,6 +181,9 @@ async fn cut_during_a_statement(
 
 #[tokio::test]
 async fn a_partition_while_the_statement_waits_on_a_lock_leaves_no_ghost_holding_it() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     let (cluster, app) = app_on_own_cluster().await;
     let link = Link::to(cluster.port());
     // Another session holds the SKU's row; the order's statement waits for it. Then the
@@ -199,6 +202,9 @@ async fn a_partition_while_the_statement_waits_on_a_lock_leaves_no_ghost_holding
 
 #[tokio::test]
 async fn a_partition_while_the_statement_runs_leaves_no_ghost_on_the_server() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     let (cluster, app) = app_on_own_cluster().await;
     let link = Link::to(cluster.port());
     // Ten seconds of work in the order's statement: a BEFORE trigger on its stock row.
@@ -227,6 +233,9 @@ async fn a_partition_while_the_statement_runs_leaves_no_ghost_on_the_server() {
 
 #[tokio::test]
 async fn a_partition_during_commit_is_never_a_504_and_a_replay_tells_the_table() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     let (cluster, app) = app_on_own_cluster().await;
     let link = Link::to(cluster.port());
     // 300 ms of deferred work at COMMIT (fired by the COMMIT batch's
@@ -295,6 +304,9 @@ async fn a_partition_during_commit_is_never_a_504_and_a_replay_tells_the_table()
 /// replay with the same key finds the one row.
 #[tokio::test]
 async fn a_commit_cut_off_while_it_waits_for_a_standby_is_answered_within_its_grace() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     let (cluster, database) = own_cluster().await;
     let url = database.url.clone();
     let mut app = spawn_app_on(database, |_| {}).await;
@@ -337,6 +349,9 @@ async fn a_commit_cut_off_while_it_waits_for_a_standby_is_answered_within_its_gr
 
 #[tokio::test]
 async fn pooled_connections_to_a_server_that_vanished_are_replaced_by_themselves() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     let (cluster, app) = app_on_own_cluster().await;
     // The pool holds connections to the server.
     let skus: Vec<String> = (0..4).map(|i| format!("SKU-0010{i}")).collect();
@@ -461,16 +476,25 @@ async fn blackholed_catalog(cut: impl FnOnce(&Link)) {
 
 #[tokio::test]
 async fn a_blackholed_catalog_is_answered_by_the_budget_and_recovers_at_the_heal() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     blackholed_catalog(Link::partition).await;
 }
 
 #[tokio::test]
 async fn a_catalog_whose_answers_are_lost_is_answered_by_the_budget_and_recovers() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     blackholed_catalog(|link| link.cut(Direction::ToClient)).await;
 }
 
 #[tokio::test]
 async fn the_budget_sent_to_the_catalog_leaves_room_for_the_wire() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     let (_cluster, app) = app_on_own_cluster().await;
     let link = Link::to(catalog_port(&app));
     // Every request waits 100 ms ± 50 ms on its way to the catalog.

@@ -43,10 +43,13 @@
 //! [`Link::to`] on this machine removes the rules of processes that are gone
 //! ([`sweep`]). CI fails when any `dpnet` rule is left after the test run.
 //!
-//! Everything here needs root (`iptables` and NFQUEUE), as in CI; the docs/testing.md
-//! section "Network faults" says how to write such a test.
+//! Everything here needs root (`iptables` and NFQUEUE), as in CI: a test that cuts a
+//! link begins with `if !can_cut_links() { return; }`, so for a contributor who is not
+//! root it says why it does not run, and passes. The docs/testing.md section "Network
+//! faults" says how to write such a test.
 
 use std::collections::BinaryHeap;
+use std::io::Write as _;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -55,6 +58,22 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+
+/// Whether this process may cut links (`iptables` and NFQUEUE need root). When it may
+/// not, writes why the calling test does not run on the test run's output and returns
+/// `false`: the test then returns at once. CI runs as root, so there every one runs.
+pub fn can_cut_links() -> bool {
+    if crate::is_root() {
+        return true;
+    }
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    // Past the harness: it keeps a passing test's `eprintln!` to itself.
+    let _ = writeln!(
+        std::io::stderr(),
+        "skipped {test}: cutting a link needs root (iptables, NFQUEUE); CI runs it as root"
+    );
+    false
+}
 
 /// Which packets of a link a fault applies to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

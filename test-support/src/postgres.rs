@@ -34,7 +34,7 @@ impl PgCluster {
     /// Creates and starts a new cluster. Takes about a second.
     pub fn start() -> anyhow::Result<Self> {
         let bindir = bindir()?;
-        let as_postgres = is_root();
+        let as_postgres = crate::is_root();
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "deadline-pg-{}-{}",
@@ -282,13 +282,6 @@ fn bindir() -> anyhow::Result<PathBuf> {
         }
     }
     bail!("no PostgreSQL server binaries found: install Debian's postgresql-15 package")
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
 }
 
 fn as_user(command: Command, as_postgres: bool) -> Command {

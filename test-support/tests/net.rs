@@ -79,6 +79,9 @@ fn our_rules(port: u16) -> Vec<String> {
 
 #[test]
 fn a_partition_loses_every_packet_both_ways_silently_and_heals() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     let (addr, arrivals) = echo_server();
     let mut stream = connect(addr);
     assert!(round_trip(&mut stream, b'a', MS(1000)).is_some());
@@ -107,6 +110,9 @@ fn a_partition_loses_every_packet_both_ways_silently_and_heals() {
 
 #[test]
 fn a_lost_direction_lets_requests_arrive_and_no_answer_come_back() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     let (addr, arrivals) = echo_server();
     let mut stream = connect(addr);
     assert!(round_trip(&mut stream, b'a', MS(1000)).is_some());
@@ -123,6 +129,9 @@ fn a_lost_direction_lets_requests_arrive_and_no_answer_come_back() {
 
 #[test]
 fn dropped_syns_stop_new_connections_and_spare_open_ones() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     let (addr, _arrivals) = echo_server();
     let mut open = connect(addr);
     let link = Link::to(addr.port());
@@ -136,6 +145,9 @@ fn dropped_syns_stop_new_connections_and_spare_open_ones() {
 
 #[test]
 fn a_delay_holds_each_packet_in_the_kernel_for_its_time() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     let (addr, _arrivals) = echo_server();
     let mut stream = connect(addr);
     let fast = round_trip(&mut stream, b'a', MS(1000)).expect("an echo");
@@ -157,6 +169,9 @@ fn a_delay_holds_each_packet_in_the_kernel_for_its_time() {
 
 #[test]
 fn jitter_spreads_the_delay_around_its_middle() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     let (addr, _arrivals) = echo_server();
     let mut stream = connect(addr);
     let link = Link::to(addr.port());
@@ -176,6 +191,9 @@ fn jitter_spreads_the_delay_around_its_middle() {
 
 #[test]
 fn losing_every_packet_is_a_partition_and_losing_none_is_no_fault() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     let (addr, _arrivals) = echo_server();
     let mut stream = connect(addr);
     let link = Link::to(addr.port());
@@ -188,6 +206,9 @@ fn losing_every_packet_is_a_partition_and_losing_none_is_no_fault() {
 
 #[test]
 fn a_link_touches_only_its_own_port() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     let (cut_addr, _a) = echo_server();
     let (other_addr, _b) = echo_server();
     let mut cut = connect(cut_addr);
@@ -201,6 +222,9 @@ fn a_link_touches_only_its_own_port() {
 
 #[test]
 fn a_second_link_to_the_same_port_is_refused_while_the_first_lives() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     let (addr, _arrivals) = echo_server();
     let _first = Link::to(addr.port());
     let second = std::panic::catch_unwind(|| Link::to(addr.port()));
@@ -209,6 +233,9 @@ fn a_second_link_to_the_same_port_is_refused_while_the_first_lives() {
 
 #[test]
 fn a_dropped_link_leaves_no_rule_even_when_its_test_panics() {
+    if !test_support::net::can_cut_links() {
+        return;
+    }
     let (addr, _arrivals) = echo_server();
     let port = addr.port();
     let failed = std::panic::catch_unwind(|| {
