@@ -53,7 +53,8 @@ pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
     let layer = DeadlineLayer::new(policy)
         .honour_mode_header(config.honour_observe)
         .probes(["/healthz"]);
-    deadline_propagation::instrument(routes, layer, &metrics)
+    let routes = deadline_propagation::instrument(routes, layer, &metrics);
+    service_kit::layers::request_ids(routes)
 }
 
 /// One catalog item, after the injected faults.

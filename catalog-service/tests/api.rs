@@ -395,6 +395,44 @@ async fn an_unavailable_rate_of_one_refuses_every_call_at_once_with_a_503() {
     assert_eq!(problem["type"], "urn:problem:overloaded");
 }
 
+/// Every answer names its request in `x-request-id`: the caller's own, or a new UUID,
+/// also on the ingress's refusals and on a path that has no route.
+#[tokio::test]
+async fn every_answer_carries_the_request_id_the_callers_or_a_new_one() {
+    let app = spawn_app().await;
+    let id = |response: &reqwest::Response| {
+        response.headers()["x-request-id"]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    let first = id(&app.get_item("SKU-00001", None).await);
+    let second = id(&app.get_item("SKU-00001", None).await);
+    for made in [&first, &second] {
+        let parts: Vec<usize> = made.split('-').map(str::len).collect();
+        assert_eq!(parts, [8, 4, 4, 4, 12], "a UUID: {made}");
+    }
+    assert_ne!(first, second);
+
+    let sent = |path: &str, budget: &str| {
+        app.client
+            .get(format!("{}{path}", app.base))
+            .header("x-request-id", "checkout-7")
+            .header("X-Request-Timeout-Ms", budget)
+            .send()
+    };
+    for (path, budget, status) in [
+        ("/catalog/SKU-00001", "500", StatusCode::OK),
+        ("/catalog/SKU-00001", "soon", StatusCode::BAD_REQUEST),
+        ("/catalog/SKU-99999", "500", StatusCode::NOT_FOUND),
+        ("/no/such/path", "500", StatusCode::NOT_FOUND),
+    ] {
+        let response = sent(path, budget).await.unwrap();
+        assert_eq!(response.status(), status, "{path}");
+        assert_eq!(id(&response), "checkout-7", "{path} {budget}");
+    }
+}
+
 #[tokio::test]
 async fn healthz_answers_and_metrics_are_exposed() {
     let app = spawn_app().await;

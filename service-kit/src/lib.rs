@@ -11,6 +11,8 @@
 //! - [`admin`]: the loopback-only guard of an admin API.
 //! - [`json`]: [`JsonBody`](json::JsonBody), a JSON extractor whose rejections are
 //!   problems, and a body size limit that refuses an announced oversize at once.
+//! - [`layers`]: tower-http's layers at the edge: `x-request-id` on every request and
+//!   answer.
 //! - [`telemetry`]: logs (text or JSON) and OpenTelemetry traces over OTLP/HTTP.
 //! - [`metrics`]: the service's metric registry: the library's families plus the
 //!   process's memory and CPU and the tokio runtime's workers and queues.
@@ -22,6 +24,7 @@
 pub mod admin;
 pub mod answers;
 pub mod json;
+pub mod layers;
 pub mod metrics;
 pub mod openapi;
 pub mod profiling;

@@ -5,8 +5,9 @@
 //! call, so a route cannot be served undocumented or documented under another path.
 //! What the *layers* add to every route is added here, once, the way the layers wrap
 //! every route: the budget headers and their 400, the ingress's 504, `Server-Timing` on
-//! every answer, `Retry-After` on every 503, the JSON body limits' 400, 413 and 415, and
-//! for each problem status the `type` values docs/design.md §3.6 allows.
+//! every answer, `Retry-After` on every 503, the JSON body limits' 400, 413 and 415,
+//! `x-request-id` in and out ([`layers`](crate::layers)), and for each problem status
+//! the `type` values docs/design.md §3.6 allows.
 //!
 //! utoipa rather than a hand-written document or a router walker: the handler's
 //! attribute sits on the code that answers, a router alone does not know the statuses,
@@ -25,6 +26,8 @@ use utoipa::openapi::{
     Required, Response, ResponseBuilder, Schema, Type,
 };
 use utoipa::{Modify, ToSchema};
+
+use crate::layers::REQUEST_ID_HEADER;
 
 /// What the ingress of a service reads besides the budget headers; as a [`Modify`], what
 /// the layers add to every operation of a document.
@@ -179,6 +182,12 @@ impl Ingress {
         if self.mode_header {
             parameters.push(RefOr::T(mode_header()));
         }
+        parameters.push(RefOr::T(optional_header(
+            REQUEST_ID_HEADER,
+            "A name for this request, answered back in `x-request-id`; without it the \
+             service makes one (a UUID).",
+            ObjectBuilder::new().schema_type(Type::String),
+        )));
 
         let has_body = operation.request_body.is_some();
         let responses = &mut operation.responses.responses;
@@ -253,7 +262,14 @@ fn finish_response(status: &str, response: &mut Response) {
         RefOr::T(required_header(
             "Where the time went, per stage, then `total` (docs/design.md §3.7), \
              e.g. `catalog_pool;dur=0.1, catalog;dur=12.4, db;dur=3.2, total;dur=16.9`",
-            "total;dur=[0-9]+\\.[0-9]$",
+            Some("total;dur=[0-9]+\\.[0-9]$"),
+        )),
+    );
+    response.headers.insert(
+        REQUEST_ID_HEADER.into(),
+        RefOr::T(required_header(
+            "The request's `x-request-id`: the caller's own, else one the service made (a UUID)",
+            None,
         )),
     );
     if status == "503" {
@@ -261,7 +277,7 @@ fn finish_response(status: &str, response: &mut Response) {
             "Retry-After".into(),
             RefOr::T(required_header(
                 "Seconds to wait before trying again (the downstream's own, when passing its 503 on)",
-                "^[0-9]+$",
+                Some("^[0-9]+$"),
             )),
         );
     }
@@ -290,14 +306,18 @@ fn any_of_values<V: Into<serde_json::Value>>(values: impl IntoIterator<Item = V>
         .enum_values(Some(values))
 }
 
-/// A response header every answer carries, its value a string matching `pattern`.
-fn required_header(description: &str, pattern: &str) -> Header {
+/// A response header every answer carries, its value a string (matching `pattern`).
+fn required_header(description: &str, pattern: Option<&str>) -> Header {
     // OpenAPI's Header Object has the Parameter Object's `required`; utoipa's has no
     // field for it, and writes its extensions flat into the object, so it goes there.
     let required = Extensions::from_iter([("required", true)]);
     HeaderBuilder::new()
         .description(Some(description))
-        .schema(Some(string(pattern)))
+        .schema(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(pattern),
+        ))
         .extensions(Some(required))
         .build()
 }

@@ -83,5 +83,5 @@ pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> 
         };
         tower::ServiceExt::oneshot(router, request)
     });
-    Router::new().fallback_service(by_mode)
+    service_kit::layers::request_ids(Router::new().fallback_service(by_mode))
 }
