@@ -12,7 +12,7 @@
 //! - [`json`]: [`JsonBody`](json::JsonBody), a JSON extractor whose rejections are
 //!   problems, and a body size limit that refuses an announced oversize at once.
 //! - [`layers`]: tower-http's layers at the edge: `x-request-id` on every request and
-//!   answer.
+//!   answer, and a panicking handler answered 500 as a problem.
 //! - [`telemetry`]: logs (text or JSON) and OpenTelemetry traces over OTLP/HTTP.
 //! - [`metrics`]: the service's metric registry: the library's families plus the
 //!   process's memory and CPU and the tokio runtime's workers and queues.
