@@ -10,7 +10,9 @@
 //! `straggler_ms` more while the rest answer as usual, as a pause or a cold cache does
 //! to a real service; the hedging experiments use it. `unavailable_rate` refuses that
 //! share at once with 503 and `Retry-After`, before any work, as an overloaded service
-//! sheds load: the `outage` experiment sets it to 1.
+//! sheds load: the `outage` experiment sets it to 1. `panic_rate` makes that share of
+//! handlers panic, as a bug does: the answer is 500 `urn:problem:internal` all the same
+//! (service_kit::layers::catch_panics), not a dropped connection.
 //!
 //! The busy fault is the opposite on purpose: `busy_ms` of spinning on the worker
 //! thread, which never yields, as a CPU-bound handler or a blocking call does. Nothing
@@ -56,6 +58,9 @@ pub struct FaultConfig {
     /// Share of calls, from 0.0 to 1.0, refused at once with 503 (before any work).
     #[serde(default)]
     pub unavailable_rate: f64,
+    /// Share of calls, from 0.0 to 1.0, whose handler panics after the delay.
+    #[serde(default)]
+    pub panic_rate: f64,
 }
 
 impl FaultConfig {
@@ -81,6 +86,9 @@ impl FaultConfig {
         }
         if !(0.0..=1.0).contains(&self.unavailable_rate) {
             return Err("unavailable_rate must be between 0.0 and 1.0".to_owned());
+        }
+        if !(0.0..=1.0).contains(&self.panic_rate) {
+            return Err("panic_rate must be between 0.0 and 1.0".to_owned());
         }
         Ok(())
     }
@@ -117,7 +125,7 @@ impl Faults {
     }
 
     /// Applies the faults to one request: maybe refuses it, spins, sleeps (longer for a
-    /// straggler), then maybe fails.
+    /// straggler), then maybe panics or fails.
     pub async fn inject(&self) -> Result<(), Problem> {
         let config = self.get();
         let chance = |rate: f64| rate > 0.0 && rand::rng().random_bool(rate);
@@ -147,6 +155,9 @@ impl Faults {
         };
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
+        }
+        if chance(config.panic_rate) {
+            panic!("an injected panic (panic_rate)");
         }
         if fail {
             return Err(Problem::internal("injected fault"));

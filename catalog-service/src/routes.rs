@@ -48,12 +48,14 @@ pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
         .with_state(faults);
     // The public API takes no bodies at all.
     let routes = service_kit::json::limit_bodies(routes, 1024);
+    let routes = service_kit::layers::catch_panics(routes);
     // When orders-service observes, the catalog observes that call too instead of
     // refusing it (docs/design.md §4.3), unless CATALOG_HONOUR_OBSERVE is off.
     let layer = DeadlineLayer::new(policy)
         .honour_mode_header(config.honour_observe)
         .probes(["/healthz"]);
-    deadline_propagation::instrument(routes, layer, &metrics)
+    let routes = deadline_propagation::instrument(routes, layer, &metrics);
+    service_kit::layers::request_ids(routes)
 }
 
 /// One catalog item, after the injected faults.
@@ -67,7 +69,7 @@ pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
     responses(
         (status = 200, description = "The item", body = Item),
         (status = 404, description = "No such SKU", body = ProblemDetails),
-        (status = 500, description = "An injected fault (`error_rate`, admin API): `urn:problem:internal`", body = ProblemDetails),
+        (status = 500, description = "An injected fault (`error_rate` or `panic_rate`, admin API): `urn:problem:internal`", body = ProblemDetails),
         (status = 503, description = "An injected refusal (`unavailable_rate`, admin API), before any work", body = ProblemDetails),
     )
 )]

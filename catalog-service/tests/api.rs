@@ -164,7 +164,8 @@ async fn the_admin_api_sets_reads_and_resets_faults() {
     let app = spawn_app().await;
     let url = format!("{}/admin/faults", app.admin);
     let set = json!({"delay_ms": 1000, "jitter_ms": 50, "error_rate": 0.25, "busy_ms": 5,
-                     "straggler_rate": 0.01, "straggler_ms": 1000, "unavailable_rate": 0.5});
+                     "straggler_rate": 0.01, "straggler_ms": 1000, "unavailable_rate": 0.5,
+                     "panic_rate": 0.1});
     let response = app.client.put(&url).json(&set).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let read: Value = app
@@ -186,7 +187,7 @@ async fn the_admin_api_sets_reads_and_resets_faults() {
 async fn bad_admin_input_is_rejected_and_changes_nothing() {
     let app = spawn_app().await;
     let url = format!("{}/admin/faults", app.admin);
-    let cases: [(&str, &str, StatusCode); 12] = [
+    let cases: [(&str, &str, StatusCode); 13] = [
         ("application/json", "{not json", StatusCode::BAD_REQUEST),
         (
             "application/json",
@@ -235,6 +236,11 @@ async fn bad_admin_input_is_rejected_and_changes_nothing() {
         ),
         (
             "application/json",
+            r#"{"panic_rate": 1.5}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "application/json",
             r#"{"delay": 5}"#,
             StatusCode::UNPROCESSABLE_ENTITY,
         ),
@@ -266,6 +272,7 @@ async fn bad_admin_input_is_rejected_and_changes_nothing() {
             "straggler_rate",
             "straggler_ms",
             "unavailable_rate",
+            "panic_rate",
         ] {
             if body.contains(field) {
                 assert!(detail.contains(field), "{detail}");
@@ -393,6 +400,81 @@ async fn an_unavailable_rate_of_one_refuses_every_call_at_once_with_a_503() {
     assert_eq!(response.headers()["retry-after"], "1");
     let problem: Value = response.json().await.unwrap();
     assert_eq!(problem["type"], "urn:problem:overloaded");
+}
+
+/// A handler that panics is answered like any other bug: 500 `urn:problem:internal`,
+/// timed and counted, without the panic's text; the connection stays up for the next call.
+#[tokio::test]
+async fn a_panicking_handler_is_answered_500_as_a_problem_without_its_text() {
+    let app = spawn_app().await;
+    app.faults.set(FaultConfig {
+        panic_rate: 1.0,
+        ..FaultConfig::default()
+    });
+    let response = app.get_item("SKU-00001", None).await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert!(response.headers().contains_key("server-timing"));
+    let body = response.text().await.unwrap();
+    assert!(
+        !body.contains("panic"),
+        "the panic's text is not sent: {body}"
+    );
+    let problem: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(problem["type"], "urn:problem:internal");
+    assert_eq!(problem["status"], 500);
+    assert_eq!(problem["detail"], "internal error");
+    let counted = metric_value(
+        &app.metrics.render(),
+        "http_server_requests_seconds_count",
+        r#"method="GET",uri="/catalog/{sku}",status="500""#,
+    );
+    assert_eq!(counted, Some(1.0));
+
+    app.faults.set(FaultConfig::default());
+    let response = app.get_item("SKU-00001", None).await;
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+/// Every answer names its request in `x-request-id`: the caller's own, or a new UUID,
+/// also on the ingress's refusals and on a path that has no route.
+#[tokio::test]
+async fn every_answer_carries_the_request_id_the_callers_or_a_new_one() {
+    let app = spawn_app().await;
+    let id = |response: &reqwest::Response| {
+        response.headers()["x-request-id"]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    let first = id(&app.get_item("SKU-00001", None).await);
+    let second = id(&app.get_item("SKU-00001", None).await);
+    for made in [&first, &second] {
+        let parts: Vec<usize> = made.split('-').map(str::len).collect();
+        assert_eq!(parts, [8, 4, 4, 4, 12], "a UUID: {made}");
+    }
+    assert_ne!(first, second);
+
+    let sent = |path: &str, budget: &str| {
+        app.client
+            .get(format!("{}{path}", app.base))
+            .header("x-request-id", "checkout-7")
+            .header("X-Request-Timeout-Ms", budget)
+            .send()
+    };
+    for (path, budget, status) in [
+        ("/catalog/SKU-00001", "500", StatusCode::OK),
+        ("/catalog/SKU-00001", "soon", StatusCode::BAD_REQUEST),
+        ("/catalog/SKU-99999", "500", StatusCode::NOT_FOUND),
+        ("/no/such/path", "500", StatusCode::NOT_FOUND),
+    ] {
+        let response = sent(path, budget).await.unwrap();
+        assert_eq!(response.status(), status, "{path}");
+        assert_eq!(id(&response), "checkout-7", "{path} {budget}");
+    }
 }
 
 #[tokio::test]

@@ -143,7 +143,7 @@ pub struct PlainDb {
 impl PlainDb {
     /// A lazily connecting pool of `config.max_connections`, its sessions carrying
     /// `config`'s bounds for a silent network. It sits beside `Db`'s pool, so its
-    /// connections close after [`LEGACY_IDLE`] unused: after a switch out of legacy the
+    /// connections close after `LEGACY_IDLE` (5 s) unused: after a switch out of legacy the
     /// two pools do not hold twice the connections for long. No ping on the way out of
     /// the pool: a round trip per transaction the envelope does not pay would make the
     /// baseline dearer than plain code need be.

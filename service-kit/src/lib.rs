@@ -11,6 +11,8 @@
 //! - [`admin`]: the loopback-only guard of an admin API.
 //! - [`json`]: [`JsonBody`](json::JsonBody), a JSON extractor whose rejections are
 //!   problems, and a body size limit that refuses an announced oversize at once.
+//! - [`layers`]: tower-http's layers at the edge: `x-request-id` on every request and
+//!   answer, and a panicking handler answered 500 as a problem.
 //! - [`telemetry`]: logs (text or JSON) and OpenTelemetry traces over OTLP/HTTP.
 //! - [`secret`]: settings whose `Debug` never shows their secret (an API key, a
 //!   database URL's password).
@@ -24,6 +26,7 @@
 pub mod admin;
 pub mod answers;
 pub mod json;
+pub mod layers;
 pub mod metrics;
 pub mod openapi;
 pub mod profiling;

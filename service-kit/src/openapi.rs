@@ -5,20 +5,32 @@
 //! call, so a route cannot be served undocumented or documented under another path.
 //! What the *layers* add to every route is added here, once, the way the layers wrap
 //! every route: the budget headers and their 400, the ingress's 504, `Server-Timing` on
-//! every answer, `Retry-After` on every 503, the JSON body limits' 400, 413 and 415, and
-//! for each problem status the `type` values docs/design.md §3.6 allows.
+//! every answer, `Retry-After` on every 503, the JSON body limits' 400, 413 and 415,
+//! `x-request-id` in and out ([`layers`](crate::layers)), and for each problem status
+//! the `type` values docs/design.md §3.6 allows.
 //!
 //! utoipa rather than a hand-written document or a router walker: the handler's
 //! attribute sits on the code that answers, a router alone does not know the statuses,
-//! and the crate stays free of it (this is demo plumbing, not the technique).
+//! and the crate stays free of it (this is demo plumbing, not the technique). The
+//! layers' part is a typed [`Modify`] ([`Ingress`]), run on the document once the
+//! routes have put their paths into it.
 
 use axum::body::Bytes;
 use axum::routing::{MethodRouter, get};
 use http::header;
-use serde_json::{Map, Value, json};
-use utoipa::ToSchema;
+use utoipa::openapi::extensions::Extensions;
+use utoipa::openapi::path::{Operation, Parameter, ParameterBuilder, ParameterIn};
+use utoipa::openapi::schema::SchemaType;
+use utoipa::openapi::{
+    AllOfBuilder, Content, Header, HeaderBuilder, ObjectBuilder, OpenApi, PathItem, Ref, RefOr,
+    Required, Response, ResponseBuilder, Schema, Type,
+};
+use utoipa::{Modify, ToSchema};
 
-/// What the ingress of a service reads besides the budget headers.
+use crate::layers::REQUEST_ID_HEADER;
+
+/// What the ingress of a service reads besides the budget headers; as a [`Modify`], what
+/// the layers add to every operation of a document.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Ingress {
     /// The service honours `X-Deadline-Mode: observe` from its callers (catalog-service,
@@ -113,12 +125,13 @@ const TYPES_BY_STATUS: [(&str, &[&str]); 11] = [
     ("504", &["urn:problem:deadline-exceeded"]),
 ];
 
-const METHODS: [&str; 7] = ["get", "put", "post", "delete", "patch", "head", "options"];
-
 const PROBLEM_JSON: &str = "application/problem+json";
 
 /// `GET /openapi.json`: the document, rendered once, byte for byte the committed file.
-pub fn serve<S: Clone + Send + Sync + 'static>(document: Value) -> MethodRouter<S> {
+/// It is rendered through a `serde_json::Value`, whose members are sorted by name, so
+/// the file's order does not follow the order of utoipa's struct fields.
+pub fn serve<S: Clone + Send + Sync + 'static>(document: OpenApi) -> MethodRouter<S> {
+    let document = serde_json::to_value(document).expect("an OpenAPI document serializes");
     let mut body = serde_json::to_string_pretty(&document).expect("a JSON value renders");
     body.push('\n');
     let body = Bytes::from(body);
@@ -129,151 +142,202 @@ pub fn serve<S: Clone + Send + Sync + 'static>(document: Value) -> MethodRouter<
 }
 
 /// The document as served and committed: the handlers' paths, with what the layers add
-/// to every operation.
-pub fn finish(api: utoipa::openapi::OpenApi, ingress: Ingress) -> Value {
-    let mut doc = serde_json::to_value(api).expect("an OpenAPI document serializes");
-    let paths = doc["paths"].as_object_mut().into_iter().flatten();
-    for (_, item) in paths {
-        let operations = item.as_object_mut().into_iter().flatten();
-        for (method, operation) in operations {
-            if METHODS.contains(&method.as_str()) {
-                finish_operation(operation, ingress);
+/// to every operation ([`Ingress`] as a [`Modify`]).
+pub fn finish(mut api: OpenApi, ingress: Ingress) -> OpenApi {
+    ingress.modify(&mut api);
+    api
+}
+
+impl Modify for Ingress {
+    fn modify(&self, openapi: &mut OpenApi) {
+        for item in openapi.paths.paths.values_mut() {
+            for operation in operations(item) {
+                self.finish_operation(operation);
             }
         }
     }
-    doc
 }
 
-fn finish_operation(operation: &mut Value, ingress: Ingress) {
-    let parameters = operation
-        .as_object_mut()
-        .expect("an operation is an object")
-        .entry("parameters")
-        .or_insert_with(|| json!([]));
-    let parameters = parameters.as_array_mut().expect("parameters are a list");
-    parameters.extend(budget_headers());
-    if ingress.mode_header {
-        parameters.push(mode_header());
-    }
+/// Every operation of a path, whatever its method.
+fn operations(item: &mut PathItem) -> impl Iterator<Item = &mut Operation> {
+    let fixed = [
+        &mut item.get,
+        &mut item.put,
+        &mut item.post,
+        &mut item.delete,
+        &mut item.options,
+        &mut item.head,
+        &mut item.patch,
+        &mut item.trace,
+        &mut item.query,
+    ];
+    let fixed = fixed.into_iter().filter_map(Option::as_mut);
+    fixed.chain(item.additional_operations.values_mut())
+}
 
-    let has_body = operation.get("requestBody").is_some();
-    let responses = operation["responses"]
-        .as_object_mut()
-        .expect("an operation has responses");
-    // The ingress refuses a malformed budget header before the handler runs, and
-    // answers 504 when the budget runs out, whatever the route.
-    add_problem(
-        responses,
-        "400",
-        "A malformed budget header (`urn:problem:invalid-header`, its `header` member names it)",
-    );
-    add_problem(
-        responses,
-        "504",
-        "The budget ran out; `stage` says where. Nothing was written",
-    );
-    if has_body {
-        add_problem(
-            responses,
-            "400",
-            "A body that is not well-formed JSON (`urn:problem:bad-request`)",
-        );
-        add_problem(
-            responses,
-            "413",
-            "A body over the limit, also when only announced by `Content-Length`",
-        );
-        add_problem(responses, "415", "A body that is not `application/json`");
+impl Ingress {
+    fn finish_operation(self, operation: &mut Operation) {
+        let parameters = operation.parameters.get_or_insert_with(Vec::new);
+        parameters.extend(budget_headers().map(RefOr::T));
+        if self.mode_header {
+            parameters.push(RefOr::T(mode_header()));
+        }
+        parameters.push(RefOr::T(optional_header(
+            REQUEST_ID_HEADER,
+            "A name for this request, answered back in `x-request-id`; without it the \
+             service makes one (a UUID).",
+            ObjectBuilder::new().schema_type(Type::String),
+        )));
+
+        let has_body = operation.request_body.is_some();
+        let responses = &mut operation.responses.responses;
+        // The ingress refuses a malformed budget header before the handler runs, and
+        // answers 504 when the budget runs out, whatever the route.
+        let mut problems = vec![
+            (
+                "400",
+                "A malformed budget header (`urn:problem:invalid-header`, its `header` member names it)",
+            ),
+            (
+                "504",
+                "The budget ran out; `stage` says where. Nothing was written",
+            ),
+        ];
+        if has_body {
+            problems.extend([
+                (
+                    "400",
+                    "A body that is not well-formed JSON (`urn:problem:bad-request`)",
+                ),
+                (
+                    "413",
+                    "A body over the limit, also when only announced by `Content-Length`",
+                ),
+                ("415", "A body that is not `application/json`"),
+            ]);
+        }
+        for (status, why) in problems {
+            let response = responses.entry(status.to_owned());
+            add_problem(response.or_insert_with(problem_response), why);
+        }
+        for (status, response) in responses.iter_mut() {
+            if let RefOr::T(response) = response {
+                finish_response(status, response);
+            }
+        }
     }
-    for (status, response) in responses.iter_mut() {
-        finish_response(status, response);
+}
+
+/// Puts `why` into the answer's description: alone in a new one, appended to the one the
+/// handler wrote.
+fn add_problem(response: &mut RefOr<Response>, why: &str) {
+    let RefOr::T(response) = response else {
+        return;
+    };
+    let description = &mut response.description;
+    if description.is_empty() {
+        why.clone_into(description);
+    } else if !description.contains(why) {
+        *description = format!("{description}; or {why}");
     }
+}
+
+/// An answer with a [`ProblemDetails`] body, not yet described.
+fn problem_response() -> RefOr<Response> {
+    let body = Content::new(Some(Ref::from_schema_name("ProblemDetails")));
+    RefOr::T(ResponseBuilder::new().content(PROBLEM_JSON, body).build())
 }
 
 /// Every answer says where its time went; a 503 says when to come back; a problem is
 /// `application/problem+json`, with the `type` and `status` its status allows.
-fn finish_response(status: &str, response: &mut Value) {
+fn finish_response(status: &str, response: &mut Response) {
     // A handler writes `body = ProblemDetails`; every error is sent as problem+json.
     if status >= "400"
-        && let Some(content) = response.get_mut("content").and_then(Value::as_object_mut)
-        && let Some(json) = content.remove("application/json")
+        && let Some(json) = response.content.shift_remove("application/json")
     {
-        content.insert(PROBLEM_JSON.into(), json);
+        response.content.insert(PROBLEM_JSON.into(), json);
     }
-    let headers = response
-        .as_object_mut()
-        .expect("a response is an object")
-        .entry("headers")
-        .or_insert_with(|| json!({}))
-        .as_object_mut()
-        .expect("headers are an object");
-    headers.insert(
+    response.headers.insert(
         "Server-Timing".into(),
-        json!({
-            "required": true,
-            "description": "Where the time went, per stage, then `total` (docs/design.md §3.7), \
-                            e.g. `catalog_pool;dur=0.1, catalog;dur=12.4, db;dur=3.2, total;dur=16.9`",
-            "schema": {"type": "string", "pattern": "total;dur=[0-9]+\\.[0-9]$"},
-        }),
+        RefOr::T(required_header(
+            "Where the time went, per stage, then `total` (docs/design.md §3.7), \
+             e.g. `catalog_pool;dur=0.1, catalog;dur=12.4, db;dur=3.2, total;dur=16.9`",
+            Some("total;dur=[0-9]+\\.[0-9]$"),
+        )),
+    );
+    response.headers.insert(
+        REQUEST_ID_HEADER.into(),
+        RefOr::T(required_header(
+            "The request's `x-request-id`: the caller's own, else one the service made (a UUID)",
+            None,
+        )),
     );
     if status == "503" {
-        headers.insert(
+        response.headers.insert(
             "Retry-After".into(),
-            json!({
-                "required": true,
-                "description": "Seconds to wait before trying again (the downstream's own, when passing its 503 on)",
-                "schema": {"type": "string", "pattern": "^[0-9]+$"},
-            }),
+            RefOr::T(required_header(
+                "Seconds to wait before trying again (the downstream's own, when passing its 503 on)",
+                Some("^[0-9]+$"),
+            )),
         );
     }
-    let Some(types) = TYPES_BY_STATUS.iter().find(|(s, _)| *s == status) else {
+    let Some((_, types)) = TYPES_BY_STATUS.iter().find(|(s, _)| *s == status) else {
         return;
     };
-    if let Some(content) =
-        response.pointer_mut(&format!("/content/{}", PROBLEM_JSON.replace('/', "~1")))
-    {
+    if let Some(RefOr::T(content)) = response.content.get_mut(PROBLEM_JSON) {
         let code: u16 = status.parse().expect("a status is a number");
-        content["schema"] = json!({
-            "allOf": [
-                {"$ref": "#/components/schemas/ProblemDetails"},
-                {"properties": {"type": {"enum": types.1}, "status": {"const": code}}},
-            ],
-        });
+        // JSON Schema's `const` is a one-value `enum`; utoipa's schema has no `const`,
+        // so `status` is written as that enum.
+        let narrowed = ObjectBuilder::new()
+            .schema_type(SchemaType::AnyValue)
+            .property("type", any_of_values(types.iter().copied()))
+            .property("status", any_of_values([code]));
+        let schema = AllOfBuilder::new()
+            .item(Ref::from_schema_name("ProblemDetails"))
+            .item(narrowed);
+        content.schema = Some(RefOr::T(Schema::AllOf(schema.build())));
     }
 }
 
-/// Adds a problem answer for `status`, or appends `why` to the one the handler wrote.
-fn add_problem(responses: &mut Map<String, Value>, status: &str, why: &str) {
-    match responses.get_mut(status) {
-        Some(response) => {
-            let description = response["description"].as_str().unwrap_or_default();
-            if !description.contains(why) {
-                response["description"] = Value::String(format!("{description}; or {why}"));
-            }
-        }
-        None => {
-            responses.insert(
-                status.into(),
-                json!({
-                    "description": why,
-                    "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}},
-                }),
-            );
-        }
-    }
+/// A schema of any type that allows exactly `values`.
+fn any_of_values<V: Into<serde_json::Value>>(values: impl IntoIterator<Item = V>) -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::AnyValue)
+        .enum_values(Some(values))
+}
+
+/// A response header every answer carries, its value a string (matching `pattern`).
+fn required_header(description: &str, pattern: Option<&str>) -> Header {
+    // OpenAPI's Header Object has the Parameter Object's `required`; utoipa's has no
+    // field for it, and writes its extensions flat into the object, so it goes there.
+    let required = Extensions::from_iter([("required", true)]);
+    HeaderBuilder::new()
+        .description(Some(description))
+        .schema(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(pattern),
+        ))
+        .extensions(Some(required))
+        .build()
+}
+
+/// A string matching `pattern`.
+fn string(pattern: impl Into<String>) -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(pattern))
 }
 
 /// The three budget headers of docs/design.md §3.1. The patterns are the grammar of a
 /// field value (HTTP strips the surrounding whitespace the grammar allows).
-fn budget_headers() -> [Value; 3] {
+fn budget_headers() -> [Parameter; 3] {
     let millis = |name: &str, description: &str| {
-        json!({
-            "name": name,
-            "in": "header",
-            "required": false,
-            "description": description,
-            "schema": {"type": "string", "pattern": decimal_at_most(u64::MAX), "maxLength": 256},
-        })
+        optional_header(
+            name,
+            description,
+            string(decimal_at_most(u64::MAX)).max_length(Some(256)),
+        )
     };
     [
         millis(
@@ -284,19 +348,28 @@ fn budget_headers() -> [Value; 3] {
              repeat that disagrees is 400 `urn:problem:invalid-header`. When several budget \
              headers are present, the smallest wins.",
         ),
-        json!({
-            "name": "grpc-timeout",
-            "in": "header",
-            "required": false,
-            "description": "A gRPC client's budget: at most 8 digits and a unit (H, M, S, m, u, n), \
-                            rounded up to whole milliseconds.",
-            "schema": {"type": "string", "pattern": "^[0-9]{1,8}[HMSmun]$"},
-        }),
+        optional_header(
+            "grpc-timeout",
+            "A gRPC client's budget: at most 8 digits and a unit (H, M, S, m, u, n), \
+             rounded up to whole milliseconds.",
+            string("^[0-9]{1,8}[HMSmun]$"),
+        ),
         millis(
             "x-envoy-expected-rq-timeout-ms",
             "Envoy's budget for this request, with the grammar and limits of X-Request-Timeout-Ms.",
         ),
     ]
+}
+
+/// A request header the caller may leave out.
+fn optional_header(name: &str, description: &str, schema: ObjectBuilder) -> Parameter {
+    ParameterBuilder::new()
+        .name(name)
+        .parameter_in(ParameterIn::Header)
+        .required(Required::False)
+        .description(Some(description))
+        .schema(Some(schema))
+        .build()
 }
 
 /// A pattern for the decimal numbers from 0 to `bound`, leading zeros allowed. A header
@@ -331,16 +404,16 @@ fn decimal_at_most(bound: u64) -> String {
     format!("^0*(?:{})$", alternatives.join("|"))
 }
 
-fn mode_header() -> Value {
-    json!({
-        "name": "X-Deadline-Mode",
-        "in": "header",
-        "required": false,
-        "description": "`observe`: run this request in observe mode (nothing is refused, what \
-                        would be is counted), as an observing caller asks (docs/design.md §4.3). \
-                        Any other value is 400 `urn:problem:invalid-header`.",
-        "schema": {"type": "string", "enum": ["observe"]},
-    })
+fn mode_header() -> Parameter {
+    optional_header(
+        "X-Deadline-Mode",
+        "`observe`: run this request in observe mode (nothing is refused, what would be is \
+         counted), as an observing caller asks (docs/design.md §4.3). Any other value is 400 \
+         `urn:problem:invalid-header`.",
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(["observe"])),
+    )
 }
 
 #[cfg(test)]

@@ -46,12 +46,12 @@ fn bench(c: &mut Criterion) {
         ("no layer", Router::new().route("/", get(plain))),
         (
             "tower_http TimeoutLayer",
-            #[allow(deprecated)]
-            Router::new()
-                .route("/", get(plain))
-                .layer(tower_http::timeout::TimeoutLayer::new(
+            Router::new().route("/", get(plain)).layer(
+                tower_http::timeout::TimeoutLayer::with_status_code(
+                    StatusCode::REQUEST_TIMEOUT,
                     Duration::from_millis(700),
-                )),
+                ),
+            ),
         ),
         (
             "DeadlineLayer",

@@ -31,7 +31,11 @@ const ANSWER_RESERVE: std::time::Duration = std::time::Duration::from_millis(10)
 #[schema(example = json!({"message": "what does SKU-00042 cost?"}))]
 pub struct ChatRequest {
     /// What the user asks; not blank, at most 4000 characters.
-    #[schema(required, value_type = String, min_length = 1, max_length = 4000, pattern = "\\S")]
+    // "Not blank" in the pattern: a character that is not whitespace as the handler's
+    // `trim` counts it (Unicode's White_Space). JSON Schema's `\S` is ECMAScript's, for
+    // which U+FEFF is whitespace and U+0085 is not.
+    #[schema(required, value_type = String, min_length = 1, max_length = 4000,
+             pattern = "[^\\t-\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]")]
     message: Option<String>,
 }
 
@@ -237,4 +241,22 @@ fn compose(records: &[ToolCallRecord]) -> String {
 
 fn millis(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    /// A message the document calls blank is one the handler refuses, and no other:
+    /// the pattern matches a single character exactly when it is not whitespace.
+    #[test]
+    fn the_documented_pattern_is_the_handlers_blank_test() {
+        let schema = <super::ChatRequest as utoipa::PartialSchema>::schema();
+        let schema = serde_json::to_value(schema).unwrap();
+        let pattern = schema["properties"]["message"]["pattern"].as_str().unwrap();
+        let regex = regex_automata::meta::Regex::new(pattern).unwrap();
+        for c in (0..=u32::from(char::MAX)).filter_map(char::from_u32) {
+            let mut buffer = [0; 4];
+            let text: &str = c.encode_utf8(&mut buffer);
+            assert_eq!(regex.is_match(text), !c.is_whitespace(), "{c:?}");
+        }
+    }
 }

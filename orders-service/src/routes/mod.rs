@@ -70,6 +70,7 @@ pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> 
         .route("/openapi.json", document)
         .with_state(state);
     let routes = service_kit::json::limit_bodies(routes, MAX_BODY_BYTES);
+    let routes = service_kit::layers::catch_panics(routes);
     // Load balancers' probes are bounded, but their budgets are nobody's: not reported.
     let layer = DeadlineLayer::new(policy).live_mode(mode.live()).probes([
         "/healthz",
@@ -86,5 +87,5 @@ pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> 
         };
         tower::ServiceExt::oneshot(router, request)
     });
-    Router::new().fallback_service(by_mode)
+    service_kit::layers::request_ids(Router::new().fallback_service(by_mode))
 }
