@@ -133,7 +133,7 @@ impl Application {
         // The dependencies' gauges, checked in the background while the service runs.
         let every = Config::ms(self.config.dependency_check_every_ms);
         let watch =
-            (!every.is_zero()).then(|| tokio::spawn(health::watch(self.state.clone(), every)));
+            (!every.is_zero()).then(|| tokio::spawn(health::watch(self.state.checked(), every)));
         tokio::join!(
             serve(self.listener, app, shutdown, options),
             serve(self.admin, admin, admin_stop.cancelled_owned(), options),

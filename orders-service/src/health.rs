@@ -23,7 +23,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use service_kit::metrics::names::DEPENDENCY_UP;
 
-use crate::state::AppState;
+use deadline_propagation::db::Db;
+
+use crate::catalog::CatalogClient;
 
 /// How long one check of the dependencies may take.
 pub const CHECK_BUDGET: Duration = Duration::from_millis(500);
@@ -94,31 +96,41 @@ pub struct Dependencies {
     pub catalog: Result<(), Problem>,
 }
 
+/// What a check asks: the service's pool and its catalog client (clones share them).
+#[derive(Clone, Debug)]
+pub struct Checked {
+    /// Whose gauges record the answers.
+    pub health: Health,
+    /// The database under the deadline.
+    pub db: Db,
+    /// The budgeted catalog client.
+    pub catalog: CatalogClient,
+}
+
 /// Asks both dependencies at once, within [`CHECK_BUDGET`] in every mode, and records
 /// the answers in the gauges.
-pub async fn check(state: &AppState) -> Dependencies {
+pub async fn check(of: &Checked) -> Dependencies {
     let deadline = Deadline::after(CHECK_BUDGET);
     let database = async {
-        state
-            .db
+        of.db
             .read(&deadline, |conn| {
                 Box::pin(async move { sqlx::query("SELECT 1").execute(conn).await.map(drop) })
             })
             .await
             .map_err(Problem::from)
     };
-    let (database, catalog) = tokio::join!(database, state.catalog.ping(&deadline));
-    state.health.record("database", &database);
-    state.health.record("catalog", &catalog);
+    let (database, catalog) = tokio::join!(database, of.catalog.ping(&deadline));
+    of.health.record("database", &database);
+    of.health.record("catalog", &catalog);
     Dependencies { database, catalog }
 }
 
 /// Checks the dependencies every `period`, for the metrics, until dropped.
-pub async fn watch(state: AppState, period: Duration) {
+pub async fn watch(of: Checked, period: Duration) {
     let mut every = tokio::time::interval(period);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        check(&state).await;
+        check(&of).await;
     }
 }

@@ -5,7 +5,7 @@ use deadline_propagation::metrics::Metrics;
 
 use crate::assistant::planner::Assistant;
 use crate::catalog::CatalogClient;
-use crate::health::Health;
+use crate::health::{Checked, Health};
 use crate::legacy::PlainDb;
 use crate::mode::ModeSwitch;
 use crate::prechecks::Prechecks;
@@ -33,6 +33,15 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// What a check of the dependencies asks.
+    pub fn checked(&self) -> Checked {
+        Checked {
+            health: self.health.clone(),
+            db: self.db.clone(),
+            catalog: self.catalog.clone(),
+        }
+    }
+
     /// The database, as handlers reach it.
     pub fn store(&self) -> Store<'_> {
         Store {

@@ -13,6 +13,7 @@
 pub mod exposition;
 pub mod net;
 pub mod postgres;
+mod privilege;
 pub mod process;
 
 use std::future::Future;
@@ -128,12 +129,4 @@ pub async fn served_openapi(
         );
     }
     document
-}
-
-/// Whether this process runs as root (the user id `id -u` prints).
-pub(crate) fn is_root() -> bool {
-    std::process::Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
 }

@@ -63,7 +63,7 @@ use anyhow::{Context as _, bail};
 /// not, writes why the calling test does not run on the test run's output and returns
 /// `false`: the test then returns at once. CI runs as root, so there every one runs.
 pub fn can_cut_links() -> bool {
-    if crate::is_root() {
+    if crate::privilege::is_root() {
         return true;
     }
     let test = std::thread::current().name().unwrap_or("a test").to_owned();

@@ -34,7 +34,7 @@ impl PgCluster {
     /// Creates and starts a new cluster. Takes about a second.
     pub fn start() -> anyhow::Result<Self> {
         let bindir = bindir()?;
-        let as_postgres = crate::is_root();
+        let as_postgres = crate::privilege::is_root();
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "deadline-pg-{}-{}",

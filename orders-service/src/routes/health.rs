@@ -76,7 +76,7 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Result<Json<Ready>,
     responses((status = 200, description = "How each dependency answered", body = DependencyReport))
 )]
 pub(super) async fn dependencies(State(state): State<AppState>) -> Json<DependencyReport> {
-    let checked = health::check(&state).await;
+    let checked = health::check(&state.checked()).await;
     let describe = |answer: &Result<(), Problem>| match answer {
         Ok(()) => "ok".to_owned(),
         Err(problem) => problem.detail().to_owned(),

@@ -15,7 +15,17 @@ use serde::de::DeserializeOwned;
 
 use super::{BudgetedClient, CallError, CallErrorKind};
 use crate::deadline::Deadline;
+use crate::header::REQUEST_TIMEOUT_HEADER;
+use crate::mode::DEADLINE_MODE_HEADER;
 use crate::stage::Downstream;
+
+/// The headers the client sets itself; a caller's values for them are dropped.
+const OWNED_HEADERS: [HeaderName; 4] = [
+    REQUEST_TIMEOUT_HEADER,
+    DEADLINE_MODE_HEADER,
+    HeaderName::from_static("traceparent"),
+    HeaderName::from_static("tracestate"),
+];
 
 /// One request being built, made by [`BudgetedClient::request`]. A header or body that
 /// cannot be used is reported by [`send`](CallRequest::send) as a
@@ -59,7 +69,7 @@ impl<'c> CallRequest<'c> {
         V: TryInto<HeaderValue>,
     {
         match (name.try_into(), value.try_into()) {
-            (Ok(name), Ok(_)) if super::send::OWNED_HEADERS.contains(&name) => {}
+            (Ok(name), Ok(_)) if OWNED_HEADERS.contains(&name) => {}
             (Ok(name), Ok(value)) => {
                 self.headers.append(name, value);
             }

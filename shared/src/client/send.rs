@@ -6,7 +6,6 @@
 use std::pin::pin;
 use std::time::Duration;
 
-use http::header::HeaderName;
 use http::{HeaderMap, Method, StatusCode};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -22,14 +21,6 @@ use crate::mode::{DEADLINE_MODE_HEADER, DeadlineMode, OBSERVE};
 
 /// The least budget worth any extra attempt.
 const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);
-
-/// The headers the client sets itself; a caller's values for them are dropped.
-pub(super) const OWNED_HEADERS: [HeaderName; 4] = [
-    REQUEST_TIMEOUT_HEADER,
-    DEADLINE_MODE_HEADER,
-    HeaderName::from_static("traceparent"),
-    HeaderName::from_static("tracestate"),
-];
 
 /// What one attempt gave: an answer (any status) or a failure, or the deadline.
 type Outcome = Result<Result<Reply, reqwest::Error>, DeadlineExceeded>;
