@@ -19,8 +19,9 @@ SRC = Path(__file__).resolve().parent.parent / "shared" / "src"
 SETS = [
     ("core", set()),
     ("core and chain", {"http-client", "sqlx"}),
-    ("everything", {"http-client", "sqlx", "admission", "hedging", "retry-budget", "tools",
-                    "metrics", "otel"}),
+    ("core and grpc", {"grpc"}),
+    ("everything", {"http-client", "sqlx", "grpc", "admission", "hedging", "retry-budget",
+                    "tools", "metrics", "otel"}),
 ]
 
 

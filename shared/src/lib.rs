@@ -38,7 +38,8 @@
 //! The chain beside it, each on the core alone: `client` (feature `http-client`), one
 //! timeout over pool wait, request and body, the budget sent on; then `db` (feature
 //! `sqlx`), `statement_timeout` from what is left, a cancel at the deadline, COMMIT as a
-//! point of no return.
+//! point of no return. Beside them, `grpc` (feature `grpc`): the same budget across a
+//! tonic hop, `grpc-timeout` out with nothing at the call site, `DEADLINE_EXCEEDED` back.
 //!
 //! The extras, each opt-in on what it extends: `admission` (refuse calls predicted
 //! late), `hedging` (a backup for a slow call), `retry-budget` (bound extra attempts),
@@ -65,6 +66,11 @@ pub mod client;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod db;
+#[cfg(any(feature = "http-client", feature = "grpc"))]
+mod downstream;
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub mod grpc;
 
 // The extras: each imports only what it extends.
 #[cfg(feature = "admission")]
@@ -88,12 +94,14 @@ pub mod tools;
 pub mod testing;
 
 pub use deadline::{Deadline, DeadlineExceeded, DeadlinePolicy, NO_RETURN_GRACE};
+#[cfg(any(feature = "http-client", feature = "grpc"))]
+pub use downstream::{Downstream, InvalidName};
 #[doc(hidden)]
 pub use header::InvalidValue;
-pub use header::{InvalidBudget, REQUEST_TIMEOUT_HEADER, read_budget};
+pub use header::{InvalidBudget, PREVIOUS_ATTEMPTS_HEADER, REQUEST_TIMEOUT_HEADER, read_budget};
 pub use ingress::{DeadlineLayer, DeadlineService, ResponseFuture};
 #[cfg(feature = "metrics")]
 pub use metrics::{instrument, measure};
 pub use mode::{DEADLINE_MODE_HEADER, DeadlineMode, LiveMode};
 pub use problem::Problem;
-pub use stage::{Downstream, InvalidName, Stage};
+pub use stage::Stage;

@@ -89,7 +89,7 @@ pub const DEADLINE_MODE_HEADER: HeaderName = HeaderName::from_static("x-deadline
 pub(crate) const DEADLINE_MODE_HEADER_DISPLAY: &str = "X-Deadline-Mode";
 
 /// The one value the marker has (the client sends it).
-#[cfg(feature = "http-client")]
+#[cfg(any(feature = "http-client", feature = "grpc"))]
 pub(crate) const OBSERVE: http::HeaderValue = http::HeaderValue::from_static("observe");
 
 /// Whether `headers` ask for observe mode: `observe` (any case, repeats allowed), or

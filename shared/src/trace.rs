@@ -25,7 +25,7 @@ pub(crate) fn continue_trace(span: &tracing::Span, headers: &http::HeaderMap) {
 }
 
 /// Writes `span`'s trace context into outbound `headers`.
-#[cfg(feature = "http-client")]
+#[cfg(any(feature = "http-client", feature = "grpc"))]
 pub(crate) fn inject(span: &tracing::Span, headers: &mut http::HeaderMap) {
     #[cfg(feature = "otel")]
     {

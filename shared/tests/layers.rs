@@ -17,12 +17,16 @@ const CORE: [&str; 8] = [
 /// What a module outside the core may import besides the core.
 fn allowed_above_core(module: &str) -> Option<&'static [&'static str]> {
     match module {
-        // The chain, and the extras that extend only the core.
-        "client" | "db" | "tools" => Some(&[]),
+        // A named downstream (for the clients), the database, the tools: the core alone.
+        "downstream" | "db" | "tools" => Some(&[]),
+        // The clients: HTTP, and gRPC beside it.
+        "client" | "grpc" => Some(&["downstream"]),
         // The extras of the client.
-        "admission" | "hedging" | "retry_budget" => Some(&["client"]),
+        "admission" | "hedging" | "retry_budget" => Some(&["client", "downstream"]),
         // The metrics report on every part.
         "metrics" => Some(&[
+            "downstream",
+            "grpc",
             "client",
             "db",
             "tools",

@@ -8,8 +8,8 @@ use http::{HeaderMap, StatusCode, header};
 
 use super::Reply;
 use crate::deadline::{Deadline, DeadlineExceeded};
+use crate::downstream::Downstream;
 use crate::problem::Problem;
-use crate::stage::Downstream;
 
 /// What went wrong with a budgeted call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]

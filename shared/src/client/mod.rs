@@ -37,8 +37,8 @@ pub use request::{CallRequest, Reply};
 use wire::Wire;
 
 use crate::deadline::Deadline;
+use crate::downstream::Downstream;
 use crate::mode::DeadlineMode;
-use crate::stage::Downstream;
 
 /// How a [`BudgetedClient`] is set up: the defaults, which fields may change.
 ///
@@ -175,12 +175,14 @@ impl BudgetedClient {
     }
 
     /// The round trip on the wire kept back from every budget sent (`wire.rs`).
-    pub fn wire(&self) -> Duration {
+    #[cfg(feature = "metrics")]
+    pub(crate) fn wire(&self) -> Duration {
         self.wire.estimate()
     }
 
     /// What the plugins keep, for the metrics.
-    pub fn readings(&self) -> Vec<(&'static str, Duration)> {
+    #[cfg(feature = "metrics")]
+    pub(crate) fn readings(&self) -> Vec<(&'static str, Duration)> {
         self.plugins.iter().flat_map(|p| p.readings()).collect()
     }
 

@@ -15,13 +15,14 @@ use serde::de::DeserializeOwned;
 
 use super::{BudgetedClient, CallError, CallErrorKind};
 use crate::deadline::Deadline;
-use crate::header::REQUEST_TIMEOUT_HEADER;
+use crate::downstream::Downstream;
+use crate::header::{PREVIOUS_ATTEMPTS_HEADER, REQUEST_TIMEOUT_HEADER};
 use crate::mode::DEADLINE_MODE_HEADER;
-use crate::stage::Downstream;
 
 /// The headers the client sets itself; a caller's values for them are dropped.
-const OWNED_HEADERS: [HeaderName; 4] = [
+const OWNED_HEADERS: [HeaderName; 5] = [
     REQUEST_TIMEOUT_HEADER,
+    PREVIOUS_ATTEMPTS_HEADER,
     DEADLINE_MODE_HEADER,
     HeaderName::from_static("traceparent"),
     HeaderName::from_static("tracestate"),

@@ -1,9 +1,8 @@
 //! Stage `{name}`: one call as attempts, each a request and its body under what is left,
-//! the budget sent on: the first, perhaps a hedge beside it (when a plugin times one),
+//! the budget sent on: the first, perhaps a hedge beside it (feature `hedging`),
 //! perhaps a retry after it (a refused connection; a 503 of a request safe to send
 //! twice). Each is timed and told to the plugins.
 
-use std::pin::pin;
 use std::time::Duration;
 
 use http::{HeaderMap, Method, StatusCode};
@@ -16,8 +15,11 @@ use super::{
     Attempt, AttemptKind, AttemptOutcome, BudgetedClient, CallError, CallErrorKind, Event, Slot,
 };
 use crate::deadline::{Deadline, DeadlineExceeded};
-use crate::header::REQUEST_TIMEOUT_HEADER;
+use crate::header::{PREVIOUS_ATTEMPTS_HEADER, REQUEST_TIMEOUT_HEADER};
 use crate::mode::{DEADLINE_MODE_HEADER, DeadlineMode, OBSERVE};
+
+#[cfg(feature = "hedging")]
+mod hedge;
 
 /// The least budget worth any extra attempt.
 const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);
@@ -31,13 +33,6 @@ struct Tried {
     slot: Slot,
     /// Cut by our deadline, or answered 504.
     cut: bool,
-}
-
-impl Tried {
-    /// An answer the call can end with: any status but a 5xx.
-    fn is_good(&self) -> bool {
-        matches!(&self.outcome, Ok(Ok(reply)) if !reply.status.is_server_error())
-    }
 }
 
 impl BudgetedClient {
@@ -81,16 +76,15 @@ impl BudgetedClient {
         let mut trace = HeaderMap::new();
         crate::trace::inject(span, &mut trace);
         self.emit(Event::Call);
-        let first = self.try_once(deadline, request, &trace, slot);
+        let first = self.try_once(deadline, request, &trace, slot, 0);
         // The attempts that ran and that the call did not end with: kind, and cut.
         let mut ran = Vec::with_capacity(2);
-        let (mut tried, mut kind) = match self.hedge_delay(deadline, request) {
-            Some(delay) => {
-                self.hedged(deadline, request, &trace, first, delay, &mut ran)
-                    .await
-            }
-            None => (first.await, AttemptKind::First),
-        };
+        #[cfg(feature = "hedging")]
+        let (mut tried, mut kind) = self
+            .hedged(deadline, request, &trace, first, &mut ran)
+            .await;
+        #[cfg(not(feature = "hedging"))]
+        let (mut tried, mut kind) = (first.await, AttemptKind::First);
         // A refused connection sent nothing: safe to retry for any method. A 503 says
         // the downstream refused before any work: safe for a request that may go twice.
         let retryable = match &tried.outcome {
@@ -100,12 +94,15 @@ impl BudgetedClient {
             }
             Err(_) => false,
         };
-        if retryable && mode.enforces() {
+        // A caller above that owns retries (`X-Previous-Attempts`) retries for us.
+        if retryable && mode.enforces() && deadline.previous_attempts().is_none() {
             match self.extra_allowed(deadline, || Some(())) {
                 Ok(()) => {
                     self.emit(Event::Retry);
                     ran.push((kind, tried.cut));
-                    tried = self.try_once(deadline, request, &trace, tried.slot).await;
+                    tried = self
+                        .try_once(deadline, request, &trace, tried.slot, 1)
+                        .await;
                     kind = AttemptKind::Retry;
                 }
                 Err(refused) => self.emit(Event::Counted(AttemptKind::Retry, refused)),
@@ -132,55 +129,6 @@ impl BudgetedClient {
         }
     }
 
-    /// The first attempt, and a hedge beside it after `delay` if the checks allow; the
-    /// first good answer wins, the other is dropped (pushed onto `ran`).
-    async fn hedged(
-        &self,
-        deadline: &Deadline,
-        request: &CallRequest<'_>,
-        trace: &HeaderMap,
-        first: impl Future<Output = Tried>,
-        delay: Duration,
-        ran: &mut Vec<(AttemptKind, bool)>,
-    ) -> (Tried, AttemptKind) {
-        let (first_kind, hedge_kind) = (AttemptKind::First, AttemptKind::Hedge);
-        let mut first = pin!(first);
-        tokio::select! {
-            biased;
-            tried = &mut first => return (tried, first_kind),
-            () = tokio::time::sleep(delay) => {}
-        }
-        let slot = match self.extra_allowed(deadline, || self.bulkhead.try_acquire()) {
-            Ok(slot) => slot,
-            Err(refused) => {
-                self.emit(Event::Counted(hedge_kind, refused));
-                return (first.await, first_kind);
-            }
-        };
-        let mut hedge = pin!(self.try_once(deadline, request, trace, slot));
-        // A loser dropped unfinished lost; one that failed first may have been cut.
-        let (winner, loser) = tokio::select! {
-            tried = &mut first => match tried.is_good() {
-                true => ((tried, first_kind), (hedge_kind, false)),
-                false => ((hedge.await, hedge_kind), (first_kind, tried.cut)),
-            },
-            tried = &mut hedge => match tried.is_good() {
-                true => ((tried, hedge_kind), (first_kind, false)),
-                false => ((first.await, first_kind), (hedge_kind, tried.cut)),
-            },
-        };
-        ran.push(loser);
-        winner
-    }
-
-    /// When the first attempt may be hedged (propagate, safe to send twice).
-    fn hedge_delay(&self, deadline: &Deadline, request: &CallRequest<'_>) -> Option<Duration> {
-        let hedgeable = request.repeatable() && request.admission && deadline.mode().enforces();
-        hedgeable
-            .then(|| self.plugins.iter().find_map(|p| p.hedge_after()))
-            .flatten()
-    }
-
     /// The checks of an extra attempt, in order: the deadline (no COMMIT on the wire,
     /// and what is left covers what nine attempts in ten take, unless a plugin switched
     /// that rule off), then `slot` (a hedge's: one free at once), then the plugins
@@ -204,13 +152,14 @@ impl BudgetedClient {
         }
     }
 
-    /// One attempt on `slot`, timed and told.
+    /// Attempt `nth` (0 for the first) on `slot`, timed and told.
     async fn try_once(
         &self,
         deadline: &Deadline,
         request: &CallRequest<'_>,
         trace: &HeaderMap,
         slot: Slot,
+        nth: u32,
     ) -> Tried {
         let started = Instant::now();
         let unfinished = Unfinished {
@@ -218,7 +167,7 @@ impl BudgetedClient {
             learns: request.admission,
             started,
         };
-        let outcome = self.attempt(deadline, request, trace).await;
+        let outcome = self.attempt(deadline, request, trace, nth).await;
         std::mem::forget(unfinished);
         let took = started.elapsed();
         let (status, failure) = match &outcome {
@@ -247,12 +196,14 @@ impl BudgetedClient {
     }
 
     /// One request: bounded by the deadline in propagate, by the fixed timeout in
-    /// observe (with the marker, so the downstream does not enforce either).
+    /// observe (with the marker, so the downstream does not enforce either). It says
+    /// which attempt it is, or passes on the count of the caller above that owns them.
     async fn attempt(
         &self,
         deadline: &Deadline,
         request: &CallRequest<'_>,
         trace: &HeaderMap,
+        nth: u32,
     ) -> Outcome {
         let stage = self.config.name.call();
         let url = format!("{}{}", self.config.base_url, request.path);
@@ -272,6 +223,8 @@ impl BudgetedClient {
         if let Some(ms) = budget {
             builder = builder.header(REQUEST_TIMEOUT_HEADER, ms);
         }
+        let previous = deadline.previous_attempts().unwrap_or(nth);
+        builder = builder.header(PREVIOUS_ATTEMPTS_HEADER, previous);
         match deadline.mode() {
             DeadlineMode::Observe => {
                 let builder = builder.header(DEADLINE_MODE_HEADER, OBSERVE);
@@ -298,7 +251,7 @@ impl CallRequest<'_> {
 /// Sends and reads the whole body: both belong inside the same timeout.
 async fn fetch(
     request: reqwest::RequestBuilder,
-    downstream: crate::stage::Downstream,
+    downstream: crate::downstream::Downstream,
 ) -> Result<Reply, reqwest::Error> {
     let response = request.send().await?;
     let (status, headers) = (response.status(), response.headers().clone());

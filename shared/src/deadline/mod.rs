@@ -16,6 +16,8 @@ use crate::mode::DeadlineMode;
 use crate::stage::Stage;
 use crate::timing::StageLog;
 
+#[cfg(feature = "grpc")]
+mod current;
 mod policy;
 
 pub use policy::DeadlinePolicy;
@@ -47,6 +49,7 @@ pub struct Deadline {
     budget: Duration,
     log: Arc<StageLog>,
     mode: DeadlineMode,
+    previous_attempts: Option<u32>,
 }
 
 impl Deadline {
@@ -63,6 +66,7 @@ impl Deadline {
             budget,
             log,
             mode: DeadlineMode::Propagate,
+            previous_attempts: None,
         }
     }
 
@@ -71,6 +75,19 @@ impl Deadline {
     pub fn with_mode(mut self, mode: DeadlineMode) -> Self {
         self.mode = mode;
         self
+    }
+
+    /// The same deadline, with `n` attempts made for it by a caller above.
+    pub(crate) fn with_previous_attempts(mut self, n: Option<u32>) -> Self {
+        self.previous_attempts = n;
+        self
+    }
+
+    /// How many attempts a caller above made before this one, if it sent
+    /// `X-Previous-Attempts`: it owns retries and hedges for the request, so calls made
+    /// under this deadline make no extra attempts and retries do not multiply by hop.
+    pub fn previous_attempts(&self) -> Option<u32> {
+        self.previous_attempts
     }
 
     /// The mode this request runs in: every step reads it here.
@@ -127,6 +144,7 @@ impl Deadline {
             budget: at.saturating_duration_since(now),
             log: Arc::clone(&self.log),
             mode: self.mode,
+            previous_attempts: self.previous_attempts,
         }
     }
 

@@ -12,10 +12,13 @@ mod grpc_timeout;
 mod millis;
 
 pub(crate) use grpc_timeout::{MAX_GRPC_DIGITS, parse_grpc_value};
+use millis::echo;
 pub(crate) use millis::parse_millis;
 
 /// Our budget header: the caller's remaining budget in whole milliseconds.
 pub const REQUEST_TIMEOUT_HEADER: HeaderName = HeaderName::from_static("x-request-timeout-ms");
+/// How many attempts a caller that owns retries made before this one (0 on its first).
+pub const PREVIOUS_ATTEMPTS_HEADER: HeaderName = HeaderName::from_static("x-previous-attempts");
 /// gRPC's budget header (PROTOCOL-HTTP2.md).
 pub(crate) const GRPC_TIMEOUT_HEADER: HeaderName = HeaderName::from_static("grpc-timeout");
 /// Envoy's budget header for the request it forwards.
@@ -144,6 +147,21 @@ fn ceil_millis(budget: Duration) -> Duration {
         true => whole,
         false => whole.saturating_add(Duration::from_millis(1)),
     }
+}
+
+/// The request's `X-Previous-Attempts`, if any, or why it is not a whole number.
+pub(crate) fn read_previous_attempts(headers: &HeaderMap) -> Result<Option<u32>, String> {
+    let invalid = |raw: &[u8]| format!("must be a whole number of attempts, got {:?}", echo(raw));
+    let Some(value) = headers.get(PREVIOUS_ATTEMPTS_HEADER) else {
+        return Ok(None);
+    };
+    let text = value.to_str().unwrap_or_default().trim();
+    let digits = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+    digits
+        .then(|| text.parse().ok())
+        .flatten()
+        .map(Some)
+        .ok_or_else(|| invalid(value.as_bytes()))
 }
 
 /// The values of one header in the request's order: `Ok(None)` before the first, the

@@ -16,6 +16,20 @@ use crate::problem::Problem;
 use crate::stage::Stage;
 use crate::timing::StageLog;
 
+/// The handler, run with its deadline as `Deadline::current` for a gRPC client.
+#[cfg(feature = "grpc")]
+type Scoped<F> = tokio::task::futures::TaskLocalFuture<Deadline, F>;
+#[cfg(feature = "grpc")]
+fn scoped<F: Future>(handler: F, deadline: &Deadline) -> Scoped<F> {
+    deadline.clone().scope(handler)
+}
+#[cfg(not(feature = "grpc"))]
+type Scoped<F> = F;
+#[cfg(not(feature = "grpc"))]
+fn scoped<F>(handler: F, _: &Deadline) -> F {
+    handler
+}
+
 const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
 pin_project! {
@@ -32,7 +46,7 @@ pin_project! {
         Reject { response: Option<axum::response::Response> },
         Run {
             #[pin]
-            handler: F,
+            handler: Scoped<F>,
             // None once observe mode has counted the deadline passing.
             #[pin]
             timer: Option<Sleep>,
@@ -49,7 +63,7 @@ impl<F> std::fmt::Debug for ResponseFuture<F> {
     }
 }
 
-impl<F> ResponseFuture<F> {
+impl<F: Future> ResponseFuture<F> {
     /// A refusal before the handler runs (a malformed header), with `Server-Timing`.
     pub(super) fn refuse(problem: Problem, log: &StageLog, arrived: Instant) -> Self {
         let response = with_server_timing(problem.into_response(), log, arrived.elapsed());
@@ -64,7 +78,7 @@ impl<F> ResponseFuture<F> {
     pub(super) fn run(handler: F, deadline: Deadline) -> Self {
         Self {
             kind: Kind::Run {
-                handler,
+                handler: scoped(handler, &deadline),
                 timer: Some(tokio::time::sleep_until(deadline.instant())),
                 deadline,
                 extended: false,

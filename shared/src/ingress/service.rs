@@ -11,7 +11,7 @@ use tower::Service;
 
 use super::future::ResponseFuture;
 use crate::deadline::{Deadline, DeadlinePolicy};
-use crate::header::read_budget;
+use crate::header::{read_budget, read_previous_attempts as read_attempts};
 use crate::mode::{DEADLINE_MODE_HEADER_DISPLAY, DeadlineMode, LiveMode, observe_requested};
 use crate::problem::Problem;
 use crate::stage::Stage;
@@ -79,18 +79,25 @@ where
                 }
             }
         }
-        let (requested, invalid) = match read_budget(request.headers()) {
-            Ok(requested) => (requested, false),
+        let headers = request.headers();
+        let (requested, previous, invalid) = match (read_budget(headers), read_attempts(headers)) {
+            (Ok(requested), Ok(previous)) => (requested, previous, false),
             // Observe refuses nothing: the default stands in, the 400 is counted below.
-            Err(_) if mode == DeadlineMode::Observe => (None, true),
-            Err(invalid) => {
+            _ if mode == DeadlineMode::Observe => (None, None, true),
+            (Err(invalid), _) => {
                 let problem = Problem::invalid_header(invalid.header(), invalid.to_string());
+                return ResponseFuture::refuse(problem, &log, arrived);
+            }
+            (_, Err(detail)) => {
+                let problem = Problem::invalid_header("X-Previous-Attempts", detail);
                 return ResponseFuture::refuse(problem, &log, arrived);
             }
         };
         let (budget, clamped) = config.policy.accept(requested);
         log.observe_inbound(budget, clamped);
-        let deadline = Deadline::with_log(arrived, budget, log).with_mode(mode);
+        let deadline = Deadline::with_log(arrived, budget, log)
+            .with_mode(mode)
+            .with_previous_attempts(previous);
         if invalid {
             deadline.would_refuse(Stage::Ingress, "invalid_header");
         }

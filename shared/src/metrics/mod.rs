@@ -63,6 +63,7 @@ pub struct Metrics {
 
 struct Inner {
     registry: Registry,
+    #[cfg(any(feature = "http-client", feature = "grpc"))]
     deadline: DeadlineMetrics,
     /// The deadline families, as the core's [`Report`].
     report: Arc<dyn Report>,
@@ -105,6 +106,7 @@ impl Metrics {
             client: ClientMetrics::register(&mut registry, deadline.clone()),
             #[cfg(feature = "sqlx")]
             db: DbMetrics::register(&mut registry),
+            #[cfg(any(feature = "http-client", feature = "grpc"))]
             deadline,
             on_scrape: Mutex::default(),
             registry: {
@@ -153,6 +155,7 @@ impl Metrics {
     /// Makes the series of `downstream`'s stages exist from the first scrape, as a
     /// client built with these metrics does; for a service that reports a
     /// downstream's stages without calling it.
+    #[cfg(any(feature = "http-client", feature = "grpc"))]
     pub fn declare_downstream(&self, downstream: crate::Downstream) {
         self.inner.deadline.init_downstream(downstream);
     }

@@ -75,6 +75,19 @@ impl DeadlineLayer {
     }
 }
 
+#[cfg(feature = "grpc")]
+impl crate::grpc::GrpcServerLayer {
+    /// The same layer, reporting to `metrics` as [`DeadlineLayer::with_metrics`] does.
+    #[cfg_attr(docsrs, doc(cfg(all(feature = "metrics", feature = "grpc"))))]
+    pub fn with_metrics(self, metrics: &Metrics) -> Self {
+        let policy = self.policy();
+        metrics
+            .settings()
+            .set_deadline_policy(policy.max(), policy.default_budget());
+        self.reporting(metrics.deadline_report())
+    }
+}
+
 async fn serve_metrics(
     axum::extract::State(metrics): axum::extract::State<Metrics>,
 ) -> impl axum::response::IntoResponse {

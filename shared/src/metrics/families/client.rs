@@ -15,6 +15,7 @@ use prometheus_client::registry::Registry;
 use super::exemplar::{LatencyHistogram, latency_histogram_with_exemplars, observe_traced};
 use super::{DeadlineMetrics, Histogram, latency_histogram};
 use crate::client::{AttemptKind, AttemptOutcome, BudgetedClient, Event, Plugin};
+use crate::downstream::Downstream;
 use crate::metrics::names::{
     HTTP_CLIENT_ADMISSION_PROBES_TOTAL, HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL,
     HTTP_CLIENT_ATTEMPTS_TOTAL, HTTP_CLIENT_HEDGE_DELAY_SECONDS,
@@ -23,7 +24,6 @@ use crate::metrics::names::{
     HTTP_CLIENT_POOL_REJECTIONS_TOTAL, HTTP_CLIENT_REQUESTS_SECONDS, HTTP_CLIENT_RETRIES_TOTAL,
     HTTP_CLIENT_WIRE_SECONDS, registered,
 };
-use crate::stage::Downstream;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClientLabel {

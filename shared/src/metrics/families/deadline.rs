@@ -11,11 +11,13 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 use super::{Histogram, latency_histogram};
+#[cfg(any(feature = "http-client", feature = "grpc"))]
+use crate::downstream::Downstream;
 use crate::metrics::names::{
     DEADLINE_CLAMPED_TOTAL, DEADLINE_EXCEEDED_TOTAL, DEADLINE_INBOUND_BUDGET_SECONDS,
     DEADLINE_REMAINING_SECONDS, DEADLINE_WOULD_REFUSE_TOTAL, registered,
 };
-use crate::stage::{Downstream, Stage};
+use crate::stage::Stage;
 use crate::timing::Report;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -39,6 +41,7 @@ const WOULD_REFUSE: [(Stage, &str); 5] = [
 ];
 
 /// What observe mode can count for one downstream's stages (its client's refusals).
+#[cfg(any(feature = "http-client", feature = "grpc"))]
 fn would_refuse_in(downstream: Downstream) -> [(Stage, &'static str); 5] {
     let (call, pool) = (downstream.call(), downstream.pool());
     [
@@ -130,6 +133,7 @@ impl DeadlineMetrics {
 
     /// Makes the series of `downstream`'s two stages exist at 0: called when its client
     /// is built, at start-up, so the label set is bounded by the configuration.
+    #[cfg(any(feature = "http-client", feature = "grpc"))]
     pub(crate) fn init_downstream(&self, downstream: Downstream) {
         self.init_would_refuse(would_refuse_in(downstream));
         for stage in downstream.stages() {
