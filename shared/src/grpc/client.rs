@@ -30,12 +30,14 @@ const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// use deadline_propagation::Downstream;
 /// use deadline_propagation::grpc::GrpcClientLayer;
 ///
-/// # fn wire(channel: tonic::transport::Channel) {
+/// # fn wire<Channel>(channel: Channel) {
 /// let pricing = Downstream::new("pricing").unwrap();
+/// // `channel`: a `tonic::transport::Channel`
 /// let channel = tower::ServiceBuilder::new()
 ///     .layer(GrpcClientLayer::new(pricing))
 ///     .service(channel);
 /// // let client = PricingClient::new(channel); // nothing more at any call site
+/// # let _ = channel;
 /// # }
 /// ```
 #[derive(Clone, Debug)]

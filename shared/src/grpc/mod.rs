@@ -6,8 +6,8 @@
 //! budget from a hang-up. These layers close both gaps:
 //!
 //! - [`GrpcClientLayer`] (around a `tonic::transport::Channel`) reads the request's
-//!   [`Deadline`](crate::Deadline) (from the request's extensions, else
-//!   [`Deadline::current`](crate::Deadline::current), which the ingress sets around
+//!   [`Deadline`] (from the request's extensions, else
+//!   [`Deadline::current`], which the ingress sets around
 //!   every handler), sends what is left less a reserve as `grpc-timeout`, never starts
 //!   a call on a spent budget, and retries an `UNAVAILABLE` once only when no caller
 //!   above owns retries (`x-previous-attempts`).

@@ -27,14 +27,13 @@ const BEFORE_TONIC: Duration = Duration::from_millis(1);
 /// [`Deadline::current`], and a call made under it (through
 /// [`GrpcClientLayer`](super::GrpcClientLayer)) carries it on.
 ///
-/// ```no_run
+/// ```
 /// use deadline_propagation::DeadlinePolicy;
 /// use deadline_propagation::grpc::GrpcServerLayer;
 ///
-/// let policy = DeadlinePolicy::from_millis(2000, 1000);
-/// let server = tonic::transport::Server::builder().layer(GrpcServerLayer::new(policy));
-/// // server.add_service(PricingServer::new(pricing)).serve_with_incoming(..)
-/// # let _ = server;
+/// let layer = GrpcServerLayer::new(DeadlinePolicy::from_millis(2000, 1000));
+/// // tonic::transport::Server::builder().layer(layer).add_service(PricingServer::new(..))
+/// # let _ = layer;
 /// ```
 #[derive(Clone, Debug)]
 pub struct GrpcServerLayer {
