@@ -10,51 +10,20 @@
 //! 400, unknown fields or out-of-range values are 422, each with a problem that names
 //! the field.
 
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
-use axum::{Json, Router};
-use deadline_propagation::Problem;
-use service_kit::answers::Answers as _;
-use service_kit::json::JsonBody;
+use axum::Router;
 
-use crate::faults::{FaultConfig, Faults};
+use service_kit::faults::{self, Faults};
 
 /// The admin router; `allow_remote` lets non-loopback clients in.
 pub fn router(faults: Faults, allow_remote: bool) -> Router {
-    let router = Router::new()
-        .route(
-            "/admin/faults",
-            get(get_faults).put(put_faults).delete(delete_faults),
-        )
-        .with_state(faults)
-        .merge(service_kit::profiling::router());
+    let router = faults::routes(faults).merge(service_kit::profiling::router());
     service_kit::admin::guard(router, allow_remote, "CATALOG_ADMIN_ALLOW_REMOTE")
-}
-
-async fn get_faults(State(faults): State<Faults>) -> Json<FaultConfig> {
-    Json(faults.get())
-}
-
-async fn put_faults(
-    State(faults): State<Faults>,
-    JsonBody(config): JsonBody<FaultConfig>,
-) -> Result<Json<FaultConfig>, Problem> {
-    config.validate().map_err(Problem::unprocessable)?;
-    faults.set(config);
-    tracing::info!(?config, "faults set");
-    Ok(Json(config))
-}
-
-async fn delete_faults(State(faults): State<Faults>) -> StatusCode {
-    faults.set(FaultConfig::default());
-    tracing::info!("faults reset");
-    StatusCode::NO_CONTENT
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
     use std::net::SocketAddr;
 
     use axum::body::Body;

@@ -38,8 +38,14 @@ pub struct Config {
 
     /// A delay injected into every catalog answer from start-up.
     #[arg(long, env = "CATALOG_FAULT_DELAY_MS", default_value_t = 0,
-          value_parser = clap::value_parser!(u64).range(0..=crate::faults::MAX_DELAY_MS))]
+          value_parser = clap::value_parser!(u64).range(0..=service_kit::faults::MAX_DELAY_MS))]
     pub fault_delay_ms: u64,
+
+    /// pricing-service's gRPC address (`http://host:port`). Set, the catalog asks it for
+    /// the price of every item it returns, under what is left of the request's budget;
+    /// unset, the catalog prices items itself, as before.
+    #[arg(long, env = "PRICING_URL")]
+    pub pricing_url: Option<String>,
 
     /// Whether a request marked `X-Deadline-Mode: observe` runs in observe mode here
     /// (docs/design.md §4.3). On by default: only orders-service calls the catalog, and

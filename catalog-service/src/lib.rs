@@ -4,10 +4,12 @@
 //!
 //! - [`config`]: settings from the environment and `--flags`.
 //! - [`catalog`]: the 1000 deterministic items `SKU-00001` ... `SKU-01000`.
-//! - [`faults`]: the fault injector (delay, jitter, error rate, busy spin). It runs inside the
+//! - [`faults`] (service-kit's): the fault injector (delay, jitter, error rate, busy spin). It runs inside the
 //!   request's deadline, so an injected 1 s delay under a 300 ms budget ends at 300 ms
 //!   with a 504, and it stops as soon as the caller goes away.
 //! - [`admin`]: `GET|PUT|DELETE /admin/faults`, served only on the admin address.
+//! - [`pricing`]: with `PRICING_URL`, the gRPC call to pricing-service for each item's
+//!   price, under what is left of the budget.
 //! - [`routes`]: the public API, `GET /catalog/{sku}`.
 //!
 //! The service clamps budgets with its own maximum (defence in depth): a caller that
@@ -16,7 +18,7 @@
 pub mod admin;
 pub mod catalog;
 pub mod config;
-pub mod faults;
+pub mod pricing;
 pub mod routes;
 
 use std::future::Future;
@@ -33,7 +35,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
-pub use faults::{FaultConfig, Faults};
+pub use service_kit::faults::{self, FaultConfig, Faults};
 
 /// A built, bound catalog-service, not yet serving.
 pub struct Application {
@@ -43,6 +45,7 @@ pub struct Application {
     admin_port: u16,
     faults: Faults,
     metrics: Metrics,
+    pricing: Option<pricing::Pricing>,
     drain_timeout: Duration,
     config: Config,
 }
@@ -57,6 +60,13 @@ impl Application {
             ..FaultConfig::default()
         });
         let metrics = metrics_with_fault_delay(&faults, config.runtime_metrics);
+        let pricing = match &config.pricing_url {
+            Some(url) => {
+                metrics.declare_downstream(pricing::downstream());
+                Some(pricing::Pricing::new(url).with_context(|| format!("PRICING_URL={url}"))?)
+            }
+            None => None,
+        };
         Ok(Self {
             port: public.local_addr()?.port(),
             admin_port: admin.local_addr()?.port(),
@@ -64,6 +74,7 @@ impl Application {
             admin,
             faults,
             metrics,
+            pricing,
             drain_timeout: service_kit::server::drain_timeout(Duration::from_millis(
                 config.deadline_max_ms,
             )),
@@ -103,7 +114,12 @@ impl Application {
             drain_timeout: self.drain_timeout,
             ..ServerOptions::default()
         };
-        let public = routes::router(&self.config, self.faults.clone(), self.metrics.clone());
+        let public = routes::router(
+            &self.config,
+            self.faults.clone(),
+            self.pricing.clone(),
+            self.metrics.clone(),
+        );
         let admin = admin::router(self.faults.clone(), self.config.admin_allow_remote);
         tokio::join!(
             serve(self.public, public, stop.clone().cancelled_owned(), options),

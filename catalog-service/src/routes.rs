@@ -11,7 +11,8 @@ use utoipa_axum::routes;
 
 use crate::catalog::{self, Item};
 use crate::config::Config;
-use crate::faults::Faults;
+use crate::pricing::Pricing;
+use service_kit::faults::Faults;
 
 /// The document's frame; the paths come from the handlers (`routes!` below).
 #[derive(OpenApi)]
@@ -31,7 +32,12 @@ struct ApiDoc;
 
 /// The public router, with its OpenAPI document at `GET /openapi.json`. The admin API is
 /// deliberately absent: it lives on its own port.
-pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
+pub fn router(
+    config: &Config,
+    faults: Faults,
+    pricing: Option<Pricing>,
+    metrics: Metrics,
+) -> Router {
     let policy = DeadlinePolicy::from_millis(config.deadline_max_ms, config.deadline_default_ms);
     let (routes, api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(get_item))
@@ -45,7 +51,7 @@ pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
             "/openapi.json",
             openapi::serve(openapi::finish(api, ingress)),
         )
-        .with_state(faults);
+        .with_state(Handler { faults, pricing });
     // The public API takes no bodies at all.
     let routes = service_kit::json::limit_bodies(routes, 1024);
     let routes = service_kit::layers::catch_panics(routes);
@@ -58,7 +64,15 @@ pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
     service_kit::layers::request_ids(routes)
 }
 
-/// One catalog item, after the injected faults.
+/// What the item handler uses.
+#[derive(Clone)]
+struct Handler {
+    faults: Faults,
+    pricing: Option<Pricing>,
+}
+
+/// One catalog item, after the injected faults, priced by pricing-service when
+/// `PRICING_URL` is set.
 #[utoipa::path(
     get,
     path = "/catalog/{sku}",
@@ -70,18 +84,24 @@ pub fn router(config: &Config, faults: Faults, metrics: Metrics) -> Router {
         (status = 200, description = "The item", body = Item),
         (status = 404, description = "No such SKU", body = ProblemDetails),
         (status = 500, description = "An injected fault (`error_rate` or `panic_rate`, admin API): `urn:problem:internal`", body = ProblemDetails),
-        (status = 503, description = "An injected refusal (`unavailable_rate`, admin API), before any work", body = ProblemDetails),
+        (status = 502, description = "pricing-service answered an unexpected gRPC status (stage `pricing`)", body = ProblemDetails),
+        (status = 503, description = "An injected refusal (`unavailable_rate`, admin API), before any work, or pricing-service `UNAVAILABLE` (stage `pricing`)", body = ProblemDetails),
     )
 )]
 async fn get_item(
-    State(faults): State<Faults>,
-    _deadline: Deadline,
+    State(handler): State<Handler>,
+    deadline: Deadline,
     Path(sku): Path<String>,
 ) -> Result<Json<Item>, Problem> {
-    faults.inject().await?;
-    catalog::lookup(&sku)
-        .map(Json)
-        .ok_or_else(|| Problem::not_found(format!("no catalog item {sku:?}")))
+    handler.faults.inject().await?;
+    let mut item = catalog::lookup(&sku)
+        .ok_or_else(|| Problem::not_found(format!("no catalog item {sku:?}")))?;
+    if let Some(pricing) = &handler.pricing {
+        item.price_cents = pricing
+            .price(&item.sku, item.price_cents, &deadline)
+            .await?;
+    }
+    Ok(Json(item))
 }
 
 /// 200 while the process runs.

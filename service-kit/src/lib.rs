@@ -6,6 +6,7 @@
 //! orders-service and catalog-service. A service of your own brings its own.
 //!
 //! - [`answers`]: the demo's own problem answers (400, 403, 409, 413, 415, 422).
+//! - [`faults`]: the fault injector of the demo's downstreams and its admin routes.
 //! - [`server`]: serving a router with a header read timeout and graceful shutdown,
 //!   the shutdown passed in (as in mini-redis), so tests can stop a server.
 //! - [`admin`]: the loopback-only guard of an admin API.
@@ -25,6 +26,7 @@
 
 pub mod admin;
 pub mod answers;
+pub mod faults;
 pub mod json;
 pub mod layers;
 pub mod metrics;

@@ -4,7 +4,7 @@
 
 /// Makes `span` a child of the trace the caller sent in `headers`, if any, and records
 /// the trace id on the span (the JSON logs print it).
-#[cfg(feature = "metrics")]
+#[cfg(any(feature = "metrics", feature = "grpc"))]
 pub(crate) fn continue_trace(span: &tracing::Span, headers: &http::HeaderMap) {
     #[cfg(feature = "otel")]
     {

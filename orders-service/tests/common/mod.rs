@@ -136,7 +136,7 @@ async fn spawn_recorded_catalog(
     let metrics = deadline_propagation::metrics::Metrics::new("catalog-service");
     let budgets: Arc<Mutex<Vec<Option<u64>>>> = Arc::default();
     let recorder = budgets.clone();
-    let router = catalog_service::routes::router(&config, faults.clone(), metrics).layer(
+    let router = catalog_service::routes::router(&config, faults.clone(), None, metrics).layer(
         middleware::from_fn(move |request: Request, next: Next| {
             let budget = request
                 .headers()

@@ -202,6 +202,13 @@ where
             }
             false => deadline.run(stage, call).await.map_err(exceeded)?,
         };
+        // tonic's channel times the call out itself at the `grpc-timeout` we sent, just
+        // before the server's DEADLINE_EXCEEDED can arrive, and calls that CANCELLED: an
+        // error once the time sent is spent is the budget's, and is said so.
+        let outcome = outcome.map_err(|error| match deadline.outbound_millis(config.reserve) {
+            None if !observe => spent(deadline, stage),
+            _ => error.into(),
+        });
         let unavailable =
             matches!(&outcome, Ok(answer) if code(answer.headers()) == Some(Code::Unavailable));
         let retry = config.retry && owns_retries && nth == 0 && !observe && unavailable;
@@ -210,7 +217,7 @@ where
                 .outbound_millis(config.reserve + MIN_RETRY_LEFT)
                 .is_none()
         {
-            return outcome.map_err(Into::into);
+            return outcome;
         }
         tracing::debug!(stage = stage.as_str(), "retrying an UNAVAILABLE call");
         nth += 1;

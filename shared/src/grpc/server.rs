@@ -10,6 +10,7 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tonic::Status;
 use tower::{Layer, Service};
+use tracing::Instrument as _;
 
 use crate::deadline::{Deadline, DeadlinePolicy};
 use crate::header::{read_budget, read_previous_attempts};
@@ -144,8 +145,17 @@ where
             .with_mode(mode)
             .with_previous_attempts(previous);
         request.extensions_mut().insert(deadline.clone());
+        // The server span continues the caller's trace (`traceparent` in the metadata).
+        let span = tracing::info_span!(
+            "grpc.server",
+            otel.name = request.uri().path(),
+            otel.kind = "server",
+            rpc.system = "grpc",
+            trace_id = tracing::field::Empty,
+        );
+        crate::trace::continue_trace(&span, request.headers());
         let handler = deadline.clone().scope(self.inner.call(request));
-        Box::pin(async move {
+        let serve = async move {
             if mode == DeadlineMode::Observe {
                 let answer = handler.await;
                 if deadline.is_expired() {
@@ -158,7 +168,8 @@ where
                 Ok(answer) => answer,
                 Err(exceeded) => Ok(Status::deadline_exceeded(exceeded.to_string()).into_http()),
             }
-        })
+        };
+        Box::pin(serve.instrument(span))
     }
 }
 

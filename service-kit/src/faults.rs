@@ -1,4 +1,5 @@
-//! The fault injector: what the load experiment uses to make the catalog slow.
+//! The fault injector: what the load experiment uses to make a downstream slow (the
+//! catalog, and pricing behind it), and its admin routes, `GET|PUT|DELETE /admin/faults`.
 //!
 //! The delay is an ordinary `sleep` inside the handler. That is the point: the ingress
 //! layer bounds the handler by the request's deadline, so a 1 s delay under a 300 ms
@@ -23,9 +24,16 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
 use deadline_propagation::{Problem, Stage};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
+
+use crate::answers::Answers as _;
+use crate::json::JsonBody;
 
 /// The largest delay or jitter the admin API accepts, in milliseconds.
 pub const MAX_DELAY_MS: u64 = 60_000;
@@ -33,7 +41,7 @@ pub const MAX_DELAY_MS: u64 = 60_000;
 /// runs on the same workers, so a fault it cannot outlast would make it unreachable.
 pub const MAX_BUSY_MS: u64 = 1_000;
 
-/// What to inject into each catalog answer.
+/// What to inject into each answer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FaultConfig {
@@ -133,7 +141,7 @@ impl Faults {
             return Err(Problem::overloaded(
                 Stage::Ingress,
                 Duration::from_secs(1),
-                "the catalog is refusing calls (an injected fault); retry later",
+                "the service is refusing calls (an injected fault); retry later",
             ));
         }
         if config.busy_ms > 0 {
@@ -173,4 +181,37 @@ fn spin(length: Duration) {
     while std::time::Instant::now() < until {
         std::hint::spin_loop();
     }
+}
+
+/// `GET|PUT|DELETE /admin/faults` on `faults`, for an admin router to guard: PUT
+/// replaces the faults (missing fields are 0), DELETE resets them. Malformed JSON is
+/// 400, unknown fields or out-of-range values are 422, each with a problem that names
+/// the field.
+pub fn routes(faults: Faults) -> Router {
+    Router::new()
+        .route(
+            "/admin/faults",
+            get(get_faults).put(put_faults).delete(delete_faults),
+        )
+        .with_state(faults)
+}
+
+async fn get_faults(State(faults): State<Faults>) -> Json<FaultConfig> {
+    Json(faults.get())
+}
+
+async fn put_faults(
+    State(faults): State<Faults>,
+    JsonBody(config): JsonBody<FaultConfig>,
+) -> Result<Json<FaultConfig>, Problem> {
+    config.validate().map_err(Problem::unprocessable)?;
+    faults.set(config);
+    tracing::info!(?config, "faults set");
+    Ok(Json(config))
+}
+
+async fn delete_faults(State(faults): State<Faults>) -> StatusCode {
+    faults.set(FaultConfig::default());
+    tracing::info!("faults reset");
+    StatusCode::NO_CONTENT
 }

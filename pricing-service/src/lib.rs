@@ -1,0 +1,186 @@
+//! pricing-service: the third hop of the demo, a gRPC service (tonic) that catalog-service
+//! asks for the price of each item it returns.
+//!
+//! # Module map
+//!
+//! - [`config`]: settings from the environment and `--flags`.
+//! - [`proto`]: the messages and service of `proto/pricing.proto` (generated, committed).
+//! - [`metrics`]: `grpc_server_handled_total` and `grpc_server_handling_seconds`, and the
+//!   pricing work started and completed.
+//!
+//! What the technique adds is one line in [`Application::run_until`]: the crate's
+//! [`GrpcServerLayer`] makes each call's deadline from the caller's `grpc-timeout`
+//! (clamped by this service's policy), answers `DEADLINE_EXCEEDED` there and drops the
+//! handler's work. The handler itself names no timeout. Faults (delay, jitter, error
+//! rate answered `UNAVAILABLE`) come from service-kit's injector, on the admin port.
+
+pub mod config;
+pub mod metrics;
+pub mod proto;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use deadline_propagation::DeadlinePolicy;
+use deadline_propagation::grpc::GrpcServerLayer;
+use deadline_propagation::metrics::Metrics;
+use service_kit::faults::Faults;
+use service_kit::server::{ServerOptions, serve};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+pub use config::Config;
+use metrics::GrpcMetrics;
+use proto::pricing_server::{Pricing, PricingServer};
+use proto::{PriceReply, PriceRequest};
+
+/// A built, bound pricing-service, not yet serving.
+pub struct Application {
+    grpc: TcpListener,
+    admin: TcpListener,
+    port: u16,
+    admin_port: u16,
+    faults: Faults,
+    metrics: Metrics,
+    grpc_metrics: GrpcMetrics,
+    config: Config,
+}
+
+impl Application {
+    /// Binds both listeners (port 0 picks a free port, as tests do).
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let grpc = bind(config.listen_addr, "PRICING_LISTEN_ADDR").await?;
+        let admin = bind(config.admin_addr, "PRICING_ADMIN_ADDR").await?;
+        let mut grpc_metrics = None;
+        let metrics =
+            service_kit::metrics::for_service("pricing-service", config.runtime_metrics, |r| {
+                grpc_metrics = Some(GrpcMetrics::register(r));
+            });
+        Ok(Self {
+            port: grpc.local_addr()?.port(),
+            admin_port: admin.local_addr()?.port(),
+            grpc,
+            admin,
+            faults: Faults::default(),
+            metrics,
+            grpc_metrics: grpc_metrics.expect("registered above"),
+            config,
+        })
+    }
+
+    /// The gRPC port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The admin port.
+    pub fn admin_port(&self) -> u16 {
+        self.admin_port
+    }
+
+    /// The fault injector, shared with the admin API.
+    pub fn faults(&self) -> Faults {
+        self.faults.clone()
+    }
+
+    /// Serves both ports until `shutdown` resolves.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) {
+        let stop = CancellationToken::new();
+        let trigger = stop.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            trigger.cancel();
+        });
+        let policy = DeadlinePolicy::from_millis(
+            self.config.deadline_max_ms,
+            self.config.deadline_default_ms,
+        );
+        let pricing = PricingServer::new(PricingService {
+            faults: self.faults.clone(),
+            metrics: self.grpc_metrics.clone(),
+        });
+        let layers = tower::ServiceBuilder::new()
+            // Outside the deadline, so that its DEADLINE_EXCEEDED answers are counted.
+            .layer(self.grpc_metrics.clone())
+            // The technique: the caller's grpc-timeout becomes this call's deadline.
+            .layer(GrpcServerLayer::new(policy).with_metrics(&self.metrics))
+            .into_inner();
+        let grpc = tonic::transport::Server::builder()
+            .layer(layers)
+            .add_service(pricing)
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(self.grpc),
+                stop.clone().cancelled_owned(),
+            );
+        let admin = admin_router(
+            self.faults.clone(),
+            self.metrics.clone(),
+            self.config.admin_allow_remote,
+        );
+        let options = ServerOptions {
+            drain_timeout: Duration::from_millis(self.config.deadline_max_ms),
+            ..ServerOptions::default()
+        };
+        let (served, ()) = tokio::join!(
+            grpc,
+            serve(self.admin, admin, stop.cancelled_owned(), options)
+        );
+        if let Err(error) = served {
+            tracing::error!(%error, "the gRPC server stopped");
+        }
+    }
+}
+
+/// `GET|PUT|DELETE /admin/faults` and `GET /metrics`, loopback only unless allowed.
+fn admin_router(faults: Faults, metrics: Metrics, allow_remote: bool) -> axum::Router {
+    let scrape = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move {
+                (
+                    [(
+                        http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    metrics.render(),
+                )
+            }
+        }),
+    );
+    let router = service_kit::faults::routes(faults).merge(scrape);
+    service_kit::admin::guard(router, allow_remote, "PRICING_ADMIN_ALLOW_REMOTE")
+}
+
+/// The handler: the faults, then the list price back. It names no timeout: the
+/// server layer drops this future at the caller's deadline.
+struct PricingService {
+    faults: Faults,
+    metrics: GrpcMetrics,
+}
+
+#[tonic::async_trait]
+impl Pricing for PricingService {
+    async fn price(&self, request: Request<PriceRequest>) -> Result<Response<PriceReply>, Status> {
+        self.metrics.work_started.inc();
+        let request = request.into_inner();
+        // Every injected failure (error rate, refusal) is what a gRPC service answers
+        // when it cannot serve now: UNAVAILABLE, the one code a caller may retry.
+        if self.faults.inject().await.is_err() {
+            return Err(Status::unavailable("an injected fault (admin API)"));
+        }
+        self.metrics.work_completed.inc();
+        Ok(Response::new(PriceReply {
+            price_cents: request.list_price_cents,
+        }))
+    }
+}
+
+async fn bind(addr: SocketAddr, variable: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} ({variable})"))
+}

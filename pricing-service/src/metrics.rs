@@ -1,0 +1,178 @@
+//! The gRPC server's families, as the grpc-ecosystem's go-grpc-prometheus names them
+//! (`grpc_server_handled_total{grpc_service, grpc_method, grpc_code}`,
+//! `grpc_server_handling_seconds`), and the pricing work started and completed: the
+//! difference is the work dropped at the deadline, read on the server itself.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Handled {
+    grpc_service: String,
+    grpc_method: String,
+    grpc_code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Method {
+    grpc_service: String,
+    grpc_method: String,
+}
+
+/// The families; clones share them.
+#[derive(Clone, Debug)]
+pub struct GrpcMetrics {
+    handled: Family<Handled, Counter>,
+    handling: Family<Method, Histogram>,
+    /// Prices whose work began (after the injected faults' refusal).
+    pub work_started: Counter,
+    /// Prices whose work ran to its end; a call dropped at its deadline never gets here.
+    pub work_completed: Counter,
+}
+
+impl GrpcMetrics {
+    /// The families, registered in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            handled: Family::default(),
+            handling: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 14))
+            }),
+            work_started: Counter::default(),
+            work_completed: Counter::default(),
+        };
+        registry.register(
+            "grpc_server_handled",
+            "gRPC calls completed, by service, method and status code",
+            metrics.handled.clone(),
+        );
+        registry.register(
+            "grpc_server_handling_seconds",
+            "Time from a gRPC call's arrival to its answer",
+            metrics.handling.clone(),
+        );
+        registry.register(
+            "pricing_work_started",
+            "Prices whose work began",
+            metrics.work_started.clone(),
+        );
+        registry.register(
+            "pricing_work_completed",
+            "Prices whose work ran to its end (started less completed: dropped at a deadline)",
+            metrics.work_completed.clone(),
+        );
+        metrics
+    }
+}
+
+impl<S> Layer<S> for GrpcMetrics {
+    type Service = Measured<S>;
+
+    fn layer(&self, inner: S) -> Measured<S> {
+        Measured {
+            inner,
+            metrics: self.clone(),
+        }
+    }
+}
+
+/// The service [`GrpcMetrics`] makes: outside the deadline layer, so its
+/// `DEADLINE_EXCEEDED` answers are counted.
+#[derive(Clone, Debug)]
+pub struct Measured<S> {
+    inner: S,
+    metrics: GrpcMetrics,
+}
+
+impl<S, B, R> Service<Request<B>> for Measured<S>
+where
+    S: Service<Request<B>, Response = Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<R>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<R>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let start = Instant::now();
+        // `/pricing.v1.Pricing/Price`: the service, then the method.
+        let (service, method) = request
+            .uri()
+            .path()
+            .trim_start_matches('/')
+            .split_once('/')
+            .map(|(s, m)| (s.to_owned(), m.to_owned()))
+            .unwrap_or_else(|| ("unknown".to_owned(), "unknown".to_owned()));
+        let metrics = self.metrics.clone();
+        let call = self.inner.call(request);
+        Box::pin(async move {
+            let answer = call.await;
+            // A unary call that fails answers trailers-only: its status is in the head.
+            // A head without one is an answer whose status (OK) follows in the trailers.
+            let code = match &answer {
+                Ok(response) => response
+                    .headers()
+                    .get("grpc-status")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<i32>().ok())
+                    .map_or("OK", |c| code_name(tonic::Code::from(c))),
+                Err(_) => "UNKNOWN",
+            };
+            let labels = Method {
+                grpc_service: service,
+                grpc_method: method,
+            };
+            metrics
+                .handling
+                .get_or_create(&labels)
+                .observe(start.elapsed().as_secs_f64());
+            metrics
+                .handled
+                .get_or_create(&Handled {
+                    grpc_service: labels.grpc_service,
+                    grpc_method: labels.grpc_method,
+                    grpc_code: code,
+                })
+                .inc();
+            answer
+        })
+    }
+}
+
+/// The status code's name as gRPC spells it (`DEADLINE_EXCEEDED`).
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
