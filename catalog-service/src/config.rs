@@ -47,6 +47,12 @@ pub struct Config {
     #[arg(long, env = "PRICING_URL")]
     pub pricing_url: Option<String>,
 
+    /// Retry an `UNAVAILABLE` price even when the caller above retries too (it sent
+    /// `X-Previous-Attempts`), as per-client retries do: off by default, on only to
+    /// measure how retries compound across hops (docs/experiment.md).
+    #[arg(long, env = "PRICING_RETRY_EVERY_HOP", default_value_t = false, action = clap::ArgAction::Set)]
+    pub pricing_retry_every_hop: bool,
+
     /// Whether a request marked `X-Deadline-Mode: observe` runs in observe mode here
     /// (docs/design.md §4.3). On by default: only orders-service calls the catalog, and
     /// an observing orders-service must not meet real refusals one hop down. Turn it

@@ -63,7 +63,9 @@ impl Application {
         let pricing = match &config.pricing_url {
             Some(url) => {
                 metrics.declare_downstream(pricing::downstream());
-                Some(pricing::Pricing::new(url).with_context(|| format!("PRICING_URL={url}"))?)
+                let every_hop = config.pricing_retry_every_hop;
+                let client = pricing::Pricing::retrying(url, every_hop);
+                Some(client.with_context(|| format!("PRICING_URL={url}"))?)
             }
             None => None,
         };
