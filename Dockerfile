@@ -68,6 +68,14 @@ ENV CATALOG_LISTEN_ADDR=0.0.0.0:8081
 EXPOSE 8081 9081
 ENTRYPOINT ["/usr/local/bin/catalog-service"]
 
+FROM runtime AS pricing-runtime
+# gRPC on all interfaces; the admin API (faults, /metrics) stays on loopback unless the
+# deployment sets PRICING_ADMIN_ADDR (docker-compose.yml does).
+ENV PRICING_LISTEN_ADDR=0.0.0.0:50051
+# 50051: pricing.v1.Pricing/Price (gRPC). 9082: /admin/faults, /metrics.
+EXPOSE 50051 9082
+ENTRYPOINT ["/usr/local/bin/pricing-service"]
+
 FROM runtime AS orders-runtime
 ENV ORDERS_LISTEN_ADDR=0.0.0.0:8080
 # 8080: /api/orders, /api/assistant/chat, /mcp, /metrics, /healthz, /readyz.
@@ -77,6 +85,9 @@ ENTRYPOINT ["/usr/local/bin/orders-service"]
 # ------------------------------------------------------ the host's binaries (no registry)
 FROM catalog-runtime AS catalog-service-prebuilt
 COPY catalog-service /usr/local/bin/catalog-service
+
+FROM pricing-runtime AS pricing-service-prebuilt
+COPY pricing-service /usr/local/bin/pricing-service
 
 FROM orders-runtime AS orders-service-prebuilt
 COPY orders-service /usr/local/bin/orders-service
@@ -94,14 +105,17 @@ COPY . .
 RUN --mount=type=cache,id=deadline-cargo-registry,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,id=deadline-cargo-git,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,id=deadline-target,target=/src/target,sharing=locked \
-    cargo build --release --locked --package catalog-service --package orders-service --bins \
+    cargo build --release --locked --package catalog-service --package pricing-service --package orders-service --bins \
         ${CARGO_FEATURES:+--features "$CARGO_FEATURES"} \
  && mkdir -p /out \
- && cp target/release/catalog-service target/release/orders-service /out/
+ && cp target/release/catalog-service target/release/pricing-service target/release/orders-service /out/
 
 # ------------------------------------------------------- the images compose builds
 FROM catalog-runtime AS catalog-service
 COPY --from=build /out/catalog-service /usr/local/bin/catalog-service
+
+FROM pricing-runtime AS pricing-service
+COPY --from=build /out/pricing-service /usr/local/bin/pricing-service
 
 FROM orders-runtime AS orders-service
 COPY --from=build /out/orders-service /usr/local/bin/orders-service

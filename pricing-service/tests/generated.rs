@@ -19,6 +19,7 @@ fn the_committed_code_is_what_the_proto_gives() {
         .compile_fds(files)
         .expect("tonic-prost-build generates");
     let generated = std::fs::read_to_string(out.join("pricing.v1.rs")).unwrap();
+    std::fs::remove_dir_all(&out).unwrap();
     let committed_path = root.join("src/proto/pricing.v1.rs");
     if std::env::var_os("UPDATE_PROTO").is_some() {
         std::fs::write(&committed_path, &generated).unwrap();

@@ -28,7 +28,7 @@ use crate::stack::{run, workspace};
 
 /// The services started: those whose images `cargo xtask images` makes. Compose starts
 /// them and nothing else (Grafana, Jaeger and k6 have no Debian package).
-pub const SERVICES: [&str; 4] = ["postgres", "catalog", "orders", "prometheus"];
+pub const SERVICES: [&str; 5] = ["postgres", "pricing", "catalog", "orders", "prometheus"];
 /// The compose project: its own name, so a stack a user started from the same folder is
 /// neither reused nor taken down.
 const PROJECT: &str = "deadline-compose-check";
@@ -112,7 +112,7 @@ async fn checks(compose: &Compose) -> anyhow::Result<()> {
     for service in SERVICES {
         compose.wait_healthy(service).await?;
     }
-    ok("every health check passes (postgres, catalog, orders)");
+    ok("every health check passes (postgres, pricing, catalog, orders)");
 
     let client = reqwest::Client::new();
     let placed = order(&client, None).await?;
@@ -165,11 +165,14 @@ async fn scraped(client: &reqwest::Client) -> anyhow::Result<()> {
             .iter()
             .filter_map(|s| s["metric"]["job"].as_str())
             .collect();
-        let both = ["orders-service", "catalog-service"]
+        let both = ["orders-service", "catalog-service", "pricing-service"]
             .iter()
             .all(|job| jobs.contains(job));
         if both && !seen_up {
-            ok("Prometheus scrapes both services: up == 1 for orders-service and catalog-service");
+            ok(
+                "Prometheus scrapes the three services: up == 1 for orders-service, \
+                catalog-service and pricing-service",
+            );
             seen_up = true;
         }
         order(client, None).await?;

@@ -41,10 +41,14 @@ pub const PROMETHEUS_IMAGE: &str = "deadline-propagation/offline-prometheus:debi
 pub const OVERRIDE: &str = "docker-compose.offline.yml";
 /// The Dockerfile's prebuilt targets and the image names docker-compose.yml gives the
 /// services.
-pub const SERVICE_IMAGES: [(&str, &str); 2] = [
+pub const SERVICE_IMAGES: [(&str, &str); 3] = [
     (
         "catalog-service",
         "deadline-propagation/catalog-service:dev",
+    ),
+    (
+        "pricing-service",
+        "deadline-propagation/pricing-service:dev",
     ),
     ("orders-service", "deadline-propagation/orders-service:dev"),
 ];
