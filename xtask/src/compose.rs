@@ -20,7 +20,7 @@ use anyhow::{Context as _, bail, ensure};
 use serde_json::Value;
 
 use crate::dashboards::SEED_QUERY;
-use crate::images::{OVERRIDE, POSTGRES_IMAGE, PROMETHEUS_IMAGE, SERVICE_IMAGES, exists};
+use crate::images::{OVERRIDE, POSTGRES_IMAGE, PROMETHEUS_IMAGE, SERVICE_TARGETS, exists, image};
 use crate::prometheus::instant_query;
 use crate::run::set_fault;
 use crate::scenario::Fault;
@@ -97,12 +97,10 @@ pub async fn compose_check(args: &ComposeArgs) -> anyhow::Result<bool> {
 /// Every check against the running stack; the first failure ends them.
 async fn checks(compose: &Compose) -> anyhow::Result<()> {
     // Without them compose would try to pull them, and fail with a registry error.
-    let images = [POSTGRES_IMAGE, PROMETHEUS_IMAGE]
-        .into_iter()
-        .chain(SERVICE_IMAGES.map(|(_, image)| image));
-    for image in images {
+    let stand_ins = [POSTGRES_IMAGE, PROMETHEUS_IMAGE].map(String::from);
+    for image in stand_ins.into_iter().chain(SERVICE_TARGETS.map(image)) {
         ensure!(
-            exists(image)?,
+            exists(&image)?,
             "there is no image {image}: make the images first (cargo xtask images)"
         );
     }
@@ -165,14 +163,10 @@ async fn scraped(client: &reqwest::Client) -> anyhow::Result<()> {
             .iter()
             .filter_map(|s| s["metric"]["job"].as_str())
             .collect();
-        let both = ["orders-service", "catalog-service", "pricing-service"]
-            .iter()
-            .all(|job| jobs.contains(job));
+        let services = ["orders-service", "catalog-service", "pricing-service"];
+        let both = services.iter().all(|job| jobs.contains(job));
         if both && !seen_up {
-            ok(
-                "Prometheus scrapes the three services: up == 1 for orders-service, \
-                catalog-service and pricing-service",
-            );
+            ok("Prometheus scrapes the three services: up == 1 for each of them");
             seen_up = true;
         }
         order(client, None).await?;

@@ -56,10 +56,9 @@ pub fn build_services(profile: &str, features: &[&str]) -> anyhow::Result<()> {
     let mut command = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()));
     command
         .current_dir(workspace())
-        .args(["build", "--quiet", "--profile", profile]);
-    for package in ["catalog-service", "pricing-service", "orders-service"] {
-        command.args(["-p", package]);
-    }
+        .args(["build", "--quiet", "--profile", profile])
+        .args(["-p", "catalog-service", "-p", "pricing-service"])
+        .args(["-p", "orders-service"]);
     if !features.is_empty() {
         command.args(["--features", &features.join(",")]);
     }

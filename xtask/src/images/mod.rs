@@ -39,19 +39,13 @@ pub const POSTGRES_IMAGE: &str = "deadline-propagation/offline-postgres:15";
 pub const PROMETHEUS_IMAGE: &str = "deadline-propagation/offline-prometheus:debian";
 /// The override that points docker-compose.yml at the stand-ins.
 pub const OVERRIDE: &str = "docker-compose.offline.yml";
-/// The Dockerfile's prebuilt targets and the image names docker-compose.yml gives the
-/// services.
-pub const SERVICE_IMAGES: [(&str, &str); 3] = [
-    (
-        "catalog-service",
-        "deadline-propagation/catalog-service:dev",
-    ),
-    (
-        "pricing-service",
-        "deadline-propagation/pricing-service:dev",
-    ),
-    ("orders-service", "deadline-propagation/orders-service:dev"),
-];
+/// The Dockerfile's prebuilt targets, one per service; [`image`] names each one's image.
+pub const SERVICE_TARGETS: [&str; 3] = ["catalog-service", "pricing-service", "orders-service"];
+
+/// The name docker-compose.yml gives `service`'s image.
+pub fn image(service: &str) -> String {
+    format!("deadline-propagation/{service}:dev")
+}
 /// The label on every image made here (`docker image ls --filter label=...` lists them).
 /// The Dockerfiles in `xtask/images/` set it too.
 const MADE_HERE: &str = "dev.deadline-propagation.made-by=cargo-xtask-images";
@@ -130,9 +124,10 @@ pub fn images(args: &ImagesArgs) -> anyhow::Result<()> {
     }
     let binaries = binary_dir(&workspace(), &args.profile);
     let context = cache.join("services");
-    for (target, image) in SERVICE_IMAGES {
+    for target in SERVICE_TARGETS {
+        let image = image(target);
         step(&format!("docker build {image}"), || {
-            build_service(&binaries, &context, target, image)
+            build_service(&binaries, &context, target, &image)
         })?;
     }
     println!("images: done in {:.0} s", started.elapsed().as_secs_f64());
@@ -192,7 +187,7 @@ fn recipe(folder: &str) -> anyhow::Result<String> {
 /// the two binaries copied from `binaries`.
 fn build_service(binaries: &Path, context: &Path, target: &str, image: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(context)?;
-    for (name, _) in SERVICE_IMAGES {
+    for name in SERVICE_TARGETS {
         let binary = binaries.join(name);
         ensure!(
             binary.exists(),
@@ -261,7 +256,7 @@ mod tests {
     fn tags_are_the_names_the_files_use() {
         let read = |path: &str| std::fs::read_to_string(workspace().join(path)).unwrap();
         let (compose, offline) = (read("docker-compose.yml"), read(OVERRIDE));
-        for image in SERVICE_IMAGES.map(|(_, image)| image) {
+        for image in SERVICE_TARGETS.map(image) {
             assert!(compose.contains(&format!("image: {image}\n")), "{image}");
         }
         for image in [BASE_IMAGE, POSTGRES_IMAGE, PROMETHEUS_IMAGE] {
@@ -276,7 +271,7 @@ mod tests {
         }
         let dockerfile = read("Dockerfile");
         assert!(dockerfile.contains("FROM ${BASE_IMAGE} AS runtime\n"));
-        for (target, _) in SERVICE_IMAGES {
+        for target in SERVICE_TARGETS {
             assert!(dockerfile.contains(&format!(" AS {target}-prebuilt\n")));
             assert!(dockerfile.contains(&format!(" AS {target}\n")));
         }
@@ -309,7 +304,7 @@ mod tests {
     fn prebuilt_targets_come_before_the_build_stage() {
         let dockerfile = std::fs::read_to_string(workspace().join("Dockerfile")).unwrap();
         let build = dockerfile.find(" AS build\n").unwrap();
-        for (target, _) in SERVICE_IMAGES {
+        for target in SERVICE_TARGETS {
             let prebuilt = dockerfile
                 .find(&format!(" AS {target}-prebuilt\n"))
                 .unwrap();
