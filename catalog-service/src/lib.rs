@@ -64,7 +64,7 @@ impl Application {
             Some(url) => {
                 metrics.declare_downstream(pricing::downstream());
                 let every_hop = config.pricing_retry_every_hop;
-                let client = pricing::Pricing::retrying(url, every_hop);
+                let client = pricing::Pricing::new(url, every_hop);
                 Some(client.with_context(|| format!("PRICING_URL={url}"))?)
             }
             None => None,

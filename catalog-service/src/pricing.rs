@@ -26,12 +26,8 @@ pub struct Pricing {
 impl Pricing {
     /// A client of `url`, connecting on first use: the catalog starts (and stays ready)
     /// while pricing is down, and answers each call that needs it honestly instead.
-    pub fn new(url: &str) -> anyhow::Result<Self> {
-        Self::retrying(url, false)
-    }
-
-    /// The same, retrying on every hop when `every_hop` (PRICING_RETRY_EVERY_HOP).
-    pub fn retrying(url: &str, every_hop: bool) -> anyhow::Result<Self> {
+    /// `every_hop` (PRICING_RETRY_EVERY_HOP) retries even under a caller that retries.
+    pub fn new(url: &str, every_hop: bool) -> anyhow::Result<Self> {
         let channel = Endpoint::from_shared(url.to_owned())?.connect_lazy();
         let layer = GrpcClientLayer::new(downstream())
             .retry_unavailable(true)

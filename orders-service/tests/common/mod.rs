@@ -137,7 +137,7 @@ async fn spawn_recorded_catalog(
     let budgets: Arc<Mutex<Vec<Option<u64>>>> = Arc::default();
     let recorder = budgets.clone();
     let pricing = (config.pricing_url.as_deref())
-        .map(|url| catalog_service::pricing::Pricing::retrying(url, config.pricing_retry_every_hop))
+        .map(|url| catalog_service::pricing::Pricing::new(url, config.pricing_retry_every_hop))
         .map(|pricing| pricing.expect("a pricing URL"));
     let router = catalog_service::routes::router(&config, faults.clone(), pricing, metrics).layer(
         middleware::from_fn(move |request: Request, next: Next| {
