@@ -134,24 +134,10 @@ impl Application {
     }
 }
 
-/// `GET|PUT|DELETE /admin/faults` and `GET /metrics`, loopback only unless allowed.
+/// `GET|PUT|DELETE /admin/faults` and `GET /metrics` (the crate's scrape endpoint, as
+/// `measure` serves it), loopback only unless allowed.
 fn admin_router(faults: Faults, metrics: Metrics, allow_remote: bool) -> axum::Router {
-    let scrape = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let metrics = metrics.clone();
-            async move {
-                (
-                    [(
-                        http::header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    metrics.render(),
-                )
-            }
-        }),
-    );
-    let router = service_kit::faults::routes(faults).merge(scrape);
+    let router = deadline_propagation::measure(service_kit::faults::routes(faults), &metrics);
     service_kit::admin::guard(router, allow_remote, "PRICING_ADMIN_ALLOW_REMOTE")
 }
 
