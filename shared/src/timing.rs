@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::stage::Stage;
 
 /// What the core reports about budgets, in plain labels: the metrics implement it.
@@ -19,6 +21,8 @@ pub(crate) trait Report: Send + Sync + std::fmt::Debug {
     fn exceeded(&self, stage: Stage);
     /// In observe mode, propagate would have refused in `stage` for `reason`.
     fn would_refuse(&self, stage: Stage, reason: &'static str);
+    /// The service answered `overrun` after its deadline (zero when in time).
+    fn answered(&self, overrun: Duration);
 }
 
 /// The stages a request went through, and where they are reported.
@@ -71,6 +75,13 @@ impl StageLog {
 
     pub(crate) fn count_exceeded(&self, stage: Stage) {
         self.report(|r| r.exceeded(stage));
+    }
+
+    /// The service answers now: how late past `deadline`, each hop's own promise to
+    /// its caller (`deadline_overrun_seconds`).
+    pub(crate) fn observe_answered(&self, deadline: Instant) {
+        let overrun = Instant::now().saturating_duration_since(deadline);
+        self.report(|r| r.answered(overrun));
     }
 
     /// The entries as a `Server-Timing` value, followed by `total`. A stage that ran

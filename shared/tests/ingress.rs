@@ -299,6 +299,38 @@ async fn clamps_budgets_and_expiries_are_counted() {
     );
 }
 
+/// docs/design.md §7: each hop's own promise, read on its `/metrics`: an answer in
+/// time and a 504 at the deadline are 0 late; the one answer the ingress lets through
+/// after the deadline, a COMMIT's outcome, is observed as late as it was.
+#[tokio::test(start_paused = true)]
+async fn how_late_past_the_deadline_each_answer_left_is_observed() {
+    let metrics = Metrics::new("test");
+    let layer = DeadlineLayer::new(policy(500, 300)).with_metrics(&metrics);
+    let commit = |deadline: Deadline| async move {
+        tokio::time::sleep_until(deadline.instant() - MS(5)).await;
+        let _no_return = deadline.point_of_no_return();
+        tokio::time::sleep(MS(100)).await;
+        "committed"
+    };
+    let committing = Router::new()
+        .route("/", get(commit))
+        .route_layer(layer.clone());
+    call(app(layer.clone()), "/budget", Some("100")).await;
+    let (expired, _) = call(app(layer), "/slow", Some("50")).await;
+    assert_eq!(expired.status, StatusCode::GATEWAY_TIMEOUT);
+    let (late, _) = call(committing, "/", Some("100")).await;
+    assert_eq!(late.status, StatusCode::OK);
+    let text = metrics.render();
+    let bucket = |le| {
+        let labels = format!(r#"le="{le}",service="test""#);
+        metric_value(&text, "deadline_overrun_seconds_bucket", &labels)
+    };
+    // Paused time: the two in time are exactly 0 late, the COMMIT's answer 95 ms.
+    assert_eq!(bucket("0.001"), Some(2.0), "{text}");
+    assert_eq!(bucket("0.075"), Some(2.0), "{text}");
+    assert_eq!(bucket("0.1"), Some(3.0), "{text}");
+}
+
 /// A handler that sends its COMMIT 5 ms before the deadline and learns the outcome
 /// `commit_takes` later.
 fn committing(commit_takes: Option<Duration>) -> Router {

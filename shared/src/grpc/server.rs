@@ -156,18 +156,24 @@ where
         crate::trace::continue_trace(&span, request.headers());
         let handler = deadline.clone().scope(self.inner.call(request));
         let serve = async move {
-            if mode == DeadlineMode::Observe {
+            let answer = if mode == DeadlineMode::Observe {
                 let answer = handler.await;
                 if deadline.is_expired() {
                     deadline.would_refuse(Stage::Ingress, "deadline");
                 }
-                return answer;
-            }
-            // Dropping the handler at the deadline drops its work: nothing polls it again.
-            match deadline.run(Stage::Ingress, handler).await {
-                Ok(answer) => answer,
-                Err(exceeded) => Ok(Status::deadline_exceeded(exceeded.to_string()).into_http()),
-            }
+                answer
+            } else {
+                // Dropping the handler at the deadline drops its work: nothing polls it
+                // again.
+                match deadline.run(Stage::Ingress, handler).await {
+                    Ok(answer) => answer,
+                    Err(exceeded) => {
+                        Ok(Status::deadline_exceeded(exceeded.to_string()).into_http())
+                    }
+                }
+            };
+            deadline.log().observe_answered(deadline.instant());
+            answer
         };
         Box::pin(serve.instrument(span))
     }

@@ -149,19 +149,16 @@ fn ceil_millis(budget: Duration) -> Duration {
     }
 }
 
-/// The request's `X-Previous-Attempts`, if any, or why it is not a whole number.
+/// The request's `X-Previous-Attempts`, if any, or why it is not a whole number (read
+/// with the grammar of milliseconds).
 pub(crate) fn read_previous_attempts(headers: &HeaderMap) -> Result<Option<u32>, String> {
-    let invalid = |raw: &[u8]| format!("must be a whole number of attempts, got {:?}", echo(raw));
-    let Some(value) = headers.get(PREVIOUS_ATTEMPTS_HEADER) else {
+    let Some(raw) = headers.get(PREVIOUS_ATTEMPTS_HEADER).map(|v| v.as_bytes()) else {
         return Ok(None);
     };
-    let text = value.to_str().unwrap_or_default().trim();
-    let digits = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
-    digits
-        .then(|| text.parse().ok())
-        .flatten()
+    let attempts = parse_millis(raw).ok().and_then(|n| u32::try_from(n).ok());
+    attempts
         .map(Some)
-        .ok_or_else(|| invalid(value.as_bytes()))
+        .ok_or_else(|| format!("must be a whole number of attempts, got {:?}", echo(raw)))
 }
 
 /// The values of one header in the request's order: `Ok(None)` before the first, the

@@ -139,6 +139,7 @@ where
 }
 
 fn timed(response: axum::response::Response, deadline: &Deadline) -> axum::response::Response {
+    deadline.log().observe_answered(deadline.instant());
     with_server_timing(response, deadline.log(), deadline.elapsed())
 }
 

@@ -18,6 +18,8 @@ pub const DEADLINE_INBOUND_BUDGET_SECONDS: &str = "deadline_inbound_budget_secon
 pub const DEADLINE_CLAMPED_TOTAL: &str = "deadline_clamped_total";
 /// Budget left when a stage starts, by `service` and `stage` (histogram).
 pub const DEADLINE_REMAINING_SECONDS: &str = "deadline_remaining_seconds";
+/// How late past its deadline a service answered (0 in time), by `service` (histogram).
+pub const DEADLINE_OVERRUN_SECONDS: &str = "deadline_overrun_seconds";
 /// Budgets that ran out, by `service` and `stage` (counter).
 pub const DEADLINE_EXCEEDED_TOTAL: &str = "deadline_exceeded_total";
 /// In `observe` mode, what propagate would have refused, by `service`, `stage` and
@@ -68,6 +70,7 @@ pub const HISTOGRAMS: &[&str] = &[
     HTTP_CLIENT_POOL_ACQUIRE_SECONDS,
     DEADLINE_INBOUND_BUDGET_SECONDS,
     DEADLINE_REMAINING_SECONDS,
+    DEADLINE_OVERRUN_SECONDS,
 ];
 
 /// Every other family (gauges and counters).

@@ -92,12 +92,8 @@ impl Problem {
 
     /// 400 for an invalid header, naming it in a `header` member.
     pub fn invalid_header(name: &'static str, detail: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "urn:problem:invalid-header",
-            detail,
-        )
-        .with(|b| b.header = Some(name))
+        let status = StatusCode::BAD_REQUEST;
+        Self::new(status, "urn:problem:invalid-header", detail).with(|b| b.header = Some(name))
     }
 
     /// 404: the named thing does not exist.
@@ -121,12 +117,8 @@ impl Problem {
     pub fn deadline(exceeded: DeadlineExceeded) -> Self {
         let stage = exceeded.stage;
         let detail = format!("the request's time budget ran out in stage {stage}");
-        Self::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "urn:problem:deadline-exceeded",
-            detail,
-        )
-        .with(|b| {
+        let status = StatusCode::GATEWAY_TIMEOUT;
+        Self::new(status, "urn:problem:deadline-exceeded", detail).with(|b| {
             b.stage = Some(stage);
             b.budget_ms = Some(millis(exceeded.budget));
             b.elapsed_ms = Some(millis(exceeded.elapsed));

@@ -15,7 +15,7 @@ use super::{Histogram, latency_histogram};
 use crate::downstream::Downstream;
 use crate::metrics::names::{
     DEADLINE_CLAMPED_TOTAL, DEADLINE_EXCEEDED_TOTAL, DEADLINE_INBOUND_BUDGET_SECONDS,
-    DEADLINE_REMAINING_SECONDS, DEADLINE_WOULD_REFUSE_TOTAL, registered,
+    DEADLINE_OVERRUN_SECONDS, DEADLINE_REMAINING_SECONDS, DEADLINE_WOULD_REFUSE_TOTAL, registered,
 };
 use crate::stage::Stage;
 use crate::timing::Report;
@@ -70,6 +70,8 @@ pub(crate) struct DeadlineMetrics {
     /// only the registry's. Only the ingress observes them.
     inbound_series: Histogram,
     clamped_series: Counter,
+    /// The service's one series of `deadline_overrun_seconds`, observed by every answer.
+    overrun_series: Histogram,
     remaining: Family<ServiceStage, Histogram, fn() -> Histogram>,
     /// `remaining`'s series by stage, found without hashing their labels: a request
     /// observes one at each stage it starts, and the family's lookup (SipHash of the
@@ -85,11 +87,14 @@ impl DeadlineMetrics {
         let inbound: Family<ServiceLabel, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(latency_histogram);
         let clamped: Family<ServiceLabel, Counter> = Family::default();
+        let overrun: Family<ServiceLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
         let label = ServiceLabel { service };
         let this = Self {
             service,
             inbound_series: inbound.get_or_create_owned(&label),
             clamped_series: clamped.get_or_create_owned(&label),
+            overrun_series: overrun.get_or_create_owned(&label),
             remaining: Family::new_with_constructor(latency_histogram),
             remaining_at: Arc::default(),
             exceeded: Family::default(),
@@ -104,6 +109,11 @@ impl DeadlineMetrics {
             registered(DEADLINE_CLAMPED_TOTAL),
             "Requests whose asked-for budget was clamped to [1 ms, max]",
             clamped.clone(),
+        );
+        registry.register(
+            DEADLINE_OVERRUN_SECONDS,
+            "How late past its deadline the service answered (0: in time)",
+            overrun,
         );
         registry.register(
             DEADLINE_REMAINING_SECONDS,
@@ -190,6 +200,10 @@ impl Report for DeadlineMetrics {
         if !known.iter().any(|(known, _)| *known == stage) {
             known.push((stage, series));
         }
+    }
+
+    fn answered(&self, overrun: Duration) {
+        self.overrun_series.observe(overrun.as_secs_f64());
     }
 
     fn exceeded(&self, stage: Stage) {
