@@ -6,21 +6,20 @@
 //! whose images [`crate::images`] can make without a registry are started ([`SERVICES`]:
 //! Grafana, Jaeger and k6 are left out). The images must exist: `cargo xtask images`.
 //!
-//! What is checked, in order: every container with a health check becomes healthy; an
-//! order is created (201); with the catalog slowed through its fault API, an order
-//! with a 300 ms budget is answered 504 with stage `catalog` within 50 ms of its
-//! budget; Prometheus, inside the compose network, scrapes both services (`up == 1`)
-//! and answers the seed's p99 query with a number; `down -v` leaves no container,
-//! volume or network behind. On a failure the containers' logs are printed.
+//! Each check (`checks()`, in order) is printed as it passes; after them, `down -v` must
+//! leave no container, volume or network behind. On a failure the containers' logs are
+//! printed.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use serde_json::Value;
 
 use crate::dashboards::SEED_QUERY;
-use crate::images::{OVERRIDE, POSTGRES_IMAGE, PROMETHEUS_IMAGE, SERVICE_TARGETS, exists, image};
+use crate::images::{
+    OVERRIDE, POSTGRES_IMAGE, PROMETHEUS_IMAGE, SERVICE_TARGETS, exists, image, inspect, stdout,
+};
 use crate::prometheus::instant_query;
 use crate::run::set_fault;
 use crate::scenario::Fault;
@@ -113,23 +112,15 @@ async fn checks(compose: &Compose) -> anyhow::Result<()> {
     ok("every health check passes (postgres, pricing, catalog, orders)");
 
     let client = reqwest::Client::new();
-    let placed = order(&client, None).await?;
-    ensure!(
-        placed.0 == 201,
-        "an order answered {}: {}",
-        placed.0,
-        placed.2
-    );
+    let (status, _, body) = order(&client, None).await?;
+    ensure!(status == 201, "an order answered {status}: {body}");
     ok("an order is created: 201");
 
-    set_fault(
-        CATALOG_ADMIN_URL,
-        Some(Fault {
-            delay_ms: 1000,
-            ..Fault::default()
-        }),
-    )
-    .await?;
+    let slow_catalog = Fault {
+        delay_ms: 1000,
+        ..Fault::default()
+    };
+    set_fault(CATALOG_ADMIN_URL, Some(slow_catalog)).await?;
     let slow = order(&client, Some(BUDGET_MS)).await;
     set_fault(CATALOG_ADMIN_URL, None).await?;
     let (status, elapsed, body) = slow?;
@@ -149,9 +140,9 @@ async fn checks(compose: &Compose) -> anyhow::Result<()> {
     scraped(&client).await
 }
 
-/// Prometheus has scraped both jobs (`up == 1`) and the seed's p99 query returns a
-/// number. The query's `rate` needs the orders histogram to grow between two scrapes,
-/// so an order is placed on every poll.
+/// Prometheus has scraped the three services (`up == 1`) and the seed's p99 query
+/// returns a number. The query's `rate` needs the orders histogram to grow between two
+/// scrapes, so an order is placed on every poll.
 async fn scraped(client: &reqwest::Client) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut seen_up = false;
@@ -229,23 +220,14 @@ struct Compose {
 
 impl Compose {
     fn detect() -> anyhow::Result<Self> {
-        let works = |program: &[&str]| {
-            Command::new(program[0])
-                .args(&program[1..])
-                .arg("version")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
+        let works = |program: &Vec<&str>| {
+            stdout(Command::new(program[0]).args(&program[1..]).arg("version")).is_ok()
         };
-        for program in [vec!["docker", "compose"], vec!["docker-compose"]] {
-            if works(&program) {
-                return Ok(Self { program });
-            }
-        }
-        bail!(
-            "neither `docker compose` nor `docker-compose` works (Debian: apt-get install docker-compose)"
-        )
+        let programs = [vec!["docker", "compose"], vec!["docker-compose"]];
+        let program = programs.into_iter().find(works).context(
+            "neither `docker compose` nor `docker-compose` works (Debian: apt-get install docker-compose)",
+        )?;
+        Ok(Self { program })
     }
 
     fn command(&self) -> Command {
@@ -265,8 +247,7 @@ impl Compose {
     /// Waits until `service`'s container is healthy, or only running when its image
     /// has no health check (Prometheus: then its readiness endpoint).
     async fn wait_healthy(&self, service: &str) -> anyhow::Result<()> {
-        let output = self.command().args(["ps", "--quiet", service]).output()?;
-        let id = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        let id = stdout(self.command().args(["ps", "--quiet", service]))?;
         ensure!(!id.is_empty(), "compose started no container for {service}");
         let started = Instant::now();
         loop {
@@ -297,9 +278,8 @@ impl Compose {
 
     /// The volumes mounted in [`PROJECT`]'s containers, by name.
     fn volumes(&self) -> anyhow::Result<Vec<String>> {
-        let output = self.command().args(["ps", "--quiet"]).output()?;
         let mut volumes = Vec::new();
-        for id in String::from_utf8_lossy(&output.stdout).lines() {
+        for id in stdout(self.command().args(["ps", "--quiet"]))?.lines() {
             let names = inspect(id, "{{range .Mounts}}{{.Name}} {{end}}")?;
             volumes.extend(names.split_whitespace().map(str::to_owned));
         }
@@ -309,32 +289,12 @@ impl Compose {
     /// Containers, volumes and networks of [`PROJECT`] that still exist.
     fn leftovers(&self) -> anyhow::Result<Vec<String>> {
         let filter = format!("label=com.docker.compose.project={PROJECT}");
+        let quiet = ["--quiet", "--filter", &filter];
         let mut left = Vec::new();
         for kind in [&["ps", "--all"][..], &["volume", "ls"], &["network", "ls"]] {
-            let output = Command::new("docker")
-                .args(kind)
-                .args(["--quiet", "--filter", &filter])
-                .output()?;
-            ensure!(output.status.success(), "docker {kind:?} failed");
-            left.extend(
-                String::from_utf8_lossy(&output.stdout)
-                    .lines()
-                    .map(|id| format!("{} {id}", kind[0])),
-            );
+            let ids = stdout(Command::new("docker").args(kind).args(quiet))?;
+            left.extend(ids.lines().map(|id| format!("{} {id}", kind[0])));
         }
         Ok(left)
     }
-}
-
-/// `docker inspect --format <format> <id>`.
-fn inspect(id: &str, format: &str) -> anyhow::Result<String> {
-    let output = Command::new("docker")
-        .args(["inspect", "--format", format, id])
-        .output()?;
-    ensure!(
-        output.status.success(),
-        "docker inspect {id}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }

@@ -39,10 +39,8 @@ pub fn copy_check() -> anyhow::Result<()> {
     std::fs::create_dir_all(project.join("src"))?;
     std::fs::write(project.join("Cargo.toml"), MANIFEST)?;
     std::fs::write(project.join("src/main.rs"), MAIN)?;
-    copy_dir(
-        &workspace().join("shared"),
-        &project.join("deadline-propagation"),
-    )?;
+    let shared = workspace().join("shared");
+    copy_dir(&shared, &project.join("deadline-propagation"))?;
 
     // Its own target dir, kept between runs, so a second check reuses the build.
     let target = workspace().join("target/copy-check");

@@ -77,16 +77,16 @@ pub const PLACE_ORDER: &str = "\
     ) \
     SELECT placed.*, EXISTS (SELECT 1 FROM taken) AS stock_taken FROM placed";
 
-/// The orders schema, from orders-service's migrations as they are on disk.
-async fn migrate(url: &str) -> anyhow::Result<()> {
+/// The orders schema, from orders-service's migrations as they are on disk, made in a
+/// new database on `cluster`; the connection that made it.
+async fn migrated(cluster: &PgCluster, name: &str) -> anyhow::Result<sqlx::PgConnection> {
     let migrations = workspace().join("orders-service/migrations");
-    let mut conn = sqlx::PgConnection::connect(url).await?;
+    let mut conn = sqlx::PgConnection::connect(&fresh_database(cluster, name).await?).await?;
     sqlx::migrate::Migrator::new(migrations)
         .await?
         .run(&mut conn)
         .await?;
-    conn.close().await?;
-    Ok(())
+    Ok(conn)
 }
 
 /// The limit the batches carry: what a 700 ms budget gives the first statement.
@@ -135,24 +135,14 @@ pub fn script(mode: &str, deferred: bool) -> String {
         .replace("$3", "100")
         .replace("$4", "100")
         .replace("$5", "NULL");
+    let limit = (mode == "propagate-each").then_some(LIMIT_MS);
     let (begin, commit) = match mode {
-        "legacy" => ("BEGIN".into(), "COMMIT".into()),
-        "propagate" => (
-            begin_sql(false, None).into(),
-            commit_sql(deferred, LIMIT_MS).into(),
-        ),
-        _ => (
-            begin_sql(false, Some(LIMIT_MS)).into(),
-            commit_sql(deferred, LIMIT_MS).into(),
-        ),
+        "legacy" => ("BEGIN".to_owned(), "COMMIT".to_owned()),
+        _ => (begin_sql(false, limit), commit_sql(deferred, LIMIT_MS)),
     };
-    let compound = |sql: std::borrow::Cow<str>| sql.replace("; ", " \\; ");
-    format!(
-        "\\set sku random(1, 1000)\n{};\n{};\n{};\n",
-        compound(begin),
-        statement.trim(),
-        compound(commit)
-    )
+    let compound = |sql: String| sql.replace("; ", " \\; ");
+    let (begin, commit) = (compound(begin), compound(commit));
+    format!("\\set sku random(1, 1000)\n{begin};\n{statement};\n{commit};\n")
 }
 
 /// Runs the measurement and writes its results.
@@ -166,16 +156,11 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
     };
     let cluster = tokio::task::spawn_blocking(PgCluster::start).await??;
     // What the service learns of the orders schema at start-up decides its COMMIT.
-    let deferred = {
-        let url = fresh_database(&cluster, "cost_schema").await?;
-        migrate(&url).await?;
-        let mut conn = sqlx::PgConnection::connect(&url).await?;
-        let deferred: bool = sqlx::query_scalar(DEFERRED_WORK_QUERY)
-            .fetch_one(&mut conn)
-            .await?;
-        conn.close().await?;
-        deferred
-    };
+    let mut conn = migrated(&cluster, "cost_schema").await?;
+    let deferred: bool = sqlx::query_scalar(DEFERRED_WORK_QUERY)
+        .fetch_one(&mut conn)
+        .await?;
+    conn.close().await?;
     for mode in MODES {
         std::fs::write(out.join(format!("{mode}.sql")), script(mode, deferred))?;
     }
@@ -185,16 +170,12 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
         order.rotate_left(repeat as usize % MODES.len());
         for mode in order {
             let database = format!("cost_{repeat}_{}", mode.replace('-', "_"));
-            migrate(&fresh_database(&cluster, &database).await?).await?;
+            migrated(&cluster, &database).await?.close().await?;
             let output = Command::new(cluster.bin("pgbench"))
                 .env("PGOPTIONS", &options)
                 .args("-n -M simple -j 2 -h 127.0.0.1 -U postgres".split(' '))
-                .args([
-                    "-c",
-                    &args.clients.to_string(),
-                    "-T",
-                    &args.seconds.to_string(),
-                ])
+                .args(["-c", &args.clients.to_string()])
+                .args(["-T", &args.seconds.to_string()])
                 .args(["-p", &cluster.port().to_string(), "-f"])
                 .arg(out.join(format!("{mode}.sql")))
                 .arg(&database)
@@ -258,12 +239,8 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
 }
 
 fn parse_tps(text: &str) -> Option<f64> {
-    let line = text.lines().find(|l| l.starts_with("tps = "))?;
-    line["tps = ".len()..]
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+    let line = text.lines().find_map(|l| l.strip_prefix("tps = "))?;
+    line.split_whitespace().next()?.parse().ok()
 }
 
 fn markdown(s: &Summary) -> String {

@@ -10,7 +10,7 @@
 //! the machine's speed taken out. The A/A run (propagate against propagate) prices the
 //! instrument's own spread.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ use test_support::PgCluster;
 
 use crate::meter::Meter;
 use crate::scenario::{Model, Scenario};
-use crate::stack::{Ports, ServiceEnv, Services, fresh_database, url};
+use crate::stack::{Ports, ServiceEnv, Services, fresh_database, url, workspace};
 use crate::stats::{Request, Spread, quantile, spread, unix_ms};
 use reference::Reference;
 
@@ -113,6 +113,9 @@ pub struct Segment {
     pub reference_ms_per_call: f64,
 }
 
+/// Per side, a spread per figure.
+type BySide = BTreeMap<String, BTreeMap<String, Spread>>;
+
 /// A CPU run: its plan, its segments, and the figures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CpuReport {
@@ -134,9 +137,9 @@ pub struct CpuReport {
     #[serde(default)]
     pub adjusted: BTreeMap<String, Spread>,
     /// Per side, CPU per order, ms: per process, `total`, and `reference` (per call).
-    pub per_order: BTreeMap<String, BTreeMap<String, Spread>>,
+    pub per_order: BySide,
     /// Per side, p50 and p99 latency, ms.
-    pub latency: BTreeMap<String, BTreeMap<String, Spread>>,
+    pub latency: BySide,
     /// Per pair, the second side's p50 minus the first's, ms.
     pub p50_difference_ms: Option<Spread>,
     /// k6's exit code.
@@ -147,8 +150,8 @@ impl CpuReport {
     /// A Markdown table of the report.
     pub fn markdown(&self) -> String {
         let [a, b] = &self.sides;
-        let median = |side: &str, what: &str| {
-            self.per_order
+        let median = |by_side: &BySide, side: &str, what: &str| {
+            by_side
                 .get(side)
                 .and_then(|m| m.get(what))
                 .map_or(f64::NAN, |s| s.median)
@@ -159,7 +162,7 @@ impl CpuReport {
             })
         };
         let mut out = format!(
-            "CPU per order at {} orders/s, open loop ({} pairs of {} s, {} then {} alternating; \
+            "CPU per order at {} orders/s, open loop ({} pairs of {} s, {a} then {b} alternating; \
              median of the pairs, min to max; the last column divides each pair's ratio by \
              the control's, a catalog-service called directly at the same rate):\n\n\
              | CPU per order, ms | {a} | {b} | {a} / {b} | {a} / {b}, the machine's speed taken out |\n\
@@ -167,34 +170,24 @@ impl CpuReport {
             self.plan.rate,
             self.plan.pairs,
             self.plan.segment.as_secs_f64(),
-            a,
-            b
         );
-        for (name, key) in PROCESSES
-            .iter()
-            .map(|p| (*p, *p))
-            .chain([("all three", "total")])
-        {
+        let rows = PROCESSES.map(|p| (p, p)).into_iter();
+        for (name, key) in rows.chain([("all three", "total")]) {
             out.push_str(&format!(
                 "| {name} | {:.3} | {:.3} | {} | {} |\n",
-                median(a, key),
-                median(b, key),
+                median(&self.per_order, a, key),
+                median(&self.per_order, b, key),
                 shown(self.ratios.get(key)),
                 shown(self.adjusted.get(key)),
             ));
         }
         out.push_str(&format!(
             "| the control, ms per call | {:.3} | {:.3} | {} | |\n",
-            median(a, "reference"),
-            median(b, "reference"),
+            median(&self.per_order, a, "reference"),
+            median(&self.per_order, b, "reference"),
             shown(self.ratios.get("reference")),
         ));
-        let latency = |side: &str, q: &str| {
-            self.latency
-                .get(side)
-                .and_then(|m| m.get(q))
-                .map_or(f64::NAN, |s| s.median)
-        };
+        let latency = |side: &str, q: &str| median(&self.latency, side, q);
         out.push_str(&format!(
             "| latency p50 / p99, ms | {:.2} / {:.2} | {:.2} / {:.2} | p50 {b} − {a}: {} | |\n",
             latency(a, "p50"),
@@ -249,17 +242,13 @@ async fn read(
 /// Switches orders-service's mode.
 async fn switch(orders_admin: &str, mode: &str) -> anyhow::Result<()> {
     let url = format!("{orders_admin}/admin/mode");
-    let response = reqwest::Client::new()
+    reqwest::Client::new()
         .put(&url)
         .json(&serde_json::json!({ "mode": mode }))
         .send()
         .await
-        .with_context(|| format!("{url} unreachable"))?;
-    anyhow::ensure!(
-        response.status().is_success(),
-        "{url} answered {}",
-        response.status()
-    );
+        .and_then(reqwest::Response::error_for_status)
+        .with_context(|| format!("PUT {url}"))?;
     Ok(())
 }
 
@@ -309,11 +298,10 @@ pub async fn measure(
     tokio::time::sleep(plan.warm_up).await;
     let mut readings: Vec<(usize, &str, Reading, Reading)> = Vec::new();
     for pair in 0..plan.pairs as usize {
-        let order = if pair % 2 == 0 {
-            [sides[0], sides[1]]
-        } else {
-            [sides[1], sides[0]]
-        };
+        let mut order = sides;
+        if pair % 2 == 1 {
+            order.reverse();
+        }
         for (side, mode) in order {
             switch(&url(ports.orders_admin), mode).await?;
             tokio::time::sleep(plan.settle).await;
@@ -366,17 +354,15 @@ fn report(
         .iter()
         .map(|(pair, side, start, end)| {
             let orders = end.orders.saturating_sub(start.orders);
-            let per_order = |i: usize| {
+            let cpu = [0, 1, 2].map(|i| {
                 let ms = end.cpu_ns[i].saturating_sub(start.cpu_ns[i]) as f64 / 1e6;
                 ms / orders.max(1) as f64
-            };
-            let cpu = [per_order(0), per_order(1), per_order(2)];
+            });
             let calls = end.reference_calls.saturating_sub(start.reference_calls);
             let reference_ms = end.reference_ns.saturating_sub(start.reference_ns) as f64 / 1e6;
-            let reference_ms_per_call = if calls == 0 {
-                f64::NAN
-            } else {
-                reference_ms / calls as f64
+            let reference_ms_per_call = match calls {
+                0 => f64::NAN,
+                calls => reference_ms / calls as f64,
             };
             let arrived: Vec<&Request> = requests
                 .iter()
@@ -417,60 +403,35 @@ fn summarize(
     let pairs: Vec<(&Segment, &Segment)> = (0..plan.pairs as usize)
         .filter_map(|p| Some((of(p, &sides[0])?, of(p, &sides[1])?)))
         .collect();
-    let keys: Vec<&str> = PROCESSES
-        .iter()
-        .copied()
-        .chain(["total", "reference"])
-        .collect();
-    let value = |s: &Segment, key: &str| match PROCESSES.iter().position(|p| *p == key) {
-        Some(i) => s.cpu_ms_per_order[i],
-        None if key == "reference" => s.reference_ms_per_call,
-        None => s.total_ms_per_order,
+    // The processes and `total`; `reference` is the control's CPU per call.
+    let cpu = [&PROCESSES[..], &["total"]].concat();
+    let keys = [&cpu[..], &["reference"]].concat();
+    let value = |s: &Segment, key: &str| match key {
+        "total" => s.total_ms_per_order,
+        "reference" => s.reference_ms_per_call,
+        "p50" => s.p50_ms,
+        "p99" => s.p99_ms,
+        process => s.cpu_ms_per_order[PROCESSES.iter().position(|p| *p == process).unwrap()],
     };
     let ratio = |(a, b): &(&Segment, &Segment), key: &str| value(a, key) / value(b, key);
-    let mut ratios = BTreeMap::new();
-    let mut adjusted = BTreeMap::new();
-    for key in &keys {
-        let values: Vec<f64> = pairs.iter().map(|pair| ratio(pair, key)).collect();
-        if let Some(s) = spread(&values) {
-            ratios.insert((*key).to_owned(), s);
-        }
-        if *key == "reference" {
-            continue;
-        }
-        // A ratio that is not finite (a control that answered nothing) is left out.
-        let values: Vec<f64> = pairs
+    let ratios = spreads(&keys, |key| {
+        pairs.iter().map(|pair| ratio(pair, key)).collect()
+    });
+    // A ratio that is not finite (a control that answered nothing) is left out.
+    let adjusted = spreads(&cpu, |key| {
+        pairs
             .iter()
             .map(|pair| ratio(pair, key) / ratio(pair, "reference"))
             .filter(|r| r.is_finite())
-            .collect();
-        if let Some(s) = spread(&values) {
-            adjusted.insert((*key).to_owned(), s);
-        }
-    }
+            .collect()
+    });
     let mut per_order = BTreeMap::new();
     let mut latency = BTreeMap::new();
     for side in &sides {
         let mine: Vec<&Segment> = segments.iter().filter(|s| &s.side == side).collect();
-        let mut cpu = BTreeMap::new();
-        for key in &keys {
-            let values: Vec<f64> = mine.iter().map(|s| value(s, key)).collect();
-            if let Some(s) = spread(&values) {
-                cpu.insert((*key).to_owned(), s);
-            }
-        }
-        per_order.insert(side.clone(), cpu);
-        let mut times = BTreeMap::new();
-        for (q, pick) in [
-            ("p50", (|s: &Segment| s.p50_ms) as fn(&Segment) -> f64),
-            ("p99", |s| s.p99_ms),
-        ] {
-            let values: Vec<f64> = mine.iter().map(|s| pick(s)).collect();
-            if let Some(s) = spread(&values) {
-                times.insert(q.to_owned(), s);
-            }
-        }
-        latency.insert(side.clone(), times);
+        let values = |key: &str| mine.iter().map(|s| value(s, key)).collect();
+        per_order.insert(side.clone(), spreads(&keys, values));
+        latency.insert(side.clone(), spreads(&["p50", "p99"], values));
     }
     let differences: Vec<f64> = pairs.iter().map(|(a, b)| b.p50_ms - a.p50_ms).collect();
     CpuReport {
@@ -486,6 +447,13 @@ fn summarize(
         p50_difference_ms: spread(&differences),
         k6_exit,
     }
+}
+
+/// The spread of `values(key)` for each of `keys` that has one.
+fn spreads(keys: &[&str], values: impl Fn(&str) -> Vec<f64>) -> BTreeMap<String, Spread> {
+    keys.iter()
+        .filter_map(|key| Some(((*key).to_owned(), spread(&values(key))?)))
+        .collect()
 }
 
 /// The pairs of several runs of one comparison as one report, as if one run had made
@@ -514,21 +482,23 @@ pub fn pool(reports: &[&CpuReport]) -> anyhow::Result<CpuReport> {
         pairs,
         ..first.plan
     };
-    let mut sources: Vec<&str> = reports.iter().map(|r| r.source.as_str()).collect();
-    sources.sort_unstable();
-    sources.dedup();
+    let sources: BTreeSet<&str> = reports.iter().map(|r| r.source.as_str()).collect();
+    let sources = Vec::from_iter(sources).join(", ");
     let k6_exit = reports
         .iter()
         .map(|r| r.k6_exit)
         .find(|&e| e != 0)
         .unwrap_or(0);
-    Ok(summarize(
-        first.versus,
-        plan,
-        &sources.join(", "),
-        segments,
-        k6_exit,
-    ))
+    Ok(summarize(first.versus, plan, &sources, segments, k6_exit))
+}
+
+/// What `cpu.json` holds, read back by `cpu-pool`.
+#[derive(Debug, Deserialize)]
+struct Published {
+    /// The commit measured.
+    commit: String,
+    /// The comparisons.
+    reports: Vec<CpuReport>,
 }
 
 /// `cargo xtask cpu-pool`'s command line.
@@ -545,16 +515,17 @@ pub struct CpuPoolArgs {
 
 /// Runs `cargo xtask cpu-pool`: prints the pooled table, after the runs it pools.
 pub fn pool_command(args: &CpuPoolArgs) -> anyhow::Result<()> {
-    let mut published = Vec::new();
-    for dir in &args.dirs {
-        let run =
-            Published::read(dir)?.with_context(|| format!("no cpu.json in {}", dir.display()))?;
-        published.push(run);
-    }
     let mut reports = Vec::new();
-    for (dir, run) in args.dirs.iter().zip(&published) {
+    for dir in &args.dirs {
+        let path = dir.join("cpu.json");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("no cpu.json in {}", dir.display()))?;
+        let run: Published = serde_json::from_str(&text)
+            .with_context(|| format!("cannot parse {}", path.display()))?;
         let report = run
-            .report(args.versus)
+            .reports
+            .into_iter()
+            .find(|r| r.versus == args.versus)
             .with_context(|| format!("{} has no {:?} comparison", dir.display(), args.versus))?;
         println!(
             "- {}: commit `{}`, {} pairs",
@@ -564,6 +535,7 @@ pub fn pool_command(args: &CpuPoolArgs) -> anyhow::Result<()> {
         );
         reports.push(report);
     }
+    let reports: Vec<&CpuReport> = reports.iter().collect();
     println!("\n{}", pool(&reports)?.markdown());
     Ok(())
 }
@@ -597,10 +569,7 @@ pub struct CpuArgs {
 /// Runs `cargo xtask cpu`: the comparisons asked for, each on its own stack; writes
 /// `cpu.json` and `cpu.md`.
 pub async fn run(args: CpuArgs) -> anyhow::Result<Vec<CpuReport>> {
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| crate::stack::workspace().join("results/cpu"));
+    let out = args.out.unwrap_or_else(|| workspace().join("results/cpu"));
     let commit = crate::stack::commit();
     if !args.no_build {
         crate::stack::build_services(&args.profile, &[])?;
@@ -646,48 +615,12 @@ pub async fn measure_all(
 /// `cpu.json` (every segment, for whoever wants to recompute) and `cpu.md` in `out`.
 pub fn write(out: &Path, commit: &str, profile: &str, reports: &[CpuReport]) -> anyhow::Result<()> {
     std::fs::create_dir_all(out)?;
-    std::fs::write(
-        out.join("cpu.json"),
-        serde_json::to_string_pretty(
-            &serde_json::json!({"commit": commit, "profile": profile, "reports": reports}),
-        )? + "\n",
-    )?;
+    let json = serde_json::json!({"commit": commit, "profile": profile, "reports": reports});
+    std::fs::write(out.join("cpu.json"), format!("{json:#}\n"))?;
     let text: Vec<String> = reports.iter().map(CpuReport::markdown).collect();
-    std::fs::write(
-        out.join("cpu.md"),
-        format!(
-            "# CPU per order\n\nCommit `{commit}`, {profile} build.\n\n{}",
-            text.join("\n")
-        ),
-    )?;
+    let heading = format!("# CPU per order\n\nCommit `{commit}`, {profile} build.\n\n");
+    std::fs::write(out.join("cpu.md"), heading + &text.join("\n"))?;
     Ok(())
-}
-
-/// What `cpu.json` holds, read back (the README's findings).
-#[derive(Debug, Deserialize)]
-pub struct Published {
-    /// The commit measured.
-    pub commit: String,
-    /// The comparisons.
-    pub reports: Vec<CpuReport>,
-}
-
-impl Published {
-    /// `dir/cpu.json`, if there is one.
-    pub fn read(dir: &Path) -> anyhow::Result<Option<Self>> {
-        let path = dir.join("cpu.json");
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            return Ok(None);
-        };
-        let published = serde_json::from_str(&text)
-            .with_context(|| format!("cannot parse {}", path.display()))?;
-        Ok(Some(published))
-    }
-
-    /// The comparison of `versus`, if it ran.
-    pub fn report(&self, versus: CpuVersus) -> Option<&CpuReport> {
-        self.reports.iter().find(|r| r.versus == versus)
-    }
 }
 
 #[cfg(test)]
@@ -719,7 +652,7 @@ mod tests {
         out
     }
 
-    fn answer(arrival_ms: u64, elapsed_us: u64) -> Request {
+    fn answer((arrival_ms, elapsed_us): (u64, u64)) -> Request {
         Request {
             arrival_ms,
             status: 201,
@@ -745,12 +678,7 @@ mod tests {
             (1, "propagate", [90, 20, 70], 100),
             (1, "legacy", [80, 20, 60], 100),
         ]);
-        let requests = [
-            answer(10, 1500),
-            answer(20, 2500),
-            answer(2010, 1700),
-            answer(2020, 2600),
-        ];
+        let requests = [(10, 1500), (20, 2500), (2010, 1700), (2020, 2600)].map(answer);
         let report = report(CpuVersus::Modes, plan(2), "proc", &readings, &requests, 0);
         let total = report.ratios["total"];
         // legacy 1.6 ms an order, propagate 1.8: 0.889 in both pairs.
@@ -804,8 +732,7 @@ mod tests {
         let pooled = pool(&[&one, &two]).unwrap();
         assert_eq!(pooled.plan.pairs, 3);
         // Three pairs, not two runs' first pairs taken for one pair.
-        let pairs: std::collections::BTreeSet<usize> =
-            pooled.segments.iter().map(|s| s.pair).collect();
+        let pairs: BTreeSet<usize> = pooled.segments.iter().map(|s| s.pair).collect();
         assert_eq!(pairs.len(), 3);
         let adjusted = pooled.adjusted["total"];
         assert!((adjusted.median - 0.95).abs() < 1e-9, "{adjusted:?}");

@@ -52,11 +52,7 @@ pub fn check_dir(dir: &Path) -> anyhow::Result<Report> {
     files.retain(|p| p.extension().is_some_and(|e| e == "json"));
     files.sort();
     for path in &files {
-        let name = path
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
+        let name = path.strip_prefix(dir)?.display().to_string();
         let text = std::fs::read_to_string(path)?;
         let dashboard: Value =
             serde_json::from_str(&text).with_context(|| format!("{name} does not parse"))?;
@@ -69,27 +65,19 @@ pub fn check_dir(dir: &Path) -> anyhow::Result<Report> {
             problem(what);
         }
         let defaults = variable_defaults(&dashboard);
-        let annotations = dashboard["annotations"]["list"]
-            .as_array()
-            .into_iter()
-            .flatten();
+        let annotations = list(&dashboard["annotations"]["list"]);
         for annotation in annotations.filter(|a| a["builtIn"].as_u64().unwrap_or(0) == 0) {
             let label = format!("annotation {}", annotation["name"]);
             if annotation["datasource"]["uid"] != DATASOURCE_REF {
                 problem(format!("{label}: datasource is not {DATASOURCE_REF}"));
             }
-            match check_expr(
-                annotation["expr"].as_str().unwrap_or_default().trim(),
-                &defaults,
-            ) {
-                Ok(expr) => {
-                    let label = format!("{name}: {label}");
-                    report.queries.push(Query {
-                        label,
-                        expr,
-                        during_fault: true,
-                    });
-                }
+            let expr = annotation["expr"].as_str().unwrap_or_default().trim();
+            match check_expr(expr, &defaults) {
+                Ok(expr) => report.queries.push(Query {
+                    label: format!("{name}: {label}"),
+                    expr,
+                    during_fault: true,
+                }),
                 Err(problems) => problems
                     .into_iter()
                     .for_each(|p| problem(format!("{label}: {p}"))),
@@ -107,12 +95,17 @@ pub fn check_dir(dir: &Path) -> anyhow::Result<Report> {
     Ok(report)
 }
 
+/// The elements of a JSON array; none when `value` is not one.
+pub(crate) fn list(value: &Value) -> impl Iterator<Item = &Value> {
+    value.as_array().into_iter().flatten()
+}
+
 /// Every panel, rows flattened (a collapsed row nests its panels).
 fn panels(dashboard: &Value) -> Vec<&Value> {
     let mut out = Vec::new();
-    for panel in dashboard["panels"].as_array().into_iter().flatten() {
+    for panel in list(&dashboard["panels"]) {
         if panel["type"] == "row" {
-            out.extend(panel["panels"].as_array().into_iter().flatten());
+            out.extend(list(&panel["panels"]));
         } else {
             out.push(panel);
         }
@@ -127,10 +120,8 @@ fn check_panel(
     defaults: &BTreeMap<String, String>,
     report: &mut Report,
 ) -> bool {
-    let title = format!(
-        "{file} / {}",
-        panel["title"].as_str().unwrap_or("<untitled>")
-    );
+    let title = panel["title"].as_str().unwrap_or("<untitled>");
+    let title = format!("{file} / {title}");
     let mut problem = |what: String| report.problems.push(format!("{title}: {what}"));
     if panel["description"]
         .as_str()
@@ -141,12 +132,11 @@ fn check_panel(
     if panel["datasource"]["uid"] != DATASOURCE_REF {
         problem(format!("datasource is not {DATASOURCE_REF}"));
     }
-    let targets = panel["targets"].as_array().cloned().unwrap_or_default();
-    if targets.is_empty() {
+    if list(&panel["targets"]).next().is_none() {
         problem("no targets".into());
     }
     let (mut seed, mut refs) = (false, BTreeSet::new());
-    for target in &targets {
+    for target in list(&panel["targets"]) {
         let ref_id = target["refId"].as_str().unwrap_or("?").to_owned();
         if !refs.insert(ref_id.clone()) {
             problem(format!("refId {ref_id} used twice"));
@@ -159,14 +149,11 @@ fn check_panel(
             ));
         }
         match check_expr(expr, defaults) {
-            Ok(expr) => {
-                let label = format!("{title} / {ref_id}");
-                report.queries.push(Query {
-                    label,
-                    expr,
-                    during_fault: false,
-                });
-            }
+            Ok(expr) => report.queries.push(Query {
+                label: format!("{title} / {ref_id}"),
+                expr,
+                during_fault: false,
+            }),
             Err(problems) => problems
                 .into_iter()
                 .for_each(|p| problem(format!("target {ref_id}: {p}"))),
@@ -182,10 +169,8 @@ fn check_expr(expr: &str, defaults: &BTreeMap<String, String>) -> Result<String,
     if expr.is_empty() {
         return Err(vec!["no expr".into()]);
     }
-    let words: Vec<&str> = expr
-        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-        .collect();
-    if words.contains(&"job") {
+    let mut words = expr.split(|c: char| !(c.is_alphanumeric() || c == '_'));
+    if words.any(|word| word == "job") {
         problems.push(
             "depends on the scrape job's name (`job`): select by the metrics' own labels".into(),
         );
@@ -209,12 +194,8 @@ fn check_expr(expr: &str, defaults: &BTreeMap<String, String>) -> Result<String,
 
 /// The `datasource` variable: a Prometheus datasource picker defaulting to ours.
 fn check_datasource_variable(dashboard: &Value) -> Result<(), String> {
-    let list = dashboard["templating"]["list"].as_array();
-    let Some(var) = list
-        .into_iter()
-        .flatten()
-        .find(|v| v["name"] == "datasource")
-    else {
+    let mut variables = list(&dashboard["templating"]["list"]);
+    let Some(var) = variables.find(|v| v["name"] == "datasource") else {
         return Err(format!(
             "no `datasource` variable (panels use {DATASOURCE_REF})"
         ));
@@ -241,11 +222,7 @@ fn variable_defaults(dashboard: &Value) -> BTreeMap<String, String> {
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
-    for var in dashboard["templating"]["list"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
+    for var in list(&dashboard["templating"]["list"]) {
         let value = var["current"]["value"]
             .as_str()
             .or(var["query"].as_str())

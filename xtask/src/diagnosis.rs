@@ -137,9 +137,7 @@ mod tests {
 
     fn calm_but(changes: &[(&str, f64)]) -> BTreeMap<String, f64> {
         let mut f = figures(CALM);
-        for (k, v) in changes {
-            f.insert((*k).to_owned(), *v);
-        }
+        f.extend(figures(changes));
         f
     }
 

@@ -7,6 +7,7 @@
 //! the problem body, `Server-Timing`, and how long the answer took.
 
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
@@ -14,7 +15,9 @@ use serde_json::Value;
 use test_support::process::{binary_dir, free_port};
 use test_support::{PgCluster, ServiceProcess};
 
-use crate::stack::{fresh_database, start_catalog, wait_listening, workspace};
+use crate::run::set_fault;
+use crate::scenario::Fault;
+use crate::stack::{fresh_database, run, start_catalog, wait_listening, workspace};
 
 /// How much later than its budget an answer may come on a loaded 2-core machine.
 const LATE: Duration = Duration::from_millis(400);
@@ -22,7 +25,12 @@ const LATE: Duration = Duration::from_millis(400);
 /// Builds (unless `no_build`) and runs every example of the ladder.
 pub async fn examples(profile: &str, no_build: bool) -> anyhow::Result<()> {
     if !no_build {
-        build(profile)?;
+        run(
+            Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+                .current_dir(workspace())
+                .args(["build", "--quiet", "--profile", profile])
+                .args("-p deadline-propagation --examples -p catalog-service".split(' ')),
+        )?;
     }
     let bin = binary_dir(&workspace(), profile);
     let logs = std::env::temp_dir().join(format!("examples-{}", std::process::id()));
@@ -31,17 +39,6 @@ pub async fn examples(profile: &str, no_build: bool) -> anyhow::Result<()> {
     client(&bin, &logs).await.context("example `client`")?;
     database(&bin, &logs).await.context("example `database`")?;
     println!("examples: ingress, client and database answered as documented");
-    Ok(())
-}
-
-fn build(profile: &str) -> anyhow::Result<()> {
-    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
-        .current_dir(workspace())
-        .args(["build", "--quiet", "--profile", profile])
-        .args("-p deadline-propagation --examples -p catalog-service".split(' '))
-        .status()
-        .context("cannot run cargo build")?;
-    ensure!(status.success(), "cargo build failed");
     Ok(())
 }
 
@@ -78,14 +75,10 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
     let cluster = tokio::task::spawn_blocking(PgCluster::start).await??;
     let database_url = fresh_database(&cluster, "examples").await?;
     let (catalog_port, admin_port) = (free_port(), free_port());
-    let catalog = start_catalog(
-        bin,
-        (catalog_port, admin_port),
-        &[],
-        logs.join("catalog.log"),
-    )
-    .await
-    .context("catalog-service")?;
+    let log = logs.join("catalog.log");
+    let catalog = start_catalog(bin, (catalog_port, admin_port), &[], log)
+        .await
+        .context("catalog-service")?;
     let env = [
         ("CATALOG_URL", format!("http://127.0.0.1:{catalog_port}")),
         ("DATABASE_URL", database_url),
@@ -99,27 +92,15 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
         "{body}"
     );
 
-    let faults = format!("http://127.0.0.1:{admin_port}/admin/faults");
-    let http = reqwest::Client::new();
-    let put = http
-        .put(&faults)
-        .json(&serde_json::json!({"delay_ms": 1000}))
-        .send()
-        .await?;
-    ensure!(
-        put.status().is_success(),
-        "the catalog fault: {}",
-        put.status()
-    );
+    let slow_catalog = Fault {
+        delay_ms: 1000,
+        ..Fault::default()
+    };
+    set_fault(&crate::stack::url(admin_port), Some(slow_catalog)).await?;
     let cut = ask(&format!("{url}/price/SKU-00042"), Some(300)).await?;
     cut.expect_deadline(300, &["catalog"])?;
 
-    let metrics = http
-        .get(format!("{url}/metrics"))
-        .send()
-        .await?
-        .text()
-        .await?;
+    let metrics = reqwest::get(format!("{url}/metrics")).await?.text().await?;
     ensure!(
         metrics.contains(r#"http_client_requests_seconds_count{client="catalog""#),
         "the client's metrics on /metrics"

@@ -84,20 +84,19 @@ fn cgroups(roots: &[u32]) -> anyhow::Result<Vec<PathBuf>> {
     let mut dirs = Vec::new();
     for (i, &root) in roots.iter().enumerate() {
         let dir = base.join(format!("deadline-cpu-{}-{i}", std::process::id()));
-        let made = std::fs::create_dir(&dir).map_err(anyhow::Error::from);
-        let moved = made.and_then(|()| {
+        let moved = std::fs::create_dir(&dir).and_then(|()| {
             for pid in tree(root) {
                 std::fs::write(dir.join("cgroup.procs"), pid.to_string())?;
             }
             Ok(())
         });
+        dirs.push(dir);
         if let Err(err) = moved {
-            for made in dirs.iter().chain([&dir]) {
+            for made in &dirs {
                 release(made);
             }
-            return Err(err);
+            return Err(err.into());
         }
-        dirs.push(dir);
     }
     Ok(dirs)
 }
@@ -111,52 +110,40 @@ fn release(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
-/// CPU time of one process so far, in clock ticks: its own user and system time, and
-/// its reaped children's.
-pub fn ticks(pid: u32) -> Option<u64> {
+/// The numeric fields of `/proc/PID/stat` from field 4 of proc(5) (the parent) on, at
+/// index 0 here; `None` for one that is not a `u64`. The command before them may hold
+/// spaces and parentheses: they follow the last `)` and the state.
+fn stat(pid: u32) -> Option<Vec<Option<u64>>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command may hold spaces and parentheses: the fields start after the last `)`.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    // After the `)`: state is field 3 of proc(5), so utime (14) .. cstime (17) are 11..=14 here.
-    let sum = fields
-        .get(11..15)?
-        .iter()
-        .map(|f| f.parse::<u64>().ok())
-        .sum::<Option<u64>>()?;
-    Some(sum)
+    let fields = stat.rsplit_once(')')?.1.split_whitespace().skip(1);
+    Some(fields.map(|f| f.parse().ok()).collect())
+}
+
+/// CPU time of one process so far, in clock ticks: its own user and system time, and
+/// its reaped children's (utime to cstime, fields 14 to 17 of proc(5)).
+pub fn ticks(pid: u32) -> Option<u64> {
+    stat(pid)?.get(10..14)?.iter().copied().sum()
 }
 
 /// The parent of `pid`.
 fn parent(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    stat(pid)?.first().copied().flatten()?.try_into().ok()
 }
 
 /// `root` and every living process below it.
 fn tree(root: u32) -> Vec<u32> {
-    let mut pids = vec![root];
-    let all: Vec<u32> = std::fs::read_dir("/proc")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut grew = true;
-    while grew {
-        grew = false;
-        for &pid in &all {
-            if !pids.contains(&pid) && parent(pid).is_some_and(|p| pids.contains(&p)) {
-                pids.push(pid);
-                grew = true;
-            }
+    let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+    let pids = entries.filter_map(|e| e.file_name().to_str()?.parse().ok());
+    let parents: Vec<(u32, u32)> = pids.filter_map(|pid| Some((pid, parent(pid)?))).collect();
+    let mut tree = vec![root];
+    let mut i = 0;
+    while let Some(&pid) = tree.get(i) {
+        for &(child, _) in parents.iter().filter(|(_, parent)| *parent == pid) {
+            tree.push(child);
         }
+        i += 1;
     }
-    pids
+    tree
 }
 
 /// CPU ticks of `root` and every living process below it (a server's backends).

@@ -44,11 +44,8 @@ impl Cut {
             .await?;
             let cut = unix_ms();
             tokio::time::sleep(partition.length).await;
-            tokio::task::spawn_blocking(move || {
-                link.heal();
-                drop(link);
-            })
-            .await?;
+            // The link is dropped (its rules removed) on the blocking thread too.
+            tokio::task::spawn_blocking(move || link.heal()).await?;
             Ok((cut, unix_ms()))
         });
         Ok(Self { task })
@@ -140,34 +137,26 @@ impl Observer {
 /// that survived it), and the goodput over the seconds of arrivals before the cut and
 /// from the heal to the end of the load.
 pub fn figures(held: &[Held], seconds: &[Second], cut_s: f64, healed_s: f64) -> [(String, f64); 5] {
-    let max = |values: &mut dyn Iterator<Item = f64>| values.fold(0.0, f64::max);
+    let peak = |from_s: f64, value: fn(&Held) -> f64| {
+        let after = held.iter().filter(|h| h.t >= from_s);
+        after.map(value).fold(0.0, f64::max)
+    };
     let goodput = |from: f64, to: f64| {
         let inside: Vec<f64> = seconds
             .iter()
             .filter(|s| (s.t as f64) >= from && ((s.t + 1) as f64) <= to)
             .map(|s| s.good as f64)
             .collect();
-        if inside.is_empty() {
-            0.0
-        } else {
-            inside.iter().sum::<f64>() / inside.len() as f64
-        }
+        inside.iter().sum::<f64>() / inside.len().max(1) as f64
     };
     let end = seconds.last().map_or(healed_s, |s| (s.t + 1) as f64);
-    let after_heal = &mut held
-        .iter()
-        .filter(|h| h.t >= healed_s + 1.0)
-        .map(|h| h.stale);
     [
+        ("longest_write_xact_ms", peak(0.0, |h| h.oldest_ms)),
+        ("clientless_xacts_peak", peak(0.0, |h| h.stale)),
         (
-            "longest_write_xact_ms",
-            max(&mut held.iter().map(|h| h.oldest_ms)),
+            "clientless_xacts_after_heal",
+            peak(healed_s + 1.0, |h| h.stale),
         ),
-        (
-            "clientless_xacts_peak",
-            max(&mut held.iter().map(|h| h.stale)),
-        ),
-        ("clientless_xacts_after_heal", max(after_heal)),
         ("goodput_before_cut_per_s", goodput(1.0, cut_s)),
         ("goodput_after_heal_per_s", goodput(healed_s, end)),
     ]
@@ -199,17 +188,10 @@ mod tests {
     fn the_figures_split_the_run_at_the_cut_and_the_heal() {
         // Cut at 10 s, healed at 30 s; goodput 80 before, 0 during, 70 after.
         let seconds: Vec<Second> = (0..60)
-            .map(|t| {
-                second(
-                    t,
-                    if t < 10 {
-                        80
-                    } else if t < 30 {
-                        0
-                    } else {
-                        70
-                    },
-                )
+            .map(|t| match t {
+                0..10 => second(t, 80),
+                10..30 => second(t, 0),
+                _ => second(t, 70),
             })
             .collect();
         let readings = [

@@ -6,10 +6,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use serde_json::Value;
 use test_support::ServiceProcess;
 use test_support::process::free_port;
 
-use crate::dashboards::{self, SEED_QUERY};
+use crate::dashboards::{self, SEED_QUERY, list};
 use crate::stack::{Ports, workspace};
 
 /// A running Prometheus; stopped when dropped.
@@ -23,29 +24,27 @@ pub struct Prometheus {
 /// intervals, and the rule files by absolute path.
 pub fn config(ports: &Ports) -> anyhow::Result<String> {
     let mut text = std::fs::read_to_string(workspace().join("prometheus/prometheus.local.yml"))?;
-    let (orders, catalog) = (ports.orders, ports.catalog);
+    let orders = format!("\"127.0.0.1:{}\"", ports.orders);
+    let catalog = format!("\"127.0.0.1:{}\"", ports.catalog);
     // The configuration is written to a temporary folder; the rules stay here.
     let rules = format!(
         "\"{}/rules/*.rules.yml\"",
         workspace().join("prometheus").display()
     );
     let replacements = [
-        ("\"127.0.0.1:8080\"", format!("\"127.0.0.1:{orders}\"")),
-        ("\"127.0.0.1:8081\"", format!("\"127.0.0.1:{catalog}\"")),
-        ("scrape_interval: 5s", "scrape_interval: 1s".to_owned()),
-        ("scrape_timeout: 4s", "scrape_timeout: 1s".to_owned()),
-        (
-            "evaluation_interval: 5s",
-            "evaluation_interval: 1s".to_owned(),
-        ),
-        ("\"rules/*.rules.yml\"", rules),
+        ("\"127.0.0.1:8080\"", orders.as_str()),
+        ("\"127.0.0.1:8081\"", &catalog),
+        ("scrape_interval: 5s", "scrape_interval: 1s"),
+        ("scrape_timeout: 4s", "scrape_timeout: 1s"),
+        ("evaluation_interval: 5s", "evaluation_interval: 1s"),
+        ("\"rules/*.rules.yml\"", &rules),
     ];
     for (old, new) in replacements {
         anyhow::ensure!(
             text.matches(old).count() == 1,
             "prometheus.local.yml no longer has {old} once"
         );
-        text = text.replace(old, &new);
+        text = text.replace(old, new);
     }
     Ok(text)
 }
@@ -53,12 +52,12 @@ pub fn config(ports: &Ports) -> anyhow::Result<String> {
 impl Prometheus {
     /// Starts Prometheus (Debian's `prometheus` binary) with its data under `dir`.
     pub async fn start(ports: &Ports, dir: &Path) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(dir.join("tsdb"))?;
-        std::fs::write(dir.join("prometheus.yml"), config(ports)?)?;
+        let (config_file, tsdb) = (dir.join("prometheus.yml"), dir.join("tsdb"));
+        std::fs::create_dir_all(&tsdb)?;
+        std::fs::write(&config_file, config(ports)?)?;
         let port = free_port();
-        let (config, tsdb) = (dir.join("prometheus.yml"), dir.join("tsdb"));
         let mut command = std::process::Command::new("prometheus");
-        command.arg(format!("--config.file={}", config.display()));
+        command.arg(format!("--config.file={}", config_file.display()));
         command.arg(format!("--storage.tsdb.path={}", tsdb.display()));
         command.arg(format!("--web.listen-address=127.0.0.1:{port}"));
         let process = ServiceProcess::spawn(command, dir.join("prometheus.log"))
@@ -96,12 +95,9 @@ impl Prometheus {
         let queries = report.queries.iter().chain([&seed]);
         for query in queries.filter(|q| !q.expr.contains("k6_") && (fault || !q.during_fault)) {
             // A NaN from a histogram without observations in the window is data too.
-            match instant_query(&self.url, &query.expr, Some(at))
-                .await
-                .map(|r| !r.is_empty())
-            {
-                Ok(true) => {}
-                Ok(false) => problems.push(format!("{}: no data for {}", query.label, query.expr)),
+            match instant_query(&self.url, &query.expr, Some(at)).await {
+                Ok(result) if !result.is_empty() => {}
+                Ok(_) => problems.push(format!("{}: no data for {}", query.label, query.expr)),
                 Err(err) => problems.push(format!("{}: {err:#}", query.label)),
             }
         }
@@ -113,27 +109,19 @@ impl Prometheus {
         );
         Ok(problems)
     }
-}
 
-impl Prometheus {
     /// The rules Prometheus loaded from `prometheus/rules/` (that every file loads and
     /// parses is `promtool check config`'s, their logic `promtool test rules`'): every
     /// rule evaluates without error against the real series, and every recording rule's
     /// series exists at `at`. An alert whose expression returns nothing is an alert not
     /// firing: no problem.
     pub async fn check_rules(&self, at: f64) -> anyhow::Result<Vec<String>> {
-        let body: serde_json::Value = reqwest::get(format!("{}/api/v1/rules", self.url))
+        let body: Value = reqwest::get(format!("{}/api/v1/rules", self.url))
             .await?
             .json()
             .await?;
-        let groups = body["data"]["groups"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        let rules: Vec<_> = groups
-            .iter()
-            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
-            .collect();
+        let groups: Vec<&Value> = list(&body["data"]["groups"]).collect();
+        let rules: Vec<&Value> = groups.iter().flat_map(|g| list(&g["rules"])).collect();
         let mut problems = Vec::new();
         if rules.is_empty() {
             problems.push("Prometheus loaded no rule from prometheus/rules/".to_owned());
@@ -159,24 +147,17 @@ impl Prometheus {
     }
 }
 
-/// An instant query to the Prometheus at `base_url`, at `at` (Unix seconds) or now: the
+/// An instant query to the Prometheus at `url`, at `at` (Unix seconds) or now: the
 /// result vector's elements, each `{"metric": {labels}, "value": [time, "value"]}`.
-pub async fn instant_query(
-    base_url: &str,
-    expr: &str,
-    at: Option<f64>,
-) -> anyhow::Result<Vec<serde_json::Value>> {
+pub async fn instant_query(url: &str, expr: &str, at: Option<f64>) -> anyhow::Result<Vec<Value>> {
     let mut params = vec![("query", expr.to_owned())];
     params.extend(at.map(|at| ("time", format!("{at:.3}"))));
-    let url = reqwest::Url::parse_with_params(&format!("{base_url}/api/v1/query"), &params)?;
-    let body: serde_json::Value = reqwest::get(url).await?.json().await?;
+    let query = reqwest::Url::parse_with_params(&format!("{url}/api/v1/query"), &params)?;
+    let body: Value = reqwest::get(query).await?.json().await?;
     if body["status"] != "success" {
         bail!("{}: {}", body["errorType"], body["error"]);
     }
-    Ok(body["data"]["result"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default())
+    Ok(list(&body["data"]["result"]).cloned().collect())
 }
 
 #[cfg(test)]

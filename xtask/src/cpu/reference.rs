@@ -32,12 +32,9 @@ impl Reference {
         let env = [("RUST_LOG", "warn".to_owned())];
         let log = dir.join("reference.log");
         let process = crate::stack::start_catalog(&bin, (port, free_port()), &env, log).await?;
-        let (client, url) = (
-            reqwest::Client::new(),
-            format!("http://127.0.0.1:{port}/catalog/SKU-00042"),
-        );
+        let url = format!("http://127.0.0.1:{port}/catalog/SKU-00042");
         let answered = Arc::new(AtomicU64::new(0));
-        let caller = tokio::spawn(call(client, url, rate, Arc::clone(&answered)));
+        let caller = tokio::spawn(call(url, rate, Arc::clone(&answered)));
         Ok(Self {
             process,
             answered,
@@ -65,17 +62,16 @@ impl Drop for Reference {
 
 /// One call every `1 / rate` s, one at a time (a call takes well under the period; a
 /// late one is made up at once, so the rate holds over a segment).
-async fn call(client: reqwest::Client, url: String, rate: u32, answered: Arc<AtomicU64>) {
+async fn call(url: String, rate: u32, answered: Arc<AtomicU64>) {
+    let client = reqwest::Client::new();
     let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate.max(1))));
     ticks.set_missed_tick_behavior(MissedTickBehavior::Burst);
     loop {
         ticks.tick().await;
-        let answer = client.get(&url).send().await;
-        let ok = match answer {
-            Ok(a) if a.status().is_success() => a.bytes().await.is_ok(),
-            _ => false,
-        };
-        if ok {
+        if let Ok(answer) = client.get(&url).send().await
+            && answer.status().is_success()
+            && answer.bytes().await.is_ok()
+        {
             answered.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -148,13 +148,9 @@ fn build_stand_in(image: &str, folder: &str, recipe: &str, context: &Path) -> an
     for path in recipe_files(folder)? {
         std::fs::copy(&path, context.join(path.file_name().expect("a file")))?;
     }
+    let dockerfile = context.join("Dockerfile");
     let label = format!("{RECIPE_LABEL}={recipe}");
-    docker_build(
-        &context.join("Dockerfile"),
-        &["--label", &label],
-        image,
-        context,
-    )
+    docker_build(&dockerfile, &["--label", &label], image, context)
 }
 
 /// The files of `xtask/images/<folder>/`, in name order.
@@ -171,12 +167,8 @@ fn recipe_files(folder: &str) -> anyhow::Result<Vec<PathBuf>> {
 fn recipe(folder: &str) -> anyhow::Result<String> {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for path in recipe_files(folder)? {
-        let name = path
-            .file_name()
-            .expect("a file")
-            .as_encoded_bytes()
-            .to_vec();
-        for byte in name.into_iter().chain([0]).chain(std::fs::read(&path)?) {
+        let name = path.file_name().expect("a file").as_encoded_bytes();
+        for &byte in name.iter().chain(&[0]).chain(&std::fs::read(&path)?) {
             hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
         }
     }
@@ -184,7 +176,7 @@ fn recipe(folder: &str) -> anyhow::Result<String> {
 }
 
 /// Builds `image` from the Dockerfile's `<target>-prebuilt` stage, with a context of
-/// the two binaries copied from `binaries`.
+/// the services' binaries copied from `binaries`.
 fn build_service(binaries: &Path, context: &Path, target: &str, image: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(context)?;
     for name in SERVICE_TARGETS {
@@ -198,12 +190,8 @@ fn build_service(binaries: &Path, context: &Path, target: &str, image: &str) -> 
     }
     let target = format!("{target}-prebuilt");
     let base = format!("BASE_IMAGE={BASE_IMAGE}");
-    docker_build(
-        &workspace().join("Dockerfile"),
-        &["--target", &target, "--build-arg", &base],
-        image,
-        context,
-    )
+    let options = ["--target", &target, "--build-arg", &base];
+    docker_build(&workspace().join("Dockerfile"), &options, image, context)
 }
 
 /// `docker build` with Docker's legacy builder: with BuildKit, the Dockerfile's
@@ -237,11 +225,21 @@ pub fn exists(image: &str) -> anyhow::Result<bool> {
 
 /// The value of `image`'s label `key`, empty when unset.
 fn label(image: &str, key: &str) -> anyhow::Result<String> {
-    let output = Command::new("docker")
-        .args(["image", "inspect", "--format"])
-        .arg(format!("{{{{index .Config.Labels \"{key}\"}}}}"))
-        .arg(image)
-        .output()?;
+    inspect(image, &format!("{{{{index .Config.Labels \"{key}\"}}}}"))
+}
+
+/// `docker inspect --format <format> <id>`: of an image, a container or a volume.
+pub fn inspect(id: &str, format: &str) -> anyhow::Result<String> {
+    stdout(Command::new("docker").args(["inspect", "--format", format, id]))
+}
+
+/// What `command` prints, trimmed; an error with what it printed on stderr if it fails.
+pub fn stdout(command: &mut Command) -> anyhow::Result<String> {
+    let output = command
+        .output()
+        .with_context(|| format!("cannot run {command:?}"))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(output.status.success(), "{command:?} failed: {stderr}");
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
@@ -285,10 +283,7 @@ mod tests {
     #[test]
     fn stand_ins_carry_the_label() {
         for (_, folder, _) in STAND_INS {
-            let path = workspace()
-                .join("xtask/images")
-                .join(folder)
-                .join("Dockerfile");
+            let path = workspace().join(format!("xtask/images/{folder}/Dockerfile"));
             let text = std::fs::read_to_string(&path).unwrap();
             assert!(
                 text.contains(&format!("LABEL {MADE_HERE}\n")),

@@ -21,17 +21,14 @@ pub(super) fn bootstrap(cache: &Path, tree: &Path, mirror: &str) -> anyhow::Resu
     let partial = tree.with_extension("partial");
     remove_unmounted(&partial)?;
     std::fs::create_dir_all(&partial)?;
-    let cache = std::path::absolute(cache)?;
+    // The .deb files, kept so that a new tree after `rm -rf <cache>/bookworm` downloads
+    // nothing.
+    let debs = std::path::absolute(cache)?.join("debootstrap");
+    std::fs::create_dir_all(&debs)?;
     let rootfs = partial.join("rootfs");
-    std::fs::create_dir_all(cache.join("debootstrap"))?;
     run(Command::new("debootstrap")
         .arg("--variant=minbase")
-        // The .deb files, kept so that a new tree after `rm -rf <cache>/bookworm`
-        // downloads nothing.
-        .arg(format!(
-            "--cache-dir={}",
-            cache.join("debootstrap").display()
-        ))
+        .arg(format!("--cache-dir={}", debs.display()))
         .args([SUITE, &rootfs.to_string_lossy(), mirror]))?;
     for (_, folder, package) in STAND_INS {
         download(&rootfs, package, &partial.join(folder).join("debs"))?;
@@ -49,23 +46,16 @@ pub(super) fn bootstrap(cache: &Path, tree: &Path, mirror: &str) -> anyhow::Resu
 /// exactly what installing it in an image of that tree needs.
 fn download(rootfs: &Path, package: &str, dest: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dest)?;
-    let option = |name: &str, value: &Path| format!("-o{name}={}", value.display());
+    let tree = [
+        ("Dir::State", "var/lib/apt"),
+        ("Dir::State::status", "var/lib/dpkg/status"),
+        ("Dir::Etc::SourceList", "etc/apt/sources.list"),
+        ("Dir::Etc::SourceParts", "etc/apt/sources.list.d"),
+    ];
     run(Command::new("apt-get")
         .args(["--quiet", "--yes", "--no-install-recommends"])
-        .arg(option("Dir::State", &rootfs.join("var/lib/apt")))
-        .arg(option(
-            "Dir::State::status",
-            &rootfs.join("var/lib/dpkg/status"),
-        ))
-        .arg(option(
-            "Dir::Etc::SourceList",
-            &rootfs.join("etc/apt/sources.list"),
-        ))
-        .arg(option(
-            "Dir::Etc::SourceParts",
-            &rootfs.join("etc/apt/sources.list.d"),
-        ))
-        .arg(option("Dir::Cache::archives", dest))
+        .args(tree.map(|(name, path)| format!("-o{name}={}", rootfs.join(path).display())))
+        .arg(format!("-oDir::Cache::archives={}", dest.display()))
         // The tree is nobody's live system: no lock to take on it.
         .arg("-oDebug::NoLocking=1")
         .args(["install", "--download-only", package]))?;
