@@ -9,7 +9,8 @@ use crate::diagnosis::{self, Answer};
 use crate::stats::spread;
 use crate::summary::{MODES, Summary};
 
-/// The least goodput propagate must reach, as a multiple of legacy's, under `goodput`.
+/// The least goodput propagate must reach, as a multiple of legacy's, under `goodput`
+/// and `pricing-slow`.
 pub const MIN_GOODPUT_RATIO: f64 = 1.5;
 /// The most orders-service's memory may grow during a propagate load, MiB.
 pub const MAX_RSS_GROWTH_MIB: f64 = 32.0;
@@ -29,6 +30,11 @@ pub const MAX_CUT_RATIO: f64 = 0.1;
 pub const MAX_IN_TIME_LOSS: f64 = 0.005;
 /// `outage`: the most catalog calls per order while the catalog refuses everything.
 pub const MAX_OUTAGE_CALLS_PER_ORDER: f64 = 1.05;
+/// The three-hop scenarios: the most of a hop's answers that may leave later than its
+/// own deadline plus 10 ms (0.01: its p99 is within it).
+pub const MAX_HOP_LATE_SHARE: f64 = 0.01;
+/// `pricing-down`: the most pricing calls per order when one layer owns retries.
+pub const MAX_PRICING_CALLS_PER_ORDER: f64 = 1.1;
 /// `partition`: how much of its goodput before the cut propagate must have back after
 /// the heal.
 pub const MIN_GOODPUT_AFTER_HEAL: f64 = 0.9;
@@ -108,6 +114,22 @@ pub fn check(summary: &Summary, budget_ms: f64, margin_ms: f64) -> Vec<Verdict> 
     let mut verdicts = vec![k6_passed(summary)];
     for side in summary.sides.iter().filter(|s| *s != "legacy") {
         verdicts.extend(propagate_rules(summary, side, budget_ms + margin_ms));
+        if summary.scenario.starts_with("pricing-") {
+            verdicts.extend(hops_in_time(summary, side));
+        }
+    }
+    if summary.scenario == "pricing-down" {
+        let owner = if summary.sides == MODES {
+            "propagate"
+        } else {
+            "one-hop"
+        };
+        let rule =
+            format!("{owner}: at most {MAX_PRICING_CALLS_PER_ORDER} pricing calls per order");
+        let limit = ("pricing_calls_per_order", MAX_PRICING_CALLS_PER_ORDER);
+        verdicts.push(at_most(summary, &rule, owner, limit, |worst| {
+            format!("at most {worst:.3}")
+        }));
     }
     if let Some(rules) = hedging_rules(summary) {
         verdicts.extend(rules);
@@ -117,7 +139,7 @@ pub fn check(summary: &Summary, budget_ms: f64, margin_ms: f64) -> Vec<Verdict> 
         return verdicts;
     }
     match summary.scenario.as_str() {
-        "goodput" => verdicts.push(goodput_ratio(summary)),
+        "goodput" | "pricing-slow" => verdicts.push(goodput_ratio(summary)),
         "seed" => verdicts.push(legacy_queues(summary, budget_ms)),
         "recovery" => verdicts.push(recovered(summary)),
         "saturation" => verdicts.push(executor_saturated(summary, budget_ms)),
@@ -225,6 +247,25 @@ fn goodput_ratio(summary: &Summary) -> Verdict {
         ratio >= MIN_GOODPUT_RATIO && propagate > 0.0,
         format!("{propagate:.1} / {legacy:.1} orders/s = {ratio:.2}, at least {MIN_GOODPUT_RATIO}"),
     )
+}
+
+/// The three-hop scenarios: every hop of `side` answers by its own deadline + 10 ms at
+/// p99, read on its own `deadline_overrun_seconds`.
+fn hops_in_time(summary: &Summary, side: &str) -> Vec<Verdict> {
+    crate::sampler::HOPS
+        .iter()
+        .map(|hop| {
+            let rule = format!("{side}: {hop} answers by its deadline + 10 ms at p99");
+            let figure = format!("{hop}_late_share");
+            at_most(
+                summary,
+                &rule,
+                side,
+                (&figure, MAX_HOP_LATE_SHARE),
+                |worst| format!("at most {:.2} % later", worst * 100.0),
+            )
+        })
+        .collect()
 }
 
 /// The seed's run shows the "before": legacy queues (pending calls, p99 past the budget).
@@ -702,6 +743,36 @@ mod tests {
             4,
             "missing figures: {verdicts:?}"
         );
+    }
+
+    #[test]
+    fn three_hops_need_every_hop_by_its_deadline_and_one_layer_retrying() {
+        let hops = |pricing_late: f64, calls: f64| {
+            [
+                ("orders_late_share", 0.001),
+                ("catalog_late_share", 0.0),
+                ("pricing_late_share", pricing_late),
+                ("pricing_calls_per_order", calls),
+                ("goodput_per_s", 70.0),
+            ]
+        };
+        let legacy = [("goodput_per_s", 8.0), ("pricing_calls_per_order", 2.0)];
+        let down = modes("pricing-down", &legacy, &hops(0.0, 1.04));
+        assert!(check(&down, 700.0, 100.0).iter().all(|v| v.ok));
+        let late = modes("pricing-down", &legacy, &hops(0.02, 1.04));
+        assert!(!holds(&late, "propagate: pricing answers by its deadline"));
+        let compounding = modes("pricing-down", &legacy, &hops(0.0, 2.08));
+        assert!(!holds(&compounding, "propagate: at most 1.1 pricing calls"));
+        // A hop that exported nothing proves nothing.
+        let mut blind = modes("pricing-slow", &legacy, &hops(0.0, 1.0));
+        blind.runs[1].figures.remove("catalog_late_share");
+        assert!(!holds(&blind, "propagate: catalog answers by its deadline"));
+        assert!(holds(&blind, "goodput propagate / legacy"));
+        // Per-hop retries: the rule is the one-hop side's; the other only reports.
+        let retry = ["every-hop", "one-hop"];
+        let (every, one) = (hops(0.0, 2.08), hops(0.0, 1.04));
+        let both = summary_of("pricing-down", retry, &[(0, &every), (1, &one)]);
+        assert!(check(&both, 700.0, 100.0).iter().all(|v| v.ok));
     }
 
     #[test]

@@ -124,6 +124,7 @@ async fn stack_command(args: StackArgs) -> anyhow::Result<u8> {
     let env = stack::ServiceEnv {
         orders: args.orders_env,
         catalog: args.catalog_env,
+        pricing: false,
     };
     let code = stack::run_with_stack(&args.profile, &env, &log_dir, &args.command).await?;
     Ok(u8::try_from(code).unwrap_or(1))

@@ -26,6 +26,7 @@ pub fn config(ports: &Ports) -> anyhow::Result<String> {
     let mut text = std::fs::read_to_string(workspace().join("prometheus/prometheus.local.yml"))?;
     let orders = format!("\"127.0.0.1:{}\"", ports.orders);
     let catalog = format!("\"127.0.0.1:{}\"", ports.catalog);
+    let pricing = format!("\"127.0.0.1:{}\"", ports.pricing_admin);
     // The configuration is written to a temporary folder; the rules stay here.
     let rules = format!(
         "\"{}/rules/*.rules.yml\"",
@@ -34,6 +35,7 @@ pub fn config(ports: &Ports) -> anyhow::Result<String> {
     let replacements = [
         ("\"127.0.0.1:8080\"", orders.as_str()),
         ("\"127.0.0.1:8081\"", &catalog),
+        ("\"127.0.0.1:9082\"", &pricing),
         ("scrape_interval: 5s", "scrape_interval: 1s"),
         ("scrape_timeout: 4s", "scrape_timeout: 1s"),
         ("evaluation_interval: 5s", "evaluation_interval: 1s"),
@@ -171,6 +173,8 @@ mod tests {
             catalog: 2222,
             admin: 3333,
             orders_admin: 4444,
+            pricing: 5555,
+            pricing_admin: 6666,
         };
         let text = config(&ports).unwrap();
         assert!(text.contains("\"127.0.0.1:1111\"") && text.contains("\"127.0.0.1:2222\""));

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use serde::Serialize;
 use test_support::PgCluster;
+use test_support::exposition::Sample as Series;
 
 use crate::k6::{self, K6Run};
 use crate::partition::{self, Held};
@@ -102,8 +103,19 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
         None => ctx.load.fault,
     };
     set_fault(&url(ctx.ports.admin), from_start).await?;
+    let pricing_admin = services
+        .pricing
+        .as_ref()
+        .map(|_| url(ctx.ports.pricing_admin));
+    if let Some(admin) = &pricing_admin {
+        set_fault(admin, ctx.load.pricing_fault).await?;
+    }
+    let pricing_before = scrape_pricing(&client, pricing_admin.as_deref()).await;
     let measured = measure_load(ctx, side, &services, &dir, &db_name).await;
     set_fault(&url(ctx.ports.admin), None).await?;
+    if let Some(admin) = &pricing_admin {
+        set_fault(admin, None).await?;
+    }
     let Measured {
         k6: k6_run,
         samples,
@@ -116,6 +128,7 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     let (drain, in_flight_end) = wait_drained(&client, ctx.ports.orders).await;
     let catalog_after = sampler::scrape(&client, &metrics_url(ctx.ports.catalog)).await;
     let orders_after = sampler::scrape(&client, &metrics_url(ctx.ports.orders)).await;
+    let pricing_after = scrape_pricing(&client, pricing_admin.as_deref()).await;
     let rss_end = test_support::process::rss_kib(services.orders.pid()) as f64 / 1024.0;
     if ctx.profile_cpu {
         for (service, admin) in ["orders", "catalog"].into_iter().zip(profiled(&ctx.ports)) {
@@ -130,15 +143,15 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     }
     services.stop();
 
-    let before = sampler::counters(&orders_before, &catalog_before);
-    let after = sampler::counters(&orders_after, &catalog_after);
+    let before = sampler::counters([&orders_before, &catalog_before, &pricing_before]);
+    let after = sampler::counters([&orders_after, &catalog_after, &pricing_after]);
     let inputs = FigureInputs {
         load: &ctx.load,
         k6: &k6_run,
         samples: &samples,
         grown: after
             .iter()
-            .map(|(name, n)| (*name, n - before[name]))
+            .map(|(name, n)| (name.clone(), n - before[name]))
             .collect(),
         pending_limit: sampler::pending_limit(&orders_before),
         margin_ms: ctx.margin_ms,
@@ -186,6 +199,14 @@ fn metrics_url(port: u16) -> String {
     format!("{}/metrics", url(port))
 }
 
+/// pricing-service's `/metrics` (on its admin port), or nothing without a third hop.
+async fn scrape_pricing(client: &reqwest::Client, admin: Option<&str>) -> Vec<Series> {
+    match admin {
+        Some(admin) => sampler::scrape(client, &format!("{admin}/metrics")).await,
+        None => Vec::new(),
+    }
+}
+
 /// The services of `side` with the scenario's pool size, on a fresh database.
 async fn start_services(
     ctx: &Context,
@@ -205,7 +226,11 @@ async fn start_services(
             ("RUST_LOG".into(), "warn".into()),
         ],
         catalog: vec![("RUST_LOG".into(), "warn".into())],
+        pricing: ctx.load.pricing_fault.is_some(),
     };
+    if ctx.load.hedging {
+        env.orders.push(("CATALOG_HEDGE".into(), "on".into()));
+    }
     for (key, value) in side.env {
         env.orders.push(((*key).into(), (*value).into()));
         env.catalog.push(((*key).into(), (*value).into()));
@@ -437,6 +462,14 @@ pub fn outage_calls_per_order(
         .then(|| (last.catalog_received - first.catalog_received) / orders as f64)
 }
 
+/// The share of `hop`'s answers that left later than its own deadline plus
+/// [`sampler::HOP_LATE_AFTER`]: at most 0.01 is a p99 within it. `None` when the hop
+/// answered nothing under a deadline (legacy's orders-service, a missing pricing).
+fn late_share(grown: &BTreeMap<String, f64>, hop: &str) -> Option<f64> {
+    let answers = grown[&format!("{hop}_answers")];
+    (answers > 0.0).then(|| grown[&format!("{hop}_late")] / answers)
+}
+
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
     let (sum, n) = values.fold((0.0, 0u32), |(s, n), v| (s + v, n + 1));
     if n == 0 { 0.0 } else { sum / f64::from(n) }
@@ -484,7 +517,7 @@ pub struct FigureInputs<'a> {
     /// The sampler's samples.
     pub samples: &'a [Sample],
     /// What the services' [`sampler::counters`] grew by during the load and its drain.
-    pub grown: BTreeMap<&'static str, f64>,
+    pub grown: BTreeMap<String, f64>,
     /// The catalog bulkhead's queue limit, if it could be read.
     pub pending_limit: Option<f64>,
     /// How late past the budget an answer may be and still count as in time.
@@ -572,6 +605,11 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
         ("pending_limit", input.pending_limit),
         ("in_flight_end", input.in_flight_end),
         ("recovery_ms", input.removed_ms.and_then(recovery).map(|ms| ms as f64)),
+        ("catalog_calls_per_order", Some(per_order(grown["catalog_received"]))),
+        ("pricing_calls_per_order", (grown["pricing_received"] > 0.0).then(|| per_order(grown["pricing_received"]))),
+        ("orders_late_share", late_share(grown, "orders")),
+        ("catalog_late_share", late_share(grown, "catalog")),
+        ("pricing_late_share", late_share(grown, "pricing")),
     ];
     let known = known
         .into_iter()

@@ -105,11 +105,23 @@ pub fn pending_limit(series: &[Series]) -> Option<f64> {
     exposition::sum(series, names::HTTP_CLIENT_POOL_LIMIT, &labels)
 }
 
+/// The hops of the chain, in order, as the counters of [`counters`] name them.
+pub const HOPS: [&str; 3] = ["orders", "catalog", "pricing"];
+
+/// How late past its own deadline an answer may leave and still be in time: the
+/// three-hop scenarios' rule for every hop (docs/design.md §9). A bucket of
+/// `deadline_overrun_seconds`, so the share later than it is exact.
+pub const HOP_LATE_AFTER: &str = "0.01";
+
 /// The counters a load grows, by name, in one scrape of each service: catalog-service's
 /// time on calls it answered 200 and calls answered; orders-service's catalog attempts
 /// (`cancelled` too), those cut or answered 504, hedges sent, hedges and retries cut,
-/// extra attempts the deadline rule refused, calls admission refused as predicted late.
-pub fn counters(orders: &[Series], catalog: &[Series]) -> BTreeMap<&'static str, f64> {
+/// extra attempts the deadline rule refused, calls admission refused as predicted late;
+/// and for each hop (`hops`, in [`HOPS`]' order, empty for one that is not there) the
+/// requests it took under a deadline, its answers, and those later than
+/// [`HOP_LATE_AFTER`] past its deadline.
+pub fn counters(hops: [&[Series]; 3]) -> BTreeMap<String, f64> {
+    let [orders, catalog, _] = hops;
     let sum = |series, family: &str, labels: &[(&str, &str)]| {
         exposition::sum(series, family, labels).unwrap_or(0.0)
     };
@@ -139,7 +151,20 @@ pub fn counters(orders: &[Series], catalog: &[Series]) -> BTreeMap<&'static str,
         ("extra_refused_deadline", attempts(&[("outcome", "refused_deadline")])),
         ("predicted_late", sum(orders, names::HTTP_CLIENT_ADMISSION_REJECTIONS_TOTAL, &late)),
     ];
-    BTreeMap::from(counters)
+    let mut counters: BTreeMap<String, f64> = counters.map(|(name, n)| (name.to_owned(), n)).into();
+    let [received, answered, in_time] = [
+        format!("{}_count", names::DEADLINE_INBOUND_BUDGET_SECONDS),
+        format!("{}_count", names::DEADLINE_OVERRUN_SECONDS),
+        format!("{}_bucket", names::DEADLINE_OVERRUN_SECONDS),
+    ];
+    for (hop, series) in HOPS.into_iter().zip(hops) {
+        let answers = sum(series, &answered, &[]);
+        let late = answers - sum(series, &in_time, &[("le", HOP_LATE_AFTER)]);
+        counters.insert(format!("{hop}_received"), sum(series, &received, &[]));
+        counters.insert(format!("{hop}_answers"), answers);
+        counters.insert(format!("{hop}_late"), late);
+    }
+    counters
 }
 
 /// `POST /api/orders` being handled, as orders-service exports it.

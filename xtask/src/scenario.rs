@@ -43,6 +43,13 @@ pub enum Scenario {
     /// The catalog refuses every call (503) for 10 s, then recovers: catalog calls per
     /// order while it is down.
     Outage,
+    /// Three hops: the goodput load with the slowness one hop further down, in
+    /// pricing-service behind the catalog (gRPC): each hop's answers against its own
+    /// deadline, and calls per order at each hop.
+    PricingSlow,
+    /// Three hops, pricing-service refusing every call (`UNAVAILABLE`): how many pricing
+    /// calls an order costs when every hop could retry.
+    PricingDown,
 }
 
 /// How k6 sends orders.
@@ -118,6 +125,12 @@ pub struct Load {
     /// Time the order's statement spends on the server holding its row locks (a
     /// `BEFORE UPDATE` trigger that sleeps), ms; 0 for none.
     pub db_statement_ms: u64,
+    /// For the three-hop scenarios: pricing-service behind the catalog, with this fault
+    /// during the load (`None`: two hops).
+    pub pricing_fault: Option<Fault>,
+    /// orders-service hedges its catalog calls (`CATALOG_HEDGE=on`), so that retries and
+    /// hedges are on at both hops.
+    pub hedging: bool,
 }
 
 /// A cut of the link between orders-service and PostgreSQL (test_support::net): every
@@ -173,6 +186,8 @@ impl Scenario {
             pool_max_connections: 50,
             partition: None,
             db_statement_ms: 0,
+            pricing_fault: None,
+            hedging: false,
         };
         // 50 slots at 200 to 800 ms (500 ms mean) serve about 100 orders/s: 150/s is
         // half again what the catalog can take.
@@ -315,6 +330,25 @@ impl Scenario {
                     ..base
                 }
             }
+            // The catalog at its usual speed, its prices 200 to 800 ms away: the goodput
+            // load's fault, a hop further down.
+            Self::PricingSlow => Load {
+                warm_up_fault: Some(usual),
+                fault: Some(usual),
+                pricing_fault: Some(variable),
+                hedging: true,
+                ..base
+            },
+            Self::PricingDown => Load {
+                warm_up_fault: Some(usual),
+                fault: Some(usual),
+                pricing_fault: Some(Fault {
+                    unavailable_rate: 1.0,
+                    ..Fault::default()
+                }),
+                hedging: true,
+                ..base
+            },
             Self::Partition => {
                 let duration = secs(90);
                 Load {
@@ -368,6 +402,10 @@ pub enum Versus {
     /// Both hedging, the deadline rule of extra attempts off (`deadline-blind`) against
     /// on (`deadline-aware`).
     HedgeDeadline,
+    /// Both in propagate mode, the catalog retrying pricing under a caller that retries
+    /// too (`every-hop`: `PRICING_RETRY_EVERY_HOP=true`) against one layer owning
+    /// retries (`one-hop`): what retries compounding across hops cost.
+    RetryHops,
 }
 
 /// One side of a comparison: its name in the tables, the `DEADLINE_MODE` it runs in
@@ -416,6 +454,14 @@ impl Versus {
             Self::HedgeDeadline => [
                 side("deadline-blind", "propagate", blind),
                 side("deadline-aware", "propagate", &[("CATALOG_HEDGE", "on")]),
+            ],
+            Self::RetryHops => [
+                side(
+                    "every-hop",
+                    "propagate",
+                    &[("PRICING_RETRY_EVERY_HOP", "true")],
+                ),
+                side("one-hop", "propagate", &[]),
             ],
         }
     }

@@ -1,5 +1,6 @@
-//! PostgreSQL, catalog-service and orders-service on free loopback ports: the stack the
-//! experiment measures and `cargo xtask stack -- <command>` lends to outside checks.
+//! PostgreSQL, catalog-service and orders-service on free loopback ports (and, for the
+//! three-hop scenarios, pricing-service behind the catalog): the stack the experiment
+//! measures and `cargo xtask stack -- <command>` lends to outside checks.
 //!
 //! PostgreSQL comes from test-support's [`PgCluster`] and the services from its
 //! [`ServiceProcess`], the same code the tests use. Every value is dropped in reverse
@@ -96,16 +97,22 @@ pub struct Ports {
     pub admin: u16,
     /// orders-service's admin port (the mode; a CPU profile with `profiling`).
     pub orders_admin: u16,
+    /// pricing-service's gRPC port (the third hop, where a scenario has it).
+    pub pricing: u16,
+    /// pricing-service's admin port: its faults and its `/metrics`.
+    pub pricing_admin: u16,
 }
 
 impl Ports {
-    /// Three ports free now.
+    /// Ports free now.
     pub fn free() -> Self {
         Self {
             orders: free_port(),
             catalog: free_port(),
             admin: free_port(),
             orders_admin: free_port(),
+            pricing: free_port(),
+            pricing_admin: free_port(),
         }
     }
 }
@@ -115,12 +122,14 @@ pub fn url(port: u16) -> String {
     format!("http://127.0.0.1:{port}")
 }
 
-/// Both services running against one database.
+/// The services running against one database.
 pub struct Services {
     /// orders-service (declared first: dropped, so stopped, first).
     pub orders: ServiceProcess,
     /// catalog-service.
     pub catalog: ServiceProcess,
+    /// pricing-service, where the catalog calls it.
+    pub pricing: Option<ServiceProcess>,
     /// Where they listen.
     pub ports: Ports,
     /// The database orders-service uses.
@@ -134,11 +143,14 @@ pub struct ServiceEnv {
     pub orders: Vec<(String, String)>,
     /// Extra catalog-service settings.
     pub catalog: Vec<(String, String)>,
+    /// Start pricing-service and point the catalog at it (`PRICING_URL`).
+    pub pricing: bool,
 }
 
 impl Services {
-    /// Starts catalog-service then orders-service from `profile`'s binaries, logs in
-    /// `log_dir`, and waits until orders-service's `/readyz` answers 200.
+    /// Starts pricing-service (if asked), catalog-service then orders-service from
+    /// `profile`'s binaries, logs in `log_dir`, and waits until orders-service's
+    /// `/readyz` answers 200.
     pub async fn start(
         profile: &str,
         ports: Ports,
@@ -147,7 +159,7 @@ impl Services {
         log_dir: &Path,
     ) -> anyhow::Result<Self> {
         let bin = binary_dir(&workspace(), profile);
-        for name in ["catalog-service", "orders-service"] {
+        for name in ["catalog-service", "orders-service", "pricing-service"] {
             anyhow::ensure!(
                 bin.join(name).is_file(),
                 "{} is missing: cargo build --profile {profile}",
@@ -155,11 +167,18 @@ impl Services {
             );
         }
         std::fs::create_dir_all(log_dir)?;
-        let catalog_env: Vec<_> = env
+        let pricing = match env.pricing {
+            true => Some(start_pricing(&bin, ports, log_dir.join("pricing.log")).await?),
+            false => None,
+        };
+        let mut catalog_env: Vec<_> = env
             .catalog
             .iter()
             .map(|(k, v)| (k.as_str(), v.clone()))
             .collect();
+        if pricing.is_some() {
+            catalog_env.push(("PRICING_URL", url(ports.pricing)));
+        }
         let (ports_catalog, log) = ((ports.catalog, ports.admin), log_dir.join("catalog.log"));
         let catalog = start_catalog(&bin, ports_catalog, &catalog_env, log).await?;
         let mut orders_env = vec![
@@ -180,6 +199,7 @@ impl Services {
         let mut services = Self {
             orders,
             catalog,
+            pricing,
             ports,
             database_url,
         };
@@ -193,7 +213,9 @@ impl Services {
         let url = format!("{}/readyz", url(self.ports.orders));
         let started = Instant::now();
         while started.elapsed() < limit {
-            for (name, process) in [("orders", &mut self.orders), ("catalog", &mut self.catalog)] {
+            let pricing = self.pricing.as_mut().map(|p| ("pricing", p));
+            let all = [("orders", &mut self.orders), ("catalog", &mut self.catalog)];
+            for (name, process) in all.into_iter().chain(pricing) {
                 if let Some(status) = process.exited() {
                     bail!(
                         "{name}-service exited ({status}):\n{}",
@@ -217,10 +239,13 @@ impl Services {
         )
     }
 
-    /// Graceful stop: SIGTERM to orders (it drains), then to the catalog.
+    /// Graceful stop: SIGTERM to orders (it drains), then to the catalog, then pricing.
     pub fn stop(mut self) {
         self.orders.stop(Duration::from_secs(5));
         self.catalog.stop(Duration::from_secs(5));
+        if let Some(pricing) = &mut self.pricing {
+            pricing.stop(Duration::from_secs(5));
+        }
     }
 }
 
@@ -239,6 +264,25 @@ pub async fn start_catalog(
     all.extend_from_slice(env);
     let mut process = ServiceProcess::start(&bin.join("catalog-service"), &all, log)?;
     wait_listening(port, &mut process).await?;
+    Ok(process)
+}
+
+/// pricing-service from `bin` on the loopback ports of `ports`, its log in `log`; once
+/// it accepts connections.
+async fn start_pricing(bin: &Path, ports: Ports, log: PathBuf) -> anyhow::Result<ServiceProcess> {
+    let env = [
+        (
+            "PRICING_LISTEN_ADDR",
+            format!("127.0.0.1:{}", ports.pricing),
+        ),
+        (
+            "PRICING_ADMIN_ADDR",
+            format!("127.0.0.1:{}", ports.pricing_admin),
+        ),
+        ("RUST_LOG", "warn".to_owned()),
+    ];
+    let mut process = ServiceProcess::start(&bin.join("pricing-service"), &env, log)?;
+    wait_listening(ports.pricing, &mut process).await?;
     Ok(process)
 }
 
