@@ -40,11 +40,19 @@ pub fn update(workspace: &Path, check: bool) -> anyhow::Result<Vec<PathBuf>> {
     Ok(changed)
 }
 
+/// Where the next block starts: a marker at the start of a line (one quoted in the
+/// prose is not), other than the end marker.
+fn next_block(text: &str) -> Option<usize> {
+    text.match_indices(BEGIN)
+        .map(|(at, _)| at)
+        .find(|&at| (at == 0 || text[..at].ends_with('\n')) && !text[at..].starts_with(END))
+}
+
 /// `text` with every table block filled from the summaries under `results`.
 fn render(text: &str, results: &Path) -> anyhow::Result<String> {
     let mut out = String::new();
     let mut rest = text;
-    while let Some(start) = rest.find(BEGIN).filter(|&at| !rest[at..].starts_with(END)) {
+    while let Some(start) = next_block(rest) {
         let open = start + rest[start..].find("-->\n").context("an unclosed marker")? + 4;
         let mut words = rest[start + BEGIN.len()..open - 4].split_whitespace();
         let dir = words
@@ -67,7 +75,9 @@ fn render(text: &str, results: &Path) -> anyhow::Result<String> {
         out.push('\n');
         out.push_str(&table);
         out.push('\n');
-        rest = &rest[close..];
+        // Past the end marker, so that the next block of the file is found too.
+        out.push_str(END);
+        rest = &rest[close + END.len()..];
     }
     out.push_str(rest);
     Ok(out)
@@ -76,6 +86,26 @@ fn render(text: &str, results: &Path) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_block_of_a_file_is_rendered() {
+        let results = crate::stack::workspace().join("docs/results");
+        let block = |rows| format!("<!-- results:goodput {rows} -->\nold\n<!-- results:end -->\n");
+        let text = format!(
+            "{}A `{}` in the prose.\n{}",
+            block("p99_ms"),
+            BEGIN,
+            block("p50_ms")
+        );
+        let new = render(&text, &results).unwrap();
+        assert!(!new.contains("old"), "{new}");
+        assert!(new.contains("| p99 latency, ms |") && new.contains("| p50 latency, ms |"));
+        assert_eq!(
+            render(&new, &results).unwrap(),
+            new,
+            "rendering twice changes nothing"
+        );
+    }
 
     #[test]
     fn a_block_gets_its_runs_table_and_the_text_around_it_stays() {
