@@ -25,11 +25,13 @@ const LATE: Duration = Duration::from_millis(400);
 /// Builds (unless `no_build`) and runs every example of the ladder.
 pub async fn examples(profile: &str, no_build: bool) -> anyhow::Result<()> {
     if !no_build {
+        let packages = "-p deadline-propagation --examples --features deadline-propagation/full";
         run(
             Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
                 .current_dir(workspace())
                 .args(["build", "--quiet", "--profile", profile])
-                .args("-p deadline-propagation --examples -p catalog-service".split(' ')),
+                .args(packages.split(' '))
+                .args(["-p", "catalog-service"]),
         )?;
     }
     let bin = binary_dir(&workspace(), profile);

@@ -263,8 +263,7 @@ async fn run_all(ctx: &Context, sides: &[Side; 2], repeats: usize) -> anyhow::Re
 }
 
 /// The first run's flamegraphs of each side, as `flamegraphs/<side>-<service>.svg`
-/// beside the summary; the others stay
-/// under `runs/`.
+/// beside the summary; the others stay under `runs/`.
 fn keep_flamegraphs(out: &Path, sides: &[Side; 2]) -> anyhow::Result<()> {
     let dir = out.join("flamegraphs");
     std::fs::create_dir_all(&dir)?;

@@ -462,9 +462,8 @@ pub fn outage_calls_per_order(
         .then(|| (last.catalog_received - first.catalog_received) / orders as f64)
 }
 
-/// The share of `hop`'s answers that left later than its own deadline plus
-/// [`sampler::HOP_LATE_AFTER`]: at most 0.01 is a p99 within it. `None` when the hop
-/// answered nothing under a deadline (legacy's orders-service, a missing pricing).
+/// The share of `hop`'s answers later than its deadline + [`sampler::HOP_LATE_AFTER`]
+/// (0.01 at most: a p99 within it); `None` if it answered none under a deadline.
 fn late_share(grown: &BTreeMap<String, f64>, hop: &str) -> Option<f64> {
     let answers = grown[&format!("{hop}_answers")];
     (answers > 0.0).then(|| grown[&format!("{hop}_late")] / answers)

@@ -159,7 +159,11 @@ impl Services {
         log_dir: &Path,
     ) -> anyhow::Result<Self> {
         let bin = binary_dir(&workspace(), profile);
-        for name in ["catalog-service", "orders-service", "pricing-service"] {
+        let pricing = env.pricing.then_some("pricing-service");
+        for name in ["catalog-service", "orders-service"]
+            .into_iter()
+            .chain(pricing)
+        {
             anyhow::ensure!(
                 bin.join(name).is_file(),
                 "{} is missing: cargo build --profile {profile}",
