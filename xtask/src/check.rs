@@ -118,12 +118,12 @@ pub fn check(summary: &Summary, budget_ms: f64, margin_ms: f64) -> Vec<Verdict> 
             verdicts.extend(hops_in_time(summary, side));
         }
     }
-    if summary.scenario == "pricing-down" {
-        let owner = if summary.sides == MODES {
-            "propagate"
-        } else {
-            "one-hop"
-        };
+    // The side on which one layer owns retries, where there is one.
+    let owner = summary
+        .sides
+        .iter()
+        .find(|s| *s == "propagate" || *s == "one-hop");
+    if let (Some(owner), "pricing-down") = (owner, summary.scenario.as_str()) {
         let rule =
             format!("{owner}: at most {MAX_PRICING_CALLS_PER_ORDER} pricing calls per order");
         let limit = ("pricing_calls_per_order", MAX_PRICING_CALLS_PER_ORDER);
