@@ -4,7 +4,8 @@
 //! process keep separate numbers. The families ([`names`] lists them) are grouped by
 //! what they explain:
 //! - HTTP server: how long requests take, by route template, and how many are in flight;
-//! - deadline: the budgets accepted, clamped, left at each stage, and where they ran out;
+//! - deadline: the budgets accepted, clamped, left at each stage, where they ran out,
+//!   and how late past its own deadline each answer left (the service's promise);
 //! - HTTP client: the call, its bulkhead's queue (pending) and slots (active), its
 //!   attempts; a rising pending gauge with a flat downstream latency means pool
 //!   queueing, both rising means the downstream is slow;

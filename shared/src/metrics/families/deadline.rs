@@ -1,6 +1,6 @@
 //! The deadline families: budgets accepted and clamped, left at each stage, run out,
-//! and what observe mode would have refused. [`DeadlineMetrics`] is
-//! what the core reports to ([`Report`]).
+//! answers past the deadline, and what observe mode would have refused.
+//! [`DeadlineMetrics`] is what the core reports to ([`Report`]).
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
