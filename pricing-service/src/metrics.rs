@@ -127,9 +127,7 @@ where
                 Ok(response) => response
                     .headers()
                     .get("grpc-status")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse::<i32>().ok())
-                    .map_or("OK", |c| code_name(tonic::Code::from(c))),
+                    .map_or("OK", |v| code_name(tonic::Code::from_bytes(v.as_bytes()))),
                 Err(_) => "UNKNOWN",
             };
             let labels = Method {

@@ -250,6 +250,5 @@ fn exceeded(exceeded: DeadlineExceeded) -> BoxError {
 
 /// The status of a trailers-only answer (how a tonic server sends an error).
 fn code(headers: &HeaderMap) -> Option<Code> {
-    let value = headers.get(GRPC_STATUS)?.to_str().ok()?;
-    value.parse::<i32>().ok().map(Code::from)
+    Some(Code::from_bytes(headers.get(GRPC_STATUS)?.as_bytes()))
 }
