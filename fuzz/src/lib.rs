@@ -16,9 +16,11 @@ use orders_service::orders::{
     MAX_KEY_LEN, MAX_QUANTITY, NewOrder, NewOrderRequest, validate_key, validate_sku,
 };
 
+mod downstream_answer;
 mod grpc_timeout;
 mod timeout_header;
 
+pub use downstream_answer::{downstream_answer, expected_total};
 pub use grpc_timeout::{expected_grpc, grpc_timeout};
 pub use timeout_header::{Millis, expected_millis, timeout_header};
 
@@ -31,6 +33,7 @@ pub const TARGETS: &[Target] = &[
     ("timeout_header", timeout_header),
     ("order_body", order_body),
     ("grpc_timeout", grpc_timeout),
+    ("downstream_answer", downstream_answer),
 ];
 
 // ---------------------------------------------------------------- POST /api/orders

@@ -102,6 +102,7 @@ pub(crate) fn pooled_client(
     client.acquire_timeout = Config::ms(config.catalog_pool_acquire_timeout_ms);
     client.reserve = Config::ms(config.deadline_reserve_ms);
     client.idle_timeout = Config::ms(config.catalog_pool_idle_timeout_ms);
+    client.max_body = usize::try_from(config.downstream_max_body_bytes).unwrap_or(usize::MAX);
     let mut client = BudgetedClient::new(client)?;
     // Hedged are the catalog's GETs only; a precheck's POST is not safe to send twice.
     // Hedging goes first: its history times extra attempts better than admission's.

@@ -220,6 +220,17 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
     pub dependency_check_every_ms: u64,
 
+    /// The longest body read from the catalog or a check; a longer one is a 502 and its
+    /// connection is closed (what a downstream sends is input, bounded like a client's).
+    #[arg(long, env = "DOWNSTREAM_MAX_BODY_BYTES", default_value_t = 1 << 20,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    pub downstream_max_body_bytes: u64,
+
+    /// Name every stage in `Server-Timing` (the downstreams, the database's time);
+    /// `false` says only `total`, for an edge that faces the public (docs/operating.md).
+    #[arg(long, env = "SERVER_TIMING_STAGES", default_value_t = true, action = clap::ArgAction::Set)]
+    pub server_timing_stages: bool,
+
     /// Export the tokio runtime's metrics (`tokio_*`, docs/design.md §7); `false` only
     /// to measure what they cost.
     #[arg(long, env = "RUNTIME_METRICS", default_value_t = true, action = clap::ArgAction::Set)]

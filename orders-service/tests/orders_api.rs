@@ -50,6 +50,23 @@ async fn an_order_is_created_priced_and_readable() {
     assert_eq!(json_of(read).await, order);
 }
 
+/// At a public edge the stages of `Server-Timing` name the downstreams and time the
+/// database for every client: with `SERVER_TIMING_STAGES=false` only `total` is said,
+/// on answers and refusals alike.
+#[tokio::test]
+async fn server_timing_says_only_the_total_where_the_stages_are_turned_off() {
+    let app = spawn_app_with(|c| c.server_timing_stages = false).await;
+    let created = app.order("SKU-00043", 1, Some(1000)).await;
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let refused = app.order("SKU-00043", 1, Some(0)).await;
+    assert_eq!(refused.status(), StatusCode::GATEWAY_TIMEOUT);
+    for response in [created, refused] {
+        let timing = response.headers()["server-timing"].to_str().unwrap();
+        assert!(timing.starts_with("total;dur="), "{timing}");
+        assert!(!timing.contains(','), "one entry only: {timing}");
+    }
+}
+
 #[tokio::test]
 async fn an_unknown_order_id_is_a_404_problem() {
     let app = spawn_app().await;

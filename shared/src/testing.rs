@@ -45,6 +45,18 @@ pub fn parse_grpc_timeout(
     read_values(headers, &GRPC_TIMEOUT_HEADER, parse_grpc_value)
 }
 
+/// The `total` of a downstream's `Server-Timing`, as the budgeted client reads it.
+#[cfg(feature = "http-client")]
+pub fn server_total(headers: &http::HeaderMap) -> Option<Duration> {
+    crate::client::server_total(headers)
+}
+
+/// Whether a downstream's 500 body says `outcome-unknown`, as the budgeted client reads it.
+#[cfg(feature = "http-client")]
+pub fn is_outcome_unknown(body: &[u8]) -> bool {
+    crate::client::is_outcome_unknown(body)
+}
+
 /// What the envelope asks to learn whether the schema defers work to COMMIT.
 #[cfg(feature = "sqlx")]
 pub const DEFERRED_WORK_QUERY: &str = crate::db::sql::DEFERRED_WORK;

@@ -30,8 +30,11 @@ pub(crate) trait Report: Send + Sync + std::fmt::Debug {
 pub(crate) struct StageLog {
     entries: Mutex<Vec<(Stage, Duration)>>,
     report: Option<Arc<dyn Report>>,
-    /// Steps of the request past their point of no return (a COMMIT on the wire).
+    /// Steps of the request past their point of no return (a COMMIT on the wire, a
+    /// write a downstream may have acted on).
     no_return: AtomicUsize,
+    /// `Server-Timing` says only `total`.
+    total_only: bool,
 }
 
 impl StageLog {
@@ -41,6 +44,12 @@ impl StageLog {
             report,
             ..Self::default()
         }
+    }
+
+    /// The same log, naming its stages in `Server-Timing` or not.
+    pub(crate) fn timing_stages(mut self, stages: bool) -> Self {
+        self.total_only = !stages;
+        self
     }
 
     /// Adds one finished stage.
@@ -89,7 +98,7 @@ impl StageLog {
     /// unique. Written piece by piece: every response carries it.
     pub(crate) fn server_timing(&self, total: Duration) -> String {
         let mut sums: Vec<(Stage, Duration, u32)> = Vec::new();
-        for (stage, took) in self.lock().iter() {
+        for (stage, took) in self.lock().iter().filter(|_| !self.total_only) {
             match sums.iter_mut().find(|(s, _, _)| s == stage) {
                 Some((_, sum, n)) => {
                     *sum += *took;
@@ -116,7 +125,8 @@ impl StageLog {
     }
 
     /// True while a step of the request is past its point of no return: the ingress
-    /// waits a grace for its answer, and the client sends no extra attempt.
+    /// waits a grace for its answer and never says that nothing was written, and the
+    /// client sends no extra attempt. A write a downstream may have acted on stays so.
     pub(crate) fn past_no_return(&self) -> bool {
         self.no_return.load(Ordering::Acquire) > 0
     }

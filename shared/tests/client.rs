@@ -147,7 +147,8 @@ async fn a_client_named_inventory_answers_its_504_and_its_metrics_in_its_own_nam
         State(client): State<BudgetedClient>,
         deadline: Deadline,
     ) -> Result<&'static str, Problem> {
-        let call = client.request(Method::POST, "/check");
+        // A check changes nothing: cut at the deadline, nothing can have been written.
+        let call = client.request(Method::POST, "/check").read_only();
         call.json(&serde_json::json!({"sku": "SKU-00001"}))
             .send(&deadline)
             .await?;
@@ -488,8 +489,11 @@ async fn a_500_is_not_retried_and_a_refused_connection_is_retried_once() {
         )
     };
     let client = named_client(inventory(), &url, 4, &metrics);
+    // A check, marked as changing nothing: its 500 proves nothing was written (for a
+    // write it would be unknown: tests/downstream_answers.rs).
     let err = client
         .request(Method::POST, "/check")
+        .read_only()
         .json(&serde_json::json!({"sku": "SKU-00001", "quantity": 1}))
         .send(&Deadline::after(Duration::from_secs(5)))
         .await

@@ -72,11 +72,10 @@ pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> 
     let routes = service_kit::json::limit_bodies(routes, MAX_BODY_BYTES);
     let routes = service_kit::layers::catch_panics(routes);
     // Load balancers' probes are bounded, but their budgets are nobody's: not reported.
-    let layer = DeadlineLayer::new(policy).live_mode(mode.live()).probes([
-        "/healthz",
-        "/readyz",
-        "/health/dependencies",
-    ]);
+    let layer = DeadlineLayer::new(policy)
+        .live_mode(mode.live())
+        .server_timing_stages(config.server_timing_stages)
+        .probes(["/healthz", "/readyz", "/health/dependencies"]);
     let legacy = routes.clone().layer(Extension(Budget::Unbounded));
     let legacy = deadline_propagation::measure(legacy, &metrics);
     let technique = deadline_propagation::instrument(routes, layer, &metrics);

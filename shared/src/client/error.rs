@@ -54,6 +54,15 @@ pub enum CallErrorKind {
     /// A success status with a body we cannot read: 502.
     #[error("the downstream sent an invalid body")]
     Invalid,
+    /// A body longer than [`ClientConfig::max_body`](super::ClientConfig::max_body): 502.
+    #[error("the downstream's body is longer than {0} bytes")]
+    TooLarge(usize),
+    /// The downstream may have acted and nobody here can learn whether in time: it said
+    /// so itself (its `outcome-unknown`), or a write was sent and its answer did not
+    /// come back by the deadline and the grace after it, or proved nothing.
+    /// 500 `outcome-unknown`, never a status that says nothing was written.
+    #[error("the downstream may have acted; the outcome is unknown")]
+    OutcomeUnknown,
     /// The request could not be built (a bad header, a body that does not serialize):
     /// our own mistake, found before any I/O. 500.
     #[error("the request could not be built")]
@@ -94,6 +103,12 @@ impl CallError {
         self.kind
     }
 
+    /// The same failure, answered as unknown: the downstream may have acted on it.
+    pub(crate) fn outcome_unknown(mut self) -> Self {
+        self.kind = CallErrorKind::OutcomeUnknown;
+        self
+    }
+
     /// The downstream the call went to.
     pub fn downstream(&self) -> Downstream {
         self.downstream
@@ -109,6 +124,7 @@ impl CallError {
         let kind = match answer.status.as_u16() {
             200..=299 => return Ok(answer),
             404 => CallErrorKind::NotFound,
+            500 if is_outcome_unknown(&answer.body) => CallErrorKind::OutcomeUnknown,
             504 => CallErrorKind::DownstreamDeadline(deadline.exceeded(downstream.call())),
             // Passed on as the downstream said: it knows best when it will have room.
             503 => CallErrorKind::DownstreamOverloaded {
@@ -117,6 +133,27 @@ impl CallError {
             _ => CallErrorKind::Status(answer.status),
         };
         Err(CallError::new(downstream, kind))
+    }
+}
+
+/// Whether a 500's body is the contract's `outcome-unknown`: a JSON object whose `type`
+/// says so. Anything else, an unreadable body included, is not (it stays a 502, or
+/// unknown by the rule for writes). The body is already bounded by `max_body`.
+pub(crate) fn is_outcome_unknown(body: &[u8]) -> bool {
+    let problem = serde_json::from_slice::<serde_json::Value>(body);
+    problem.is_ok_and(|p| p["type"] == "urn:problem:outcome-unknown")
+}
+
+impl CallErrorKind {
+    /// Whether the downstream may have acted, had the request been a write: only a
+    /// refused connection (nothing sent), a 4xx, and the contract's 502, 503 and 504
+    /// (nothing written, the downstream promises) prove that it did not.
+    pub(crate) fn may_have_acted(self) -> bool {
+        match self {
+            Self::Status(status) => status.is_server_error() && !matches!(status.as_u16(), 502),
+            Self::Invalid | Self::TooLarge(_) | Self::OutcomeUnknown => true,
+            _ => false,
+        }
     }
 }
 
@@ -162,6 +199,7 @@ impl From<CallError> for Problem {
                 Problem::not_found(format!("not found in the {stage} service"))
             }
             CallErrorKind::Request => Problem::internal(err),
+            CallErrorKind::OutcomeUnknown => Problem::outcome_unknown(stage),
             _ => Problem::bad_gateway(stage, err),
         }
     }

@@ -35,6 +35,8 @@ pub use error::{CallError, CallErrorKind};
 pub use plugin::{Admit, Attempt, AttemptKind, AttemptOutcome, CallStart, Event, Plugin};
 pub use request::{CallRequest, Reply};
 use wire::Wire;
+#[cfg(feature = "test-util")]
+pub(crate) use {error::is_outcome_unknown, wire::server_total};
 
 use crate::deadline::Deadline;
 use crate::downstream::Downstream;
@@ -72,6 +74,10 @@ pub struct ClientConfig {
     pub idle_timeout: Duration,
     /// The fixed timeout of a call in observe mode (30 s), as without the technique.
     pub timeout: Duration,
+    /// The longest body read from the downstream, in bytes (1 MiB). What a downstream
+    /// sends is input: a longer body is a 502, the rest is never read, and its
+    /// connection is closed rather than reused.
+    pub max_body: usize,
 }
 
 impl ClientConfig {
@@ -86,6 +92,7 @@ impl ClientConfig {
             reserve: Duration::from_millis(5),
             idle_timeout: Duration::from_secs(2),
             timeout: Duration::from_secs(30),
+            max_body: 1 << 20,
         }
     }
 }

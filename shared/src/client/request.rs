@@ -7,6 +7,13 @@
 //! hedged, only for a request safe to send twice: `GET`, `HEAD`, or one marked
 //! [`idempotent`](CallRequest::idempotent). Nothing else is retried, a 504 least of
 //! all: the downstream may have acted, or the shared deadline has run out there.
+//!
+//! A write (any method but `GET` and `HEAD`, unless marked
+//! [`read_only`](CallRequest::read_only)) is a point of no return once sent: the
+//! downstream may act on it whatever happens to the answer. So at the deadline it is
+//! not cut with a 504 ("nothing was written") but waited for a grace longer, to learn
+//! its outcome from the downstream's own answer (bounded by the budget sent on); one
+//! that does not come, or proves nothing, is [`CallErrorKind::OutcomeUnknown`].
 
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
@@ -43,6 +50,8 @@ pub struct CallRequest<'c> {
     pub(super) admission: bool,
     /// Marked safe to send twice (see [`idempotent`](Self::idempotent)).
     pub(super) idempotent: bool,
+    /// Marked as changing nothing (see [`read_only`](Self::read_only)).
+    read_only: bool,
     /// The first thing that made the request unsendable.
     invalid: Option<String>,
 }
@@ -57,6 +66,7 @@ impl<'c> CallRequest<'c> {
             body: None,
             admission: true,
             idempotent: false,
+            read_only: false,
             invalid: None,
         }
     }
@@ -112,6 +122,20 @@ impl<'c> CallRequest<'c> {
         self
     }
 
+    /// Changes nothing downstream, whatever its method (a check or a query sent as
+    /// `POST`): cut at the deadline it is a 504, as a `GET` is, instead of a write whose
+    /// outcome must be learned. It is not sent twice unless also
+    /// [`idempotent`](Self::idempotent).
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
+        self
+    }
+
+    /// Whether the downstream may act on the request: the rule for writes applies.
+    pub(super) fn writes(&self) -> bool {
+        !(self.read_only || self.method == Method::GET || self.method == Method::HEAD)
+    }
+
     /// Sends the request under `deadline`: the spent budget's 504, admission, a slot
     /// (`{name}_pool`), then the request and its whole body (`{name}`), all ending at the
     /// deadline. A 2xx is a [`Reply`]; anything else a [`CallError`].
@@ -145,13 +169,20 @@ pub struct Reply {
     pub body: bytes::Bytes,
     /// Who answered.
     pub(super) downstream: Downstream,
+    /// The answer to a write: the downstream acted on it.
+    pub(super) write: bool,
 }
 
 impl Reply {
-    /// The body as JSON; one that does not parse is [`CallErrorKind::Invalid`] (502).
+    /// The body as JSON; one that does not parse is [`CallErrorKind::Invalid`] (502),
+    /// or, answering a write, [`CallErrorKind::OutcomeUnknown`] (it was acted on).
     pub fn json<T: DeserializeOwned>(&self) -> Result<T, CallError> {
+        let kind = match self.write {
+            true => CallErrorKind::OutcomeUnknown,
+            false => CallErrorKind::Invalid,
+        };
         serde_json::from_slice(&self.body)
-            .map_err(|err| CallError::new(self.downstream, CallErrorKind::Invalid).caused_by(err))
+            .map_err(|err| CallError::new(self.downstream, kind).caused_by(err))
     }
 }
 

@@ -1,12 +1,15 @@
 //! Stage `{name}`: one call as attempts, each a request and its body under what is left,
 //! the budget sent on: the first, perhaps a hedge beside it (feature `hedging`),
 //! perhaps a retry after it (a refused connection; a 503 of a request safe to send
-//! twice). Each is timed and told to the plugins.
+//! twice). Each is timed and told to the plugins. A write is waited for past the
+//! deadline, briefly, to learn its outcome (`request.rs`).
 
+use std::pin::pin;
 use std::time::Duration;
 
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method, StatusCode};
-use tokio::time::Instant;
+use tokio::time::{Instant, timeout_at};
 use tracing::Instrument;
 
 use super::request::{CallRequest, Reply};
@@ -14,7 +17,7 @@ use super::wire::server_total;
 use super::{
     Attempt, AttemptKind, AttemptOutcome, BudgetedClient, CallError, CallErrorKind, Event, Slot,
 };
-use crate::deadline::{Deadline, DeadlineExceeded};
+use crate::deadline::{Deadline, DeadlineExceeded, OUTCOME_GRACE};
 use crate::header::{PREVIOUS_ATTEMPTS_HEADER, REQUEST_TIMEOUT_HEADER};
 use crate::mode::{DEADLINE_MODE_HEADER, DeadlineMode, OBSERVE};
 
@@ -25,7 +28,18 @@ mod hedge;
 const MIN_RETRY_BUDGET: Duration = Duration::from_millis(20);
 
 /// What one attempt gave: an answer (any status) or a failure, or the deadline.
-type Outcome = Result<Result<Reply, reqwest::Error>, DeadlineExceeded>;
+type Outcome = Result<Result<Reply, Failed>, DeadlineExceeded>;
+
+/// Why an attempt has no answer to use.
+#[derive(Debug)]
+enum Failed {
+    /// The transport failed: refused, reset, or (observe) the fixed timeout.
+    Http(reqwest::Error),
+    /// The body passed `max_body` bytes.
+    TooLarge(usize),
+    /// A write had no answer by the deadline and the grace after it.
+    Unknown,
+}
 
 /// One attempt that came back, with the slot it held (a retry goes on it).
 struct Tried {
@@ -88,7 +102,8 @@ impl BudgetedClient {
         // A refused connection sent nothing: safe to retry for any method. A 503 says
         // the downstream refused before any work: safe for a request that may go twice.
         let retryable = match &tried.outcome {
-            Ok(Err(err)) => err.is_connect(),
+            Ok(Err(Failed::Http(err))) => err.is_connect(),
+            Ok(Err(_)) => false,
             Ok(Ok(reply)) => {
                 reply.status == StatusCode::SERVICE_UNAVAILABLE && request.repeatable()
             }
@@ -122,10 +137,37 @@ impl BudgetedClient {
         if mode == DeadlineMode::Observe && (spent || deadline.is_expired()) {
             deadline.would_refuse(stage, "deadline");
         }
-        match tried.outcome {
+        let writes = request.writes();
+        let result = match tried.outcome {
             Err(exceeded) => Err(self.error(CallErrorKind::Deadline(exceeded))),
             Ok(Ok(answer)) => CallError::check(self.config.name, answer, deadline),
-            Ok(Err(err)) => Err(self.error(CallErrorKind::Unreachable).caused_by(err)),
+            // Only a refused connection proves that a write was not sent.
+            Ok(Err(Failed::Http(err))) if writes && !err.is_connect() => {
+                Err(self.error(CallErrorKind::OutcomeUnknown).caused_by(err))
+            }
+            Ok(Err(Failed::Http(err))) => {
+                Err(self.error(CallErrorKind::Unreachable).caused_by(err))
+            }
+            Ok(Err(Failed::TooLarge(limit))) => Err(self.error(CallErrorKind::TooLarge(limit))),
+            Ok(Err(Failed::Unknown)) => Err(self.error(CallErrorKind::OutcomeUnknown)),
+        };
+        // A write the downstream may have acted on (or a downstream that says it may
+        // have): neither this call's error nor, later, this request's answer may say
+        // that nothing was written (the ingress sees to the answer).
+        let acted = match &result {
+            Ok(_) => writes,
+            Err(err) => {
+                err.kind() == CallErrorKind::OutcomeUnknown
+                    || (writes && err.kind().may_have_acted())
+            }
+        };
+        if acted {
+            // Past its point of no return for good: no later answer says "not written".
+            deadline.log().enter_no_return();
+        }
+        match result {
+            Err(err) if acted => Err(err.outcome_unknown()),
+            result => result,
         }
     }
 
@@ -172,7 +214,8 @@ impl BudgetedClient {
         let took = started.elapsed();
         let (status, failure) = match &outcome {
             Ok(Ok(answer)) => (Some(answer.status), ""),
-            Ok(Err(err)) if !err.is_timeout() => (None, "error"),
+            Ok(Err(Failed::Http(err))) if !err.is_timeout() => (None, "error"),
+            Ok(Err(Failed::TooLarge(_))) => (None, "error"),
             _ => (None, "timeout"),
         };
         // Censored when cut at our deadline, or when the downstream ran out of the
@@ -218,7 +261,11 @@ impl BudgetedClient {
         if let Some(body) = &request.body {
             builder = builder.body(body.clone());
         }
-        let downstream = self.config.name;
+        let body = Body {
+            downstream: self.config.name,
+            limit: self.config.max_body,
+            write: request.writes(),
+        };
         let budget = deadline.outbound_millis(self.keep_back());
         if let Some(ms) = budget {
             builder = builder.header(REQUEST_TIMEOUT_HEADER, ms);
@@ -228,11 +275,27 @@ impl BudgetedClient {
         match deadline.mode() {
             DeadlineMode::Observe => {
                 let builder = builder.header(DEADLINE_MODE_HEADER, OBSERVE);
-                Ok(fetch(builder.timeout(self.config.timeout), downstream).await)
+                Ok(fetch(builder.timeout(self.config.timeout), body).await)
             }
             // No more than what is kept back is left: the budget is spent, no I/O.
             DeadlineMode::Propagate if budget.is_none() => Err(deadline.exceeded(stage)),
-            DeadlineMode::Propagate => deadline.run(stage, fetch(builder, downstream)).await,
+            DeadlineMode::Propagate => {
+                let mut fetch = pin!(fetch(builder, body));
+                match deadline.run(stage, &mut fetch).await {
+                    // A write may be acted on once sent, whatever happens here: at the
+                    // deadline it is waited for a grace longer, for the downstream's
+                    // answer (its own deadline came first), and the ingress, polled after
+                    // this, waits with it instead of answering 504.
+                    Err(_) if body.write => {
+                        let _no_return = deadline.point_of_no_return();
+                        let grace = deadline.instant() + OUTCOME_GRACE;
+                        Ok(timeout_at(grace, fetch)
+                            .await
+                            .unwrap_or(Err(Failed::Unknown)))
+                    }
+                    fetched => fetched,
+                }
+            }
         }
     }
 }
@@ -248,19 +311,54 @@ impl CallRequest<'_> {
     }
 }
 
-/// Sends and reads the whole body: both belong inside the same timeout.
-async fn fetch(
-    request: reqwest::RequestBuilder,
+/// What an attempt's answer is read with.
+#[derive(Clone, Copy)]
+struct Body {
     downstream: crate::downstream::Downstream,
-) -> Result<Reply, reqwest::Error> {
-    let response = request.send().await?;
+    limit: usize,
+    write: bool,
+}
+
+/// Sends and reads the whole body: both belong inside the same timeout.
+async fn fetch(request: reqwest::RequestBuilder, body: Body) -> Result<Reply, Failed> {
+    let mut response = request.send().await.map_err(Failed::Http)?;
     let (status, headers) = (response.status(), response.headers().clone());
-    let body = response.bytes().await?;
     Ok(Reply {
         status,
         headers,
-        body,
-        downstream,
+        body: read_body(&mut response, body.limit).await?,
+        downstream: body.downstream,
+        write: body.write,
+    })
+}
+
+/// The whole body, or `TooLarge` as soon as it passes `limit`, announced or read. The
+/// rest is never read: the response dropped unread closes its connection, so nothing
+/// the downstream still sends can reach the next call.
+async fn read_body(response: &mut reqwest::Response, limit: usize) -> Result<Bytes, Failed> {
+    let over = |len: u64| usize::try_from(len).map_or(true, |len| len > limit);
+    if response.content_length().is_some_and(over) {
+        return Err(Failed::TooLarge(limit));
+    }
+    // Most bodies come in one chunk: kept as it came, copied only when a second comes.
+    let (mut first, mut whole) = (Bytes::new(), BytesMut::new());
+    while let Some(chunk) = response.chunk().await.map_err(Failed::Http)? {
+        if first.len() + whole.len() + chunk.len() > limit {
+            return Err(Failed::TooLarge(limit));
+        }
+        match (first.is_empty(), whole.is_empty()) {
+            (true, true) => first = chunk,
+            (false, true) => {
+                whole.extend_from_slice(&std::mem::take(&mut first));
+                whole.extend_from_slice(&chunk);
+            }
+            _ => whole.extend_from_slice(&chunk),
+        }
+    }
+    Ok(if whole.is_empty() {
+        first
+    } else {
+        whole.freeze()
     })
 }
 

@@ -59,7 +59,8 @@ pub(crate) fn server_total(headers: &HeaderMap) -> Option<Duration> {
                 return None;
             }
             let ms: f64 = parts.find_map(|p| p.strip_prefix("dur="))?.parse().ok()?;
-            (ms.is_finite() && ms >= 0.0).then(|| Duration::from_secs_f64(ms / 1000.0))
+            // `try_`: a finite value can still be past what a `Duration` holds (1e30).
+            Duration::try_from_secs_f64(ms / 1000.0).ok()
         })
 }
 
@@ -98,6 +99,9 @@ mod tests {
             "total;dur=NaN",
             "total;dur=inf",
             "totals;dur=3",
+            "total;dur=1e30",
+            "total;dur=1e23",
+            "total;dur=-0.5",
         ] {
             assert_eq!(server_total(&headers(&[bad])), None, "{bad:?}");
         }
@@ -124,6 +128,12 @@ mod tests {
     }
 
     proptest::proptest! {
+        #[test]
+        fn any_number_as_the_total_is_read_or_refused_never_a_panic(ms in proptest::num::f64::ANY) {
+            let total = server_total(&headers(&[&format!("total;dur={ms}")]));
+            proptest::prop_assert_eq!(total, Duration::try_from_secs_f64(ms / 1000.0).ok());
+        }
+
         #[test]
         fn reading_the_total_never_panics(value in "\\PC{0,64}") {
             if let Ok(value) = HeaderValue::from_str(&value) {

@@ -32,7 +32,7 @@ const SERVER_MARGIN: Duration = Duration::from_millis(10);
 const MIN_STEP: Duration = Duration::from_millis(12);
 
 /// How long past the deadline a COMMIT's outcome is waited for (docs/design.md §5).
-pub(super) const COMMIT_GRACE: Duration = Duration::from_millis(250);
+pub(super) const COMMIT_GRACE: Duration = crate::deadline::OUTCOME_GRACE;
 
 /// How long a cancelled statement or a `ROLLBACK` may take before its connection is
 /// closed instead of returned.

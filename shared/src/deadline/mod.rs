@@ -26,6 +26,10 @@ pub use policy::DeadlinePolicy;
 /// the ingress's backstop (the database bounds its own wait for a COMMIT by less).
 pub const NO_RETURN_GRACE: Duration = Duration::from_millis(500);
 
+/// How long past the deadline a COMMIT or a write's outcome is waited for, to learn it.
+#[cfg(any(feature = "http-client", feature = "sqlx"))]
+pub(crate) const OUTCOME_GRACE: Duration = Duration::from_millis(250);
+
 /// The budget ran out before or during `stage`; a handler's `?` turns it into the 504
 /// problem of the contract.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]

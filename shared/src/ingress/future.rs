@@ -12,7 +12,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::deadline::{Deadline, NO_RETURN_GRACE};
 use crate::mode::DeadlineMode;
-use crate::problem::Problem;
+use crate::problem::{Problem, ProblemReport};
 use crate::stage::Stage;
 use crate::timing::StageLog;
 
@@ -110,7 +110,7 @@ where
         };
         // The handler goes first: an answer ready at the deadline is still an answer.
         if let Poll::Ready(result) = handler.poll(cx) {
-            let response = result?.map(axum::body::Body::new);
+            let response = truthful(result?.map(axum::body::Body::new), deadline);
             return Poll::Ready(Ok(timed(response, deadline)));
         }
         let Some(mut sleep) = timer.as_mut().as_pin_mut() else {
@@ -136,6 +136,17 @@ where
         };
         Poll::Ready(Ok(timed(response.into_response(), deadline)))
     }
+}
+
+/// A 502, 503 or 504 promises that nothing was written: past a point of no return (a
+/// downstream may have acted on a write of this request) nobody knows that, and the
+/// answer says so.
+fn truthful(response: axum::response::Response, deadline: &Deadline) -> axum::response::Response {
+    if !matches!(response.status().as_u16(), 502..=504) || !deadline.log().past_no_return() {
+        return response;
+    }
+    let report = response.extensions().get::<ProblemReport>();
+    Problem::outcome_unknown(report.and_then(|r| r.stage).unwrap_or(Stage::Ingress)).into_response()
 }
 
 fn timed(response: axum::response::Response, deadline: &Deadline) -> axum::response::Response {

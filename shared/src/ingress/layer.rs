@@ -38,6 +38,7 @@ impl DeadlineLayer {
                 mode: LiveMode::new(DeadlineMode::Propagate),
                 honour_mode_header: false,
                 probes: Vec::new(),
+                timing_stages: true,
                 report: None,
             }),
         }
@@ -59,6 +60,12 @@ impl DeadlineLayer {
     /// Honour it in services that only other services call, never at the edge.
     pub fn honour_mode_header(self, honour: bool) -> Self {
         self.map(|c| c.honour_mode_header = honour)
+    }
+
+    /// Whether `Server-Timing` names every stage (the default) or only `total`: the stages
+    /// name the downstreams and time the database, so say only `total` at a public edge.
+    pub fn server_timing_stages(self, stages: bool) -> Self {
+        self.map(|c| c.timing_stages = stages)
     }
 
     /// Routes that load balancers and scrapers call (`/healthz`): bounded, but their

@@ -26,6 +26,7 @@ pub(super) struct IngressConfig {
     pub(super) honour_mode_header: bool,
     /// Routes whose requests are not reported.
     pub(super) probes: Vec<&'static str>,
+    pub(super) timing_stages: bool,
     pub(super) report: Option<Arc<dyn Report>>,
 }
 
@@ -64,7 +65,7 @@ where
             true => None,
             false => config.report.clone(),
         };
-        let log = Arc::new(StageLog::reporting(report));
+        let log = Arc::new(StageLog::reporting(report).timing_stages(config.timing_stages));
 
         // Read once: the request runs in the mode in force when it arrived, or in observe
         // when an observing caller asks and this service honours that.

@@ -158,11 +158,13 @@ impl Problem {
             .with(|b| b.cause = Some(cause.to_string()))
     }
 
-    /// 500: a COMMIT was sent but its outcome could not be learned in time: unlike a 504
-    /// it does not promise that nothing was written.
+    /// 500: a step that may have taken effect (a COMMIT, a write sent downstream) has an
+    /// outcome not learned in time: unlike a 504 it does not promise nothing was written.
     pub fn outcome_unknown(stage: Stage) -> Self {
-        let detail = "the commit was sent but its outcome is unknown; retry with the same \
-                      Idempotency-Key to learn it";
+        let detail = format!(
+            "stage {stage} may have taken effect and its outcome is unknown; retry with the \
+             same Idempotency-Key to learn it"
+        );
         let status = StatusCode::INTERNAL_SERVER_ERROR;
         Self::new(status, "urn:problem:outcome-unknown", detail).with(|b| b.stage = Some(stage))
     }
