@@ -12,9 +12,9 @@ use axum::response::IntoResponse as _;
 use common::{MS, TestApp, spawn_app, spawn_app_with};
 use deadline_propagation::db::End;
 use deadline_propagation::{Deadline, Problem, Stage};
+use futures_util::future::BoxFuture;
 use orders_service::budget::Budget;
 use reqwest::StatusCode;
-use futures_util::future::BoxFuture;
 use sqlx::{Connection as _, PgConnection};
 use test_support::wait_until;
 
@@ -78,19 +78,19 @@ async fn a_deadlock_is_a_503_to_retry_and_writes_nothing() {
         state
             .store()
             .transaction(&budget, move |conn| {
-                    Box::pin(async move {
-                        for sku in [mine, theirs] {
-                            sqlx::query(
-                                "UPDATE inventory SET available = available - 1 WHERE sku = $1",
-                            )
-                            .bind(sku)
-                            .execute(&mut *conn)
-                            .await?;
-                        }
-                        Ok(End::Commit(()))
-                    })
+                Box::pin(async move {
+                    for sku in [mine, theirs] {
+                        sqlx::query(
+                            "UPDATE inventory SET available = available - 1 WHERE sku = $1",
+                        )
+                        .bind(sku)
+                        .execute(&mut *conn)
+                        .await?;
+                    }
+                    Ok(End::Commit(()))
                 })
-                .await
+            })
+            .await
     });
     wait_until("the service waits on the other's row", MS(5000), || async {
         app.service_lock_waiters().await == 1
@@ -105,7 +105,10 @@ async fn a_deadlock_is_a_503_to_retry_and_writes_nothing() {
         .expect("the other transaction survives the deadlock");
     other_tx.rollback().await.unwrap();
 
-    let problem = service.await.unwrap().expect_err("a deadlock cannot commit");
+    let problem = service
+        .await
+        .unwrap()
+        .expect_err("a deadlock cannot commit");
     assert_retry_later(problem, "deadlock");
     assert_eq!(app.stock(mine).await, stock_mine, "a 503 took stock");
     assert_eq!(app.stock(theirs).await, stock_theirs, "a 503 took stock");
@@ -188,7 +191,10 @@ async fn a_lock_not_waited_for_is_a_503_not_a_deadline_in_propagate_and_legacy()
                 if let Some(setting) = setting {
                     sqlx::raw_sql(setting).execute(&mut *conn).await?;
                 }
-                sqlx::query(locking).bind(locked).execute(&mut *conn).await?;
+                sqlx::query(locking)
+                    .bind(locked)
+                    .execute(&mut *conn)
+                    .await?;
                 Ok(End::Commit(()))
             })
         });
@@ -196,7 +202,11 @@ async fn a_lock_not_waited_for_is_a_503_not_a_deadline_in_propagate_and_legacy()
         assert_retry_later(propagate.expect_err(statement), "locked");
         let legacy = app.state.plain_db.transaction(body).await;
         assert_retry_later(legacy.expect_err(statement), "locked");
-        assert_eq!(app.stock(written).await, before, "{statement}: a 503 took stock");
+        assert_eq!(
+            app.stock(written).await,
+            before,
+            "{statement}: a 503 took stock"
+        );
     }
     holding.rollback().await.unwrap();
 }
