@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use deadline_propagation::client::BudgetedClient;
-use deadline_propagation::db::{DbConfig, End, Read, Statements};
+use deadline_propagation::db::{DbConfig, DbError, End, Read, Statements};
 use deadline_propagation::metrics::Metrics;
 use deadline_propagation::{DeadlineExceeded, Downstream, Problem, Stage};
 use http::{Method, StatusCode};
@@ -192,17 +192,25 @@ impl PlainDb {
     }
 }
 
-/// What a failed statement answers without a budget: the server's own limits (a lock
-/// wait, a session the server ended) are 504 `db`, a database that cannot be reached
-/// is 503 `db_pool`, a foreign key violation keeps its code for the caller to read.
+/// What a failed statement answers without a budget: the server's own limits (a
+/// `statement_timeout` someone set, an idle transaction the server ended) are 504 `db`;
+/// a transaction the server ended over another (a serialization failure, a deadlock, a
+/// lock not waited for) is the crate's 503 that wrote nothing, as in propagate: no
+/// timer ran out; a database that cannot be reached is 503 `db_pool`; a foreign key
+/// violation keeps its code for the caller to read.
 pub fn problem(err: sqlx::Error, started: Instant) -> Problem {
-    match &err {
-        sqlx::Error::Database(db) => match db.code().as_deref() {
-            Some("57014" | "55P03" | "25P03") => timed_out(Stage::Db, started),
-            Some("57P01" | "57P02" | "57P03") => Problem::unavailable(Stage::DbPool, err),
-            Some("23503") => Problem::not_found("unknown sku: not in the inventory"),
-            _ => Problem::internal(err),
-        },
+    let code = match &err {
+        sqlx::Error::Database(db) => db.code().map(String::from),
+        _ => None,
+    };
+    match code.as_deref() {
+        Some("57014" | "25P03") => return timed_out(Stage::Db, started),
+        Some("40001" | "40P01" | "55P03") => return DbError::Conflict(err).into(),
+        Some("57P01" | "57P02" | "57P03") => return Problem::unavailable(Stage::DbPool, err),
+        Some("23503") => return Problem::not_found("unknown sku: not in the inventory"),
+        _ => {}
+    }
+    match err {
         sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::Io(_)

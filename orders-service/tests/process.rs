@@ -24,10 +24,13 @@ fn binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_orders-service"))
 }
 
-/// `database_url` with the test's password in it (the throwaway cluster trusts every
-/// local connection, so it connects whatever the password).
+/// `database_url` with the test's password in it, in both places sqlx reads one: the
+/// user info and the query (the throwaway cluster trusts every local connection, so it
+/// connects whatever the password).
 fn with_password(database_url: &str) -> String {
-    database_url.replacen("://postgres@", &format!("://postgres:{PASSWORD}@"), 1)
+    let url = database_url.replacen("://postgres@", &format!("://postgres:{PASSWORD}@"), 1);
+    let joiner = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{joiner}password={PASSWORD}")
 }
 
 #[test]
@@ -56,20 +59,29 @@ fn help_shows_neither_the_database_password_nor_the_api_key() {
 
 #[test]
 fn the_configurations_debug_shows_neither() {
-    let config = Config::parse_from([
-        "orders-service",
-        &format!("--database-url=postgres://orders:{PASSWORD}@db:5432/orders"),
-        &format!("--assistant-llm-api-key={API_KEY}"),
-    ]);
-    let shown = format!("{config:?}");
-    assert!(
-        shown.contains("postgres://orders:***@db:5432/orders"),
-        "{shown}"
-    );
-    assert!(
-        !shown.contains(PASSWORD) && !shown.contains(API_KEY),
-        "{shown}"
-    );
+    // sqlx takes the password from the user info or from the query.
+    for (url, expected) in [
+        (
+            format!("postgres://orders:{PASSWORD}@db:5432/orders"),
+            "postgres://orders:***@db:5432/orders",
+        ),
+        (
+            format!("postgres://orders@db:5432/orders?sslmode=disable&password={PASSWORD}"),
+            "postgres://orders@db:5432/orders?sslmode=disable&password=***",
+        ),
+    ] {
+        let config = Config::parse_from([
+            "orders-service",
+            &format!("--database-url={url}"),
+            &format!("--assistant-llm-api-key={API_KEY}"),
+        ]);
+        let shown = format!("{config:?}");
+        assert!(shown.contains(expected), "{shown}");
+        assert!(
+            !shown.contains(PASSWORD) && !shown.contains(API_KEY),
+            "{shown}"
+        );
+    }
 }
 
 /// At `debug` level, from start to a SIGTERM, with orders served in between and an

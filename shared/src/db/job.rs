@@ -492,13 +492,17 @@ fn proves_rollback(err: &sqlx::Error) -> bool {
         && !code.starts_with("XX")
 }
 
+/// The largest `statement_timeout` PostgreSQL takes (`INT_MAX` ms, about 24.8 days): a
+/// larger value makes the `SET` fail, and with it the transaction.
+const MAX_SERVER_LIMIT_MS: u64 = i32::MAX as u64;
+
 /// The server-side limit for a step with `left`: a little less, so the server stops
-/// first, and at least 1 ms (0 would mean none).
+/// first, at least 1 ms (0 would mean none), and at most what the server takes.
 fn server_limit(left: Duration) -> u64 {
     let ms = left
         .saturating_sub(SERVER_MARGIN)
         .max(Duration::from_millis(1));
-    u64::try_from(ms.as_millis()).unwrap_or(u64::MAX / 2)
+    u64::try_from(ms.as_millis()).map_or(MAX_SERVER_LIMIT_MS, |ms| ms.min(MAX_SERVER_LIMIT_MS))
 }
 
 /// A request waiting for a connection, counted until this is dropped.
@@ -507,5 +511,21 @@ struct Waiting<'a>(&'a AtomicUsize);
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_server_limit_is_never_more_than_postgres_takes() {
+        assert_eq!(server_limit(Duration::MAX), MAX_SERVER_LIMIT_MS);
+        assert_eq!(
+            server_limit(Duration::from_secs(30 * 24 * 3600)),
+            MAX_SERVER_LIMIT_MS
+        );
+        assert_eq!(server_limit(Duration::from_millis(510)), 500);
+        assert_eq!(server_limit(Duration::ZERO), 1);
     }
 }
