@@ -3,7 +3,7 @@
 //! `Server-Timing` header (a browser's developer tools show it), and it tells a
 //! [`Report`] (the metrics, from above) what happens to the budget.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,9 +30,10 @@ pub(crate) trait Report: Send + Sync + std::fmt::Debug {
 pub(crate) struct StageLog {
     entries: Mutex<Vec<(Stage, Duration)>>,
     report: Option<Arc<dyn Report>>,
-    /// Steps of the request past their point of no return (a COMMIT on the wire, a
-    /// write a downstream may have acted on).
+    /// Steps of the request past their point of no return (a COMMIT on the wire).
     no_return: AtomicUsize,
+    /// A downstream may have acted on a write of this request, for good.
+    acted: AtomicBool,
     /// `Server-Timing` says only `total`.
     total_only: bool,
 }
@@ -125,8 +126,7 @@ impl StageLog {
     }
 
     /// True while a step of the request is past its point of no return: the ingress
-    /// waits a grace for its answer and never says that nothing was written, and the
-    /// client sends no extra attempt. A write a downstream may have acted on stays so.
+    /// waits a grace for its answer, and the client sends no extra attempt.
     pub(crate) fn past_no_return(&self) -> bool {
         self.no_return.load(Ordering::Acquire) > 0
     }
@@ -137,6 +137,17 @@ impl StageLog {
 
     pub(crate) fn leave_no_return(&self) {
         self.no_return.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// A downstream may have acted on a write of this request: from now on no answer to
+    /// it may say that nothing was written (the ingress sees to it).
+    #[cfg(feature = "http-client")]
+    pub(crate) fn mark_acted(&self) {
+        self.acted.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn acted(&self) -> bool {
+        self.acted.load(Ordering::Acquire)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Stage, Duration)>> {

@@ -162,8 +162,7 @@ impl BudgetedClient {
             }
         };
         if acted {
-            // Past its point of no return for good: no later answer says "not written".
-            deadline.log().enter_no_return();
+            deadline.log().mark_acted();
         }
         match result {
             Err(err) if acted => Err(err.outcome_unknown()),

@@ -130,7 +130,7 @@ where
             sleep.as_mut().reset(deadline.instant() + NO_RETURN_GRACE);
             ready!(sleep.poll(cx));
         }
-        let response = match *extended {
+        let response = match *extended || deadline.log().acted() {
             true => Problem::outcome_unknown(Stage::Ingress),
             false => Problem::deadline(deadline.exceeded(Stage::Ingress)),
         };
@@ -138,11 +138,10 @@ where
     }
 }
 
-/// A 502, 503 or 504 promises that nothing was written: past a point of no return (a
-/// downstream may have acted on a write of this request) nobody knows that, and the
-/// answer says so.
+/// A 502, 503 or 504 promises that nothing was written: once a downstream may have acted
+/// on a write of this request nobody knows that, and the answer says so.
 fn truthful(response: axum::response::Response, deadline: &Deadline) -> axum::response::Response {
-    if !matches!(response.status().as_u16(), 502..=504) || !deadline.log().past_no_return() {
+    if !matches!(response.status().as_u16(), 502..=504) || !deadline.log().acted() {
         return response;
     }
     let report = response.extensions().get::<ProblemReport>();
