@@ -43,7 +43,7 @@ const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
         (status = 404, description = "No such SKU in the catalog. Nothing was written", body = ProblemDetails),
         (status = 409, description = "Not enough stock. Nothing was written", body = ProblemDetails),
         (status = 422, description = "A field missing or out of range, or an `Idempotency-Key` reused for a different order. Nothing was written", body = ProblemDetails),
-        (status = 500, description = "`urn:problem:outcome-unknown`: the COMMIT was sent and its outcome could not be learned within 250 ms past the deadline; retry with the same `Idempotency-Key` to learn it (`urn:problem:internal` is a bug)", body = ProblemDetails),
+        (status = 500, description = "`urn:problem:outcome-unknown`: a step that may have taken effect (the COMMIT, or a downstream that answered its own outcome-unknown) had an outcome not learned within 250 ms past the deadline; retry with the same `Idempotency-Key` to learn it (`urn:problem:internal` is a bug)", body = ProblemDetails),
         (status = 502, description = "The catalog or a precheck failed. Nothing was written", body = ProblemDetails),
         (status = 503, description = "Refused before any work: a full pool queue, a slot not free within the early-rejection threshold, a catalog call the recent latency says cannot finish in time, or the database down. Nothing was written", body = ProblemDetails),
     )
