@@ -229,6 +229,28 @@ pub fn markdown_table(summary: &Summary) -> String {
     table(summary, |_| true)
 }
 
+/// The figures of the first table (the printed report, the top of `summary.md`, a
+/// results block that names no rows): what the acceptance rules read. The rest stays
+/// in the whole table.
+pub const KEY_FIGURES: [&str; 11] = [
+    "goodput_per_s",
+    "sent_per_s",
+    "refused_per_s",
+    "expired_per_s",
+    "gave_up_per_s",
+    "p50_ms",
+    "p99_ms",
+    "pending_peak",
+    "pending_limit",
+    "in_flight_peak",
+    "rss_peak_mib",
+];
+
+/// The first table: [`KEY_FIGURES`] only.
+pub fn key_table(summary: &Summary) -> String {
+    markdown_table_of(summary, &KEY_FIGURES)
+}
+
 /// The rows of `figures` only (in the whole table's order), legacy against propagate.
 pub fn markdown_table_of(summary: &Summary, figures: &[&str]) -> String {
     table(summary, |figure| figures.contains(&figure))
