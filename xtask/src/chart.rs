@@ -102,7 +102,12 @@ pub fn svg(summary: &Summary, series: &[Series]) -> anyhow::Result<String> {
         );
         let root = root.titled(&title, ("sans-serif", 18)).map_err(draw)?;
         let (upper, lower) = root.split_vertically(330);
-        let mut chart = panel(&upper, "latency per second of arrivals, ms", x_max, latency_max)?;
+        let mut chart = panel(
+            &upper,
+            "latency per second of arrivals, ms",
+            x_max,
+            latency_max,
+        )?;
         shade(&mut chart, fault, latency_max)?;
         let budget = [(0.0, budget_ms), (x_max, budget_ms)];
         chart
@@ -113,7 +118,9 @@ pub fn svg(summary: &Summary, series: &[Series]) -> anyhow::Result<String> {
         for (s, colour) in first.iter().zip(COLOURS) {
             line(&mut chart, s, colour.stroke_width(2), "p99", |s| s.p99_ms)?;
             if s.seconds.iter().any(|s| s.p50_ms > 0.0) {
-                line(&mut chart, s, colour.mix(0.5).stroke_width(2), "p50", |s| s.p50_ms)?;
+                line(&mut chart, s, colour.mix(0.5).stroke_width(2), "p50", |s| {
+                    s.p50_ms
+                })?;
             }
         }
         legend(&mut chart)?;
@@ -125,7 +132,9 @@ pub fn svg(summary: &Summary, series: &[Series]) -> anyhow::Result<String> {
         )?;
         shade(&mut chart, fault, goodput_max)?;
         for (s, colour) in first.iter().zip(COLOURS) {
-            line(&mut chart, s, colour.stroke_width(2), "goodput", |s| s.good as f64)?;
+            line(&mut chart, s, colour.stroke_width(2), "goodput", |s| {
+                s.good as f64
+            })?;
         }
         legend(&mut chart)?;
         root.present().map_err(draw)?;
@@ -172,7 +181,11 @@ fn panel<'a, DB: DrawingBackend>(
     Ok(chart)
 }
 
-fn shade<DB: DrawingBackend>(chart: &mut Chart<'_, DB>, fault: Option<[f64; 2]>, y_max: f64) -> anyhow::Result<()> {
+fn shade<DB: DrawingBackend>(
+    chart: &mut Chart<'_, DB>,
+    fault: Option<[f64; 2]>,
+    y_max: f64,
+) -> anyhow::Result<()> {
     if let Some([from, until]) = fault {
         let window = Rectangle::new([(from, 0.0), (until, y_max)], FAULT.filled());
         chart
@@ -267,10 +280,19 @@ mod tests {
             fault: Some([0.0, 3.0]),
             seconds: (0..3).map(|t| second(t, good, p99)).collect(),
         };
-        let svg = svg(&summary, &[series("legacy", 5, 1700.0), series("propagate", 80, 690.0)])
-            .unwrap();
+        let svg = svg(
+            &summary,
+            &[series("legacy", 5, 1700.0), series("propagate", 80, 690.0)],
+        )
+        .unwrap();
         assert!(svg.starts_with("<svg"), "{svg}");
-        for label in ["legacy p99", "propagate p50", "propagate goodput", "fault", "budget"] {
+        for label in [
+            "legacy p99",
+            "propagate p50",
+            "propagate goodput",
+            "fault",
+            "budget",
+        ] {
             assert!(svg.contains(label), "no {label:?} in the chart");
         }
         assert!(svg.matches("<polyline").count() >= 7, "{svg}");

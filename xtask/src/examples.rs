@@ -40,7 +40,9 @@ pub async fn examples(profile: &str, no_build: bool) -> anyhow::Result<()> {
     readme_shows_the_example(&workspace())?;
     ingress(&bin, &logs).await.context("example `ingress`")?;
     client(&bin, &logs).await.context("example `client`")?;
-    database(&bin, &logs).await.context("examples `database` and `readme`")?;
+    database(&bin, &logs)
+        .await
+        .context("examples `database` and `readme`")?;
     println!("examples: ingress, client, database and readme answered as documented");
     Ok(())
 }
@@ -133,12 +135,19 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
     let order = post(&format!("{readme_url}/orders/SKU-00042"), Some(1000)).await?;
     ensure!(order.status == 201, "{order:?}");
     let id: i64 = order.body.trim().trim_start_matches("order ").parse()?;
-    let row: (String, i32) = sqlx::query_as("SELECT sku, unit_price_cents FROM orders WHERE id = $1")
-        .bind(id)
-        .fetch_one(&orders)
-        .await
-        .context("the README's order is not in the table")?;
-    ensure!(row == ("SKU-00042".to_owned(), body["item"]["price_cents"].as_i64().unwrap_or(-1) as i32), "{row:?}, {body}");
+    let row: (String, i32) =
+        sqlx::query_as("SELECT sku, unit_price_cents FROM orders WHERE id = $1")
+            .bind(id)
+            .fetch_one(&orders)
+            .await
+            .context("the README's order is not in the table")?;
+    ensure!(
+        row == (
+            "SKU-00042".to_owned(),
+            body["item"]["price_cents"].as_i64().unwrap_or(-1) as i32
+        ),
+        "{row:?}, {body}"
+    );
 
     set_fault(&crate::stack::url(admin_port), Some(slow_catalog)).await?;
     let cut = ask(&format!("{url}/price/SKU-00042"), Some(300)).await?;
@@ -149,7 +158,10 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
     let count: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
         .fetch_one(&orders)
         .await?;
-    ensure!(count == 1, "{count} orders after a 504: nothing may be written");
+    ensure!(
+        count == 1,
+        "{count} orders after a 504: nothing may be written"
+    );
 
     let metrics = reqwest::get(format!("{url}/metrics")).await?.text().await?;
     ensure!(
@@ -165,7 +177,10 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
 async fn orders_table(url: &str) -> anyhow::Result<sqlx::PgPool> {
     let pool = sqlx::PgPool::connect(url).await?;
     let migrations = workspace().join("orders-service/migrations");
-    sqlx::migrate::Migrator::new(migrations).await?.run(&pool).await?;
+    sqlx::migrate::Migrator::new(migrations)
+        .await?
+        .run(&pool)
+        .await?;
     Ok(pool)
 }
 
