@@ -299,6 +299,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_first_table_is_short_and_its_figures_are_rows() {
+        assert!(KEY_FIGURES.len() <= 12);
+        for figure in KEY_FIGURES {
+            assert!(ROWS.iter().any(|(f, ..)| *f == figure), "{figure} has no row");
+        }
+        let published = crate::stack::workspace().join("docs/results/goodput/summary.json");
+        let summary: Summary =
+            serde_json::from_str(&std::fs::read_to_string(published).unwrap()).unwrap();
+        let table = key_table(&summary);
+        assert_eq!(table.lines().count(), 2 + KEY_FIGURES.len(), "{table}");
+        assert!(markdown_table(&summary).lines().count() > table.lines().count());
+    }
+
+    #[test]
     fn cells_show_median_and_range() {
         assert_eq!(cell(spread(&[40.0, 41.0, 44.0]), 1), "41.0 (40.0–44.0)");
         assert_eq!(cell(spread(&[0.0, 0.0]), 0), "0");
