@@ -302,7 +302,10 @@ mod tests {
     fn the_first_table_is_short_and_its_figures_are_rows() {
         assert!(KEY_FIGURES.len() <= 12);
         for figure in KEY_FIGURES {
-            assert!(ROWS.iter().any(|(f, ..)| *f == figure), "{figure} has no row");
+            assert!(
+                ROWS.iter().any(|(f, ..)| *f == figure),
+                "{figure} has no row"
+            );
         }
         let published = crate::stack::workspace().join("docs/results/goodput/summary.json");
         let summary: Summary =
