@@ -1,6 +1,6 @@
 //! What the database envelope's Rust side costs per transaction: the task that owns the
 //! connection, the channel that answers the caller, and the token that tells the task
-//! its caller has gone (docs/design.md §5). Each is measured on its own, around a body
+//! its caller has gone (the `db` module's docs). Each is measured on its own, around a body
 //! that is already done, so the numbers are the machinery alone; compare them with a
 //! transaction's round trips (hundreds of microseconds on loopback).
 //!

@@ -6,7 +6,7 @@
 //! service, so it needs nothing else:
 //!
 //! ```sh
-//! cargo run -p deadline-propagation --example client
+//! cargo run -p deadline-propagation --example client --features http-client
 //! curl -i -H 'X-Request-Timeout-Ms: 300' localhost:3000/reserve   # 504 "inventory" after 300 ms
 //! curl -i -H 'X-Request-Timeout-Ms: 1500' localhost:3000/reserve  # 200 after 1 s
 //! ```
@@ -25,7 +25,7 @@ async fn reserve(
     deadline: Deadline,
 ) -> Result<String, Problem> {
     let reply = inventory
-        .request(http::Method::GET, "/stock")
+        .request(axum::http::Method::GET, "/stock")
         .send(&deadline)
         .await?; // a `CallError` becomes the 503/504/502 that names `inventory`
     Ok(format!(

@@ -6,7 +6,7 @@
 //! ```sh
 //! cargo run -p catalog-service &    # or CATALOG_URL=... for one elsewhere
 //! DATABASE_URL=postgres://postgres@127.0.0.1/postgres \
-//!     cargo run -p deadline-propagation --example database
+//!     cargo run -p deadline-propagation --example database --features http-client,sqlx,metrics
 //! curl -i -H 'X-Request-Timeout-Ms: 300' http://127.0.0.1:8090/price/SKU-00042
 //! ```
 

@@ -242,7 +242,7 @@ async fn responses_carry_server_timing_with_each_stage() {
     );
 }
 
-/// docs/design.md §3.7: every response says where its time went, a refusal before the
+/// Every response says where its time went (`Server-Timing`), a refusal before the
 /// handler too (schemathesis found the ingress's 400s without it).
 #[tokio::test]
 async fn a_refusal_at_the_ingress_carries_server_timing_too() {
@@ -299,7 +299,7 @@ async fn clamps_budgets_and_expiries_are_counted() {
     );
 }
 
-/// docs/design.md §7: each hop's own promise, read on its `/metrics`: an answer in
+/// Each hop's own promise (`deadline_overrun_seconds`), read on its `/metrics`: an answer in
 /// time and a 504 at the deadline are 0 late; the one answer the ingress lets through
 /// after the deadline, a COMMIT's outcome, is observed as late as it was.
 #[tokio::test(start_paused = true)]

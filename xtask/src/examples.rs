@@ -37,10 +37,39 @@ pub async fn examples(profile: &str, no_build: bool) -> anyhow::Result<()> {
     let bin = binary_dir(&workspace(), profile);
     let logs = std::env::temp_dir().join(format!("examples-{}", std::process::id()));
     std::fs::create_dir_all(&logs)?;
+    readme_shows_the_example(&workspace())?;
     ingress(&bin, &logs).await.context("example `ingress`")?;
     client(&bin, &logs).await.context("example `client`")?;
-    database(&bin, &logs).await.context("example `database`")?;
-    println!("examples: ingress, client and database answered as documented");
+    database(&bin, &logs)
+        .await
+        .context("examples `database` and `readme`")?;
+    println!("examples: ingress, client, database and readme answered as documented");
+    Ok(())
+}
+
+/// The line before the README's Rust block that is `shared/examples/readme.rs`.
+const README_MARKER: &str = "<!-- the file shared/examples/readme.rs, without its doc comment -->";
+
+/// The README's Rust block is the `readme` example's text, so what a reader pastes is
+/// what CI compiles and runs.
+pub fn readme_shows_the_example(workspace: &Path) -> anyhow::Result<()> {
+    let readme = std::fs::read_to_string(workspace.join("README.md"))?;
+    let example = std::fs::read_to_string(workspace.join("shared/examples/readme.rs"))?;
+    let code: String = example
+        .lines()
+        .skip_while(|line| line.starts_with("//!") || line.is_empty())
+        .flat_map(|line| [line, "\n"])
+        .collect();
+    let block = readme
+        .split_once(&format!("{README_MARKER}\n```rust\n"))
+        .and_then(|(_, rest)| rest.split_once("```\n"))
+        .map(|(block, _)| block)
+        .with_context(|| format!("README.md has no ```rust block after {README_MARKER}"))?;
+    ensure!(
+        block == code,
+        "README.md's Rust block is not shared/examples/readme.rs (without its doc comment): \
+         copy the file's text into the README"
+    );
     Ok(())
 }
 
@@ -72,10 +101,13 @@ async fn client(bin: &Path, logs: &Path) -> anyhow::Result<()> {
 }
 
 /// Step 3: against the real catalog and a throwaway PostgreSQL, a priced item; with a
-/// 1 s catalog fault, a 504 `catalog` at 300 ms; and the client's metrics.
+/// 1 s catalog fault, a 504 `catalog` at 300 ms; and the client's metrics. Beside it
+/// the README's example, on orders-service's tables: an order written at the catalog's
+/// price, then a 504 `catalog` that wrote nothing.
 async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
     let cluster = tokio::task::spawn_blocking(PgCluster::start).await??;
     let database_url = fresh_database(&cluster, "examples").await?;
+    let orders = orders_table(&database_url).await?;
     let (catalog_port, admin_port) = (free_port(), free_port());
     let log = logs.join("catalog.log");
     let catalog = start_catalog(bin, (catalog_port, admin_port), &[], log)
@@ -86,6 +118,7 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
         ("DATABASE_URL", database_url),
     ];
     let (url, _example) = start(&bin.join("examples/database"), &env, logs).await?;
+    let (readme_url, _readme) = start(&bin.join("examples/readme"), &env, logs).await?;
     let priced = ask(&format!("{url}/price/SKU-00042"), Some(1000)).await?;
     ensure!(priced.status == 200, "{priced:?}");
     let body: Value = serde_json::from_str(&priced.body)?;
@@ -98,9 +131,37 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
         delay_ms: 1000,
         ..Fault::default()
     };
+    // The README's order: 201, and its row in the table at the catalog's price.
+    let order = post(&format!("{readme_url}/orders/SKU-00042"), Some(1000)).await?;
+    ensure!(order.status == 201, "{order:?}");
+    let id: i64 = order.body.trim().trim_start_matches("order ").parse()?;
+    let row: (String, i32) =
+        sqlx::query_as("SELECT sku, unit_price_cents FROM orders WHERE id = $1")
+            .bind(id)
+            .fetch_one(&orders)
+            .await
+            .context("the README's order is not in the table")?;
+    ensure!(
+        row == (
+            "SKU-00042".to_owned(),
+            body["item"]["price_cents"].as_i64().unwrap_or(-1) as i32
+        ),
+        "{row:?}, {body}"
+    );
+
     set_fault(&crate::stack::url(admin_port), Some(slow_catalog)).await?;
     let cut = ask(&format!("{url}/price/SKU-00042"), Some(300)).await?;
     cut.expect_deadline(300, &["catalog"])?;
+    // With the catalog slow: a 504 naming it, and no row written.
+    let cut = post(&format!("{readme_url}/orders/SKU-00042"), Some(300)).await?;
+    cut.expect_deadline(300, &["catalog"])?;
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&orders)
+        .await?;
+    ensure!(
+        count == 1,
+        "{count} orders after a 504: nothing may be written"
+    );
 
     let metrics = reqwest::get(format!("{url}/metrics")).await?.text().await?;
     ensure!(
@@ -109,6 +170,18 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
     );
     drop(catalog);
     Ok(())
+}
+
+/// A pool on `url` after orders-service's migrations made its tables there, as the
+/// demo's database has them.
+async fn orders_table(url: &str) -> anyhow::Result<sqlx::PgPool> {
+    let pool = sqlx::PgPool::connect(url).await?;
+    let migrations = workspace().join("orders-service/migrations");
+    sqlx::migrate::Migrator::new(migrations)
+        .await?
+        .run(&pool)
+        .await?;
+    Ok(pool)
 }
 
 /// Starts an example on a free port with `env`; returns its URL once it answers.
@@ -168,14 +241,20 @@ impl Answer {
 }
 
 async fn ask(url: &str, budget_ms: Option<u64>) -> anyhow::Result<Answer> {
-    let mut request = reqwest::Client::new()
-        .get(url)
-        .timeout(Duration::from_secs(10));
+    send(reqwest::Client::new().get(url), budget_ms).await
+}
+
+async fn post(url: &str, budget_ms: Option<u64>) -> anyhow::Result<Answer> {
+    send(reqwest::Client::new().post(url), budget_ms).await
+}
+
+async fn send(request: reqwest::RequestBuilder, budget_ms: Option<u64>) -> anyhow::Result<Answer> {
+    let mut request = request.timeout(Duration::from_secs(10));
     if let Some(ms) = budget_ms {
         request = request.header("X-Request-Timeout-Ms", ms);
     }
     let started = Instant::now();
-    let response = request.send().await.with_context(|| format!("GET {url}"))?;
+    let response = request.send().await?;
     let header = |name: &str| {
         response
             .headers()
@@ -194,4 +273,12 @@ async fn ask(url: &str, budget_ms: Option<u64>) -> anyhow::Result<Answer> {
         server_timing,
         body,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_readme_shows_the_readme_example() {
+        super::readme_shows_the_example(&crate::stack::workspace()).unwrap();
+    }
 }

@@ -8,12 +8,13 @@ use std::time::Duration;
 use anyhow::Context as _;
 use test_support::PgCluster;
 
+use crate::chart::{self, Series};
 use crate::check::{self, Verdict};
 use crate::cpu::{self, CpuPlan, CpuVersus};
 use crate::k6;
 use crate::prometheus::Prometheus;
 use crate::run::{self, Context, ModeRun};
-use crate::scenario::{Scenario, Side, Versus};
+use crate::scenario::{Load, Scenario, Side, Versus};
 use crate::stack::{self, Ports, workspace};
 use crate::summary::{self, Summary};
 
@@ -173,7 +174,7 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
         ok: false,
         detail: p.clone(),
     }));
-    write_results(&out, &summary, &runs, &verdicts)?;
+    write_results(&out, &summary, &runs, &ctx.load, &verdicts)?;
     if args.scenario == Scenario::Happy && args.versus == Versus::Modes {
         // Throughput on two cores prices the load generator as much as the services;
         // CPU per order at a fixed rate is the figure that can see a few per cent.
@@ -280,20 +281,28 @@ fn keep_flamegraphs(out: &Path, sides: &[Side; 2]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `summary.json`, `summary.md`, `timeseries.json` and the k6 summaries: small files
-/// that can be committed (the request logs and service logs stay under `runs/`).
+/// `summary.json`, `summary.md`, `timeseries.json` (each run's seconds), `chart.svg`
+/// and the k6 summaries: small files that can be committed (every sample of
+/// `/metrics`, the request logs and the service logs stay under `runs/`).
 fn write_results(
     out: &Path,
     summary: &Summary,
     runs: &[ModeRun],
+    load: &Load,
     verdicts: &[Verdict],
 ) -> anyhow::Result<()> {
     std::fs::write(
         out.join("summary.json"),
         serde_json::to_string_pretty(summary)? + "\n",
     )?;
+    let series: Vec<Series> = runs.iter().map(|run| Series::of(run, load)).collect();
     std::fs::write(
         out.join("timeseries.json"),
+        serde_json::to_string(&series)? + "\n",
+    )?;
+    std::fs::write(out.join("chart.svg"), chart::svg(summary, &series)?)?;
+    std::fs::write(
+        out.join("runs/timeseries.json"),
         serde_json::to_string(runs)? + "\n",
     )?;
     std::fs::write(out.join("summary.md"), summary_markdown(summary, verdicts))?;
@@ -324,6 +333,8 @@ pub fn summary_markdown(summary: &Summary, verdicts: &[Verdict]) -> String {
         text.push_str(&answers);
         text.push('\n');
     }
+    text.push_str(&summary::key_table(summary));
+    text.push_str("\nEvery figure:\n\n");
     text.push_str(&summary::markdown_table(summary));
     let pairs = summary.pair_ratios("created_per_s");
     if summary.sides != summary::MODES && !pairs.is_empty() {
@@ -347,7 +358,8 @@ pub fn summary_markdown(summary: &Summary, verdicts: &[Verdict]) -> String {
 }
 
 fn print_report(summary: &Summary, verdicts: &[Verdict], out: &Path) {
-    println!("\n{}", summary::markdown_table(summary));
+    println!("\n{}", summary::key_table(summary));
+    println!("every figure: {}", out.join("summary.md").display());
     for (side, answer) in &summary.answers {
         println!("pool queue, slow downstream or saturated executor? {side}: {answer}");
     }
@@ -355,7 +367,7 @@ fn print_report(summary: &Summary, verdicts: &[Verdict], out: &Path) {
         let result = if v.ok { "PASS" } else { "FAIL" };
         println!("{result} {}: {}", v.rule, v.detail);
     }
-    println!("\nresults in {}", out.display());
+    println!("\nresults in {} (the picture: chart.svg)", out.display());
 }
 
 #[cfg(test)]

@@ -6,14 +6,15 @@
 //! [`scenario`]; [`run`] runs one side (database, services, warm-up, fault, k6 from
 //! [`k6`] with the [`sampler`] beside it, drain; [`partition`] cuts the link to
 //! PostgreSQL); [`stats`] turns k6's request log into figures; [`summary`] aggregates
-//! them, [`diagnosis`] answers "pool queue, slow downstream or saturated executor?",
-//! [`check`] applies the acceptance rules; [`prometheus`] runs the
+//! them, [`chart`] draws the seconds, [`diagnosis`] answers "pool queue, slow
+//! downstream or saturated executor?", [`check`] applies the acceptance rules; [`prometheus`] runs the
 //! [`dashboards`]' queries against real series. [`tables`] renders
 //! the committed summaries into the docs. [`cost`] prices the technique in PostgreSQL
 //! alone, with pgbench; [`cpu`] as CPU per order, read by a [`meter`]. [`images`] and
 //! [`compose`] are the Docker path; [`examples`] and [`copy_check`] prove the crate's
 //! ladder and its copy.
 
+pub mod chart;
 pub mod check;
 pub mod compose;
 pub mod copy_check;

@@ -48,8 +48,9 @@ enum Command {
     /// Start docker-compose.yml's PostgreSQL, catalog, orders and Prometheus, check them
     /// from the host, and take them down (the images first: `cargo xtask images`).
     ComposeCheck(xtask::compose::ComposeArgs),
-    /// Run the crate's example ladder (ingress, client, database) and ask each what its
-    /// doc comment says to ask; the database example gets the catalog and PostgreSQL.
+    /// Run the crate's example ladder (ingress, client, database) and the README's
+    /// example, and ask each what its doc comment says to ask; the database and README
+    /// examples get the catalog and PostgreSQL (with orders-service's tables).
     Examples {
         /// Which build to run (`dev` is target/debug).
         #[arg(long, default_value = "dev", value_parser = ["dev", "release"])]
@@ -60,6 +61,12 @@ enum Command {
     },
     /// Copy shared/ into a new project with a two-line main and build it offline.
     CopyCheck,
+    /// Draw DIR/chart.svg again from DIR/timeseries.json and DIR/summary.json (the
+    /// experiment draws it when it runs), e.g. for a published run under docs/results.
+    Chart {
+        /// An experiment's output folder.
+        dir: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -106,6 +113,7 @@ async fn main() -> ExitCode {
             .await
             .map(|()| 0),
         Command::CopyCheck => xtask::copy_check::copy_check().map(|()| 0),
+        Command::Chart { dir } => xtask::chart::write(&dir).map(|()| 0),
         Command::ReadmeTables { check } => readme_command(check),
     };
     match result {

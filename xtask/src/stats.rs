@@ -109,7 +109,7 @@ pub fn goodput(requests: &[Request], budget_ms: u64, seconds: f64) -> f64 {
 }
 
 /// The requests of one second of arrivals.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Second {
     /// Seconds since the first arrival.
     pub t: u64,
@@ -117,6 +117,9 @@ pub struct Second {
     pub arrivals: u64,
     /// Of them, orders created within the budget.
     pub good: u64,
+    /// p50 of their client-side latency, in ms (0 in runs published before it was kept).
+    #[serde(default)]
+    pub p50_ms: f64,
     /// p99 of their client-side latency, in ms.
     pub p99_ms: f64,
 }
@@ -141,6 +144,7 @@ pub fn per_second(requests: &[Request], start_ms: u64, budget_ms: u64) -> Vec<Se
         latencies[i].push(r.elapsed_ms as f64);
     }
     for (second, values) in seconds.iter_mut().zip(&latencies) {
+        second.p50_ms = quantile(values, 0.5).unwrap_or(0.0);
         second.p99_ms = quantile(values, 0.99).unwrap_or(0.0);
     }
     seconds
@@ -280,6 +284,7 @@ mod tests {
         );
         assert_eq!((seconds[1].arrivals, seconds[1].good), (0, 0));
         assert_eq!((seconds[2].arrivals, seconds[2].good), (1, 0));
+        assert_eq!((seconds[2].p50_ms, seconds[2].p99_ms), (900.0, 900.0));
     }
 
     #[test]

@@ -229,6 +229,28 @@ pub fn markdown_table(summary: &Summary) -> String {
     table(summary, |_| true)
 }
 
+/// The figures of the first table (the printed report, the top of `summary.md`, a
+/// results block that names no rows): what the acceptance rules read. The rest stays
+/// in the whole table.
+pub const KEY_FIGURES: [&str; 11] = [
+    "goodput_per_s",
+    "sent_per_s",
+    "refused_per_s",
+    "expired_per_s",
+    "gave_up_per_s",
+    "p50_ms",
+    "p99_ms",
+    "pending_peak",
+    "pending_limit",
+    "in_flight_peak",
+    "rss_peak_mib",
+];
+
+/// The first table: [`KEY_FIGURES`] only.
+pub fn key_table(summary: &Summary) -> String {
+    markdown_table_of(summary, &KEY_FIGURES)
+}
+
 /// The rows of `figures` only (in the whole table's order), legacy against propagate.
 pub fn markdown_table_of(summary: &Summary, figures: &[&str]) -> String {
     table(summary, |figure| figures.contains(&figure))
@@ -275,6 +297,23 @@ pub fn answers_markdown(summary: &Summary) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_table_is_short_and_its_figures_are_rows() {
+        assert!(KEY_FIGURES.len() <= 12);
+        for figure in KEY_FIGURES {
+            assert!(
+                ROWS.iter().any(|(f, ..)| *f == figure),
+                "{figure} has no row"
+            );
+        }
+        let published = crate::stack::workspace().join("docs/results/goodput/summary.json");
+        let summary: Summary =
+            serde_json::from_str(&std::fs::read_to_string(published).unwrap()).unwrap();
+        let table = key_table(&summary);
+        assert_eq!(table.lines().count(), 2 + KEY_FIGURES.len(), "{table}");
+        assert!(markdown_table(&summary).lines().count() > table.lines().count());
+    }
 
     #[test]
     fn cells_show_median_and_range() {

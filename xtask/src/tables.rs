@@ -4,8 +4,8 @@
 //!
 //! A table is the lines between `<!-- results:DIR [FIGURE ...] -->` and
 //! `<!-- results:end -->` in README.md or a page of docs/: the table of
-//! `docs/results/DIR/summary.json` as its `summary.md` has it, or only the rows of the
-//! figures named.
+//! `docs/results/DIR/summary.json`: the rows of the figures named, or the first table
+//! of its `summary.md` ([`summary::KEY_FIGURES`]) when none is.
 
 use std::path::{Path, PathBuf};
 
@@ -68,7 +68,7 @@ fn render(text: &str, results: &Path) -> anyhow::Result<String> {
             .with_context(|| format!("cannot read {}", path.display()))?;
         let summary: Summary = serde_json::from_str(&json)?;
         let table = match rows.is_empty() {
-            true => summary::markdown_table(&summary),
+            true => summary::key_table(&summary),
             false => summary::markdown_table_of(&summary, &rows),
         };
         out.push_str(&rest[..open]);
