@@ -31,7 +31,7 @@ const SERVER_MARGIN: Duration = Duration::from_millis(10);
 /// The least budget a step (the first statement, or COMMIT) is started with.
 const MIN_STEP: Duration = Duration::from_millis(12);
 
-/// How long past the deadline a COMMIT's outcome is waited for (docs/design.md §5).
+/// How long past the deadline a COMMIT's outcome is waited for: then it is unknown.
 pub(super) const COMMIT_GRACE: Duration = crate::deadline::OUTCOME_GRACE;
 
 /// How long a cancelled statement or a `ROLLBACK` may take before its connection is
