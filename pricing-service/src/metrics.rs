@@ -2,6 +2,10 @@
 //! (`grpc_server_handled_total{grpc_service, grpc_method, grpc_code}`,
 //! `grpc_server_handling_seconds`), and the pricing work started and completed: the
 //! difference is the work dropped at the deadline, read on the server itself.
+//!
+//! The labels come from this service's own method list, never from the request's path:
+//! a call to any other path (a scanner, a stale client) is counted as
+//! `grpc_service="other", grpc_method="other"`, so no caller can add series.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -16,17 +20,45 @@ use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
+use crate::proto::pricing_server::SERVICE_NAME;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Handled {
-    grpc_service: String,
-    grpc_method: String,
+    grpc_service: &'static str,
+    grpc_method: &'static str,
     grpc_code: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Method {
-    grpc_service: String,
-    grpc_method: String,
+    grpc_service: &'static str,
+    grpc_method: &'static str,
+}
+
+/// The methods `pricing.proto` declares: the only method labels there are.
+const METHODS: [&str; 3] = ["Price", "WatchPrice", "PriceBasket"];
+/// The label of every path that is not one of [`METHODS`].
+const OTHER: &str = "other";
+
+impl Method {
+    /// `/pricing.v1.Pricing/Price`: the service, then the method, if this service has it.
+    fn of(path: &str) -> Self {
+        let (service, method) = path
+            .strip_prefix('/')
+            .and_then(|path| path.split_once('/'))
+            .unwrap_or_default();
+        let known = METHODS.iter().find(|known| **known == method);
+        match known {
+            Some(method) if service == SERVICE_NAME => Self {
+                grpc_service: SERVICE_NAME,
+                grpc_method: method,
+            },
+            _ => Self {
+                grpc_service: OTHER,
+                grpc_method: OTHER,
+            },
+        }
+    }
 }
 
 /// The families; clones share them.
@@ -109,14 +141,7 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let start = Instant::now();
-        // `/pricing.v1.Pricing/Price`: the service, then the method.
-        let (service, method) = request
-            .uri()
-            .path()
-            .trim_start_matches('/')
-            .split_once('/')
-            .map(|(s, m)| (s.to_owned(), m.to_owned()))
-            .unwrap_or_else(|| ("unknown".to_owned(), "unknown".to_owned()));
+        let labels = Method::of(request.uri().path());
         let metrics = self.metrics.clone();
         let call = self.inner.call(request);
         Box::pin(async move {
@@ -129,10 +154,6 @@ where
                     .get("grpc-status")
                     .map_or("OK", |v| code_name(tonic::Code::from_bytes(v.as_bytes()))),
                 Err(_) => "UNKNOWN",
-            };
-            let labels = Method {
-                grpc_service: service,
-                grpc_method: method,
             };
             metrics
                 .handling
