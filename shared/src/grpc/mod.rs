@@ -73,3 +73,31 @@ fn grpc_timeout(ms: u64) -> http::HeaderValue {
     };
     http::HeaderValue::try_from(value).expect("digits and a unit are a valid header value")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::{Code, Status};
+
+    #[test]
+    fn each_code_is_answered_by_what_it_promises_about_the_work_below() {
+        let pricing = Downstream::new("pricing").unwrap();
+        let deadline = Deadline::after(Duration::from_secs(1));
+        for (code, answer) in [
+            (Code::DeadlineExceeded, 504),
+            (Code::Unavailable, 503),
+            (Code::ResourceExhausted, 503),
+            (Code::Unknown, 500),
+            (Code::Internal, 502),
+            (Code::InvalidArgument, 502),
+        ] {
+            let problem = problem(&Status::new(code, "below"), pricing, &deadline);
+            assert_eq!(problem.status().as_u16(), answer, "{code:?}");
+            assert_eq!(problem.stage(), Some(pricing.call()), "{code:?}");
+        }
+        // UNKNOWN: the work below may be done; the answer says so, and how to learn it.
+        let unknown = problem(&Status::unknown("below"), pricing, &deadline);
+        let outcome_unknown = Problem::outcome_unknown(pricing.call());
+        assert_eq!(unknown.detail(), outcome_unknown.detail());
+    }
+}

@@ -242,6 +242,18 @@ mod tests {
     }
 
     #[test]
+    fn previous_attempts_come_from_either_header_the_larger_winning() {
+        let ours = &PREVIOUS_ATTEMPTS_HEADER;
+        let grpc = &GRPC_PREVIOUS_ATTEMPTS_HEADER;
+        let read = |pairs: &[(&HeaderName, &str)]| read_previous_attempts(&headers(pairs));
+        assert_eq!(read(&[]), Ok(None));
+        assert_eq!(read(&[(grpc, "1")]), Ok(Some(1)));
+        assert_eq!(read(&[(ours, "2"), (grpc, "4294967295")]), Ok(Some(u32::MAX)));
+        assert!(read(&[(ours, "2"), (grpc, "4294967296")]).is_err());
+        assert!(read(&[(ours, "x")]).is_err());
+    }
+
+    #[test]
     fn no_budget_header_is_none() {
         assert_eq!(read_budget(&HeaderMap::new()), Ok(None));
     }
