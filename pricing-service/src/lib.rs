@@ -28,11 +28,11 @@ use anyhow::Context as _;
 use deadline_propagation::DeadlinePolicy;
 use deadline_propagation::grpc::GrpcServerLayer;
 use deadline_propagation::metrics::Metrics;
+use futures_util::Stream;
 use service_kit::faults::Faults;
 use service_kit::server::{ServerOptions, serve};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use futures_util::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 pub use config::Config;

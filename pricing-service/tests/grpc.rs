@@ -9,10 +9,10 @@ use std::time::Duration;
 use deadline_propagation::grpc::{GrpcClient, GrpcClientLayer, GrpcServerLayer};
 use deadline_propagation::{Deadline, DeadlinePolicy, Downstream};
 use futures_util::Stream;
+use pricing_service::metrics::GrpcMetrics;
 use pricing_service::proto::pricing_client::PricingClient;
 use pricing_service::proto::pricing_server::{Pricing as PricingApi, PricingServer};
 use pricing_service::proto::{BasketReply, PriceReply, PriceRequest, WatchRequest};
-use pricing_service::metrics::GrpcMetrics;
 use pricing_service::{Application, Config};
 use prometheus_client::registry::Registry;
 use service_kit::faults::{FaultConfig, Faults};
@@ -267,7 +267,11 @@ async fn observe_metadata_is_honoured_only_where_the_operator_turns_it_on() {
         .await
         .expect_err("cut by the service's own default");
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
-    assert!(start.elapsed() < delay, "answered after {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < delay,
+        "answered after {:?}",
+        start.elapsed()
+    );
     assert_eq!(edge.handled("DEADLINE_EXCEEDED").await, 1.0);
     // Turned on (called only by the operator's own services): observed, and counted.
     config.honour_observe = true;
@@ -327,11 +331,18 @@ async fn a_server_stream_through_both_layers_ends_at_the_deadline_with_deadline_
     // The first price came at once, long before the stream ended; a few more followed.
     assert!(came[0] < MS(300), "the first price after {:?}", came[0]);
     assert!(came.len() >= 2 && came.len() < 10, "{came:?}");
-    assert!(start.elapsed() < MS(1_500), "ended after {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < MS(1_500),
+        "ended after {:?}",
+        start.elapsed()
+    );
     // The server's side: the watch began and never ran to its end.
     assert_eq!(pricing.metric("pricing_work_started_total", &[]).await, 1.0);
     tokio::time::sleep_until(start + every * 40 / 10).await;
-    assert_eq!(pricing.metric("pricing_work_completed_total", &[]).await, 0.0);
+    assert_eq!(
+        pricing.metric("pricing_work_completed_total", &[]).await,
+        0.0
+    );
 }
 
 #[tokio::test]
@@ -348,7 +359,11 @@ async fn a_server_stream_ends_at_its_grpc_timeout_on_the_server() {
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     assert!(came[0] < MS(300), "the first price after {:?}", came[0]);
     assert!(came.len() < 10, "{came:?}");
-    assert!(start.elapsed() < MS(1_500), "ended after {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < MS(1_500),
+        "ended after {:?}",
+        start.elapsed()
+    );
 }
 
 fn item(cents: u32) -> PriceRequest {
@@ -375,7 +390,11 @@ async fn a_client_stream_reaches_the_server_as_it_is_written() {
     .await;
     items.send(item(250)).await.unwrap();
     drop(items);
-    let basket = call.await.unwrap().expect("the basket's total").into_inner();
+    let basket = call
+        .await
+        .unwrap()
+        .expect("the basket's total")
+        .into_inner();
     assert_eq!(
         basket,
         BasketReply {
@@ -399,7 +418,11 @@ async fn a_client_stream_still_open_at_the_deadline_is_deadline_exceeded() {
         .expect("answered by its deadline")
         .expect_err("the stream was not ended");
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
-    assert!(start.elapsed() < MS(1_500), "answered after {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < MS(1_500),
+        "answered after {:?}",
+        start.elapsed()
+    );
     assert_eq!(pricing.metric("pricing_work_started_total", &[]).await, 1.0);
     drop(items);
 }
@@ -420,12 +443,19 @@ async fn the_callers_own_shorter_timeout_is_kept() {
         .await
         .expect_err("past the caller's own timeout");
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
-    assert!(start.elapsed() < MS(700), "answered after {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < MS(700),
+        "answered after {:?}",
+        start.elapsed()
+    );
     // What the server was given: at most the caller's 50 ms, not the 2 s budget.
     let budget = pricing
         .metric("deadline_inbound_budget_seconds_sum", &[])
         .await;
-    assert!(budget > 0.0 && budget <= 0.05, "the server's budget: {budget} s");
+    assert!(
+        budget > 0.0 && budget <= 0.05,
+        "the server's budget: {budget} s"
+    );
 }
 
 #[tokio::test]
@@ -500,9 +530,8 @@ async fn the_wait_for_channel_capacity_is_under_the_deadline() {
         .concurrency_limit(1)
         .service(pricing.channel().await);
     let mut first = PricingClient::new(channel.clone());
-    let busy = tokio::spawn(Deadline::after(MS(4_000)).scope(async move {
-        first.price(request()).await
-    }));
+    let busy =
+        tokio::spawn(Deadline::after(MS(4_000)).scope(async move { first.price(request()).await }));
     wait_until("the first call is at the server", MS(2_000), || async {
         pricing.metric("pricing_work_started_total", &[]).await == 1.0
     })
@@ -513,7 +542,11 @@ async fn the_wait_for_channel_capacity_is_under_the_deadline() {
         .await
         .expect_err("no capacity within the budget");
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
-    assert!(start.elapsed() < MS(800), "answered after {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < MS(800),
+        "answered after {:?}",
+        start.elapsed()
+    );
     busy.abort();
 }
 
@@ -673,16 +706,26 @@ fn handled(registry: &Registry, code: &str) -> f64 {
 async fn a_handler_past_its_point_of_no_return_gets_the_grace_then_unknown() {
     // Done within the grace: its answer, not DEADLINE_EXCEEDED.
     let (mut client, _, _server) = committing(MS(450)).await;
-    let reply = client.price(request()).await.expect("the outcome, in the grace");
+    let reply = client
+        .price(request())
+        .await
+        .expect("the outcome, in the grace");
     assert_eq!(reply.into_inner().price_cents, 1234);
     // Still running at the grace's end: UNKNOWN (DEADLINE_EXCEEDED would say that
     // nothing was done).
     let (mut client, registry, _server) = committing(MS(5_000)).await;
     let start = Instant::now();
-    let status = client.price(request()).await.expect_err("no outcome in time");
+    let status = client
+        .price(request())
+        .await
+        .expect_err("no outcome in time");
     assert_eq!(status.code(), Code::Unknown, "{status:?}");
     let grace = deadline_propagation::NO_RETURN_GRACE;
-    assert!(start.elapsed() >= MS(290) + grace, "after {:?}", start.elapsed());
+    assert!(
+        start.elapsed() >= MS(290) + grace,
+        "after {:?}",
+        start.elapsed()
+    );
     assert!(start.elapsed() < MS(2_500), "after {:?}", start.elapsed());
     // Under the caller's grpc-timeout, tonic's own timer leaves no grace: the server
     // answers UNKNOWN before it (not its CANCELLED, not DEADLINE_EXCEEDED). The

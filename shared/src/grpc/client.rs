@@ -15,10 +15,10 @@ use tonic::{Code, Status};
 use tower::{Layer, Service};
 use tracing::Instrument as _;
 
-use crate::deadline::{Deadline, DeadlineExceeded};
-use crate::downstream::Downstream;
 use super::BoxError;
 use super::body::{Bounded, Resumed};
+use crate::deadline::{Deadline, DeadlineExceeded};
+use crate::downstream::Downstream;
 use crate::header::{
     GRPC_PREVIOUS_ATTEMPTS_HEADER, GRPC_TIMEOUT_HEADER, PREVIOUS_ATTEMPTS_HEADER, parse_grpc_value,
 };
@@ -155,7 +155,9 @@ where
             match deadline {
                 // No deadline here: tonic's own behaviour, untouched.
                 None => {
-                    poll_fn(|cx| inner.poll_ready(cx)).await.map_err(Into::into)?;
+                    poll_fn(|cx| inner.poll_ready(cx))
+                        .await
+                        .map_err(Into::into)?;
                     let answer = inner.call(request).await.map_err(Into::into)?;
                     Ok(answer.map(Body::new))
                 }
@@ -243,8 +245,11 @@ where
             false => {
                 // The wait for the channel's capacity, then the call, each timed apart.
                 let ready = poll_fn(|cx| inner.poll_ready(cx));
-                let ready: Result<(), BoxError> =
-                    deadline.run(pool, ready).await.map_err(exceeded)?.map_err(Into::into);
+                let ready: Result<(), BoxError> = deadline
+                    .run(pool, ready)
+                    .await
+                    .map_err(exceeded)?
+                    .map_err(Into::into);
                 match ready {
                     Ok(()) => deadline
                         .run(stage, inner.call(request))
@@ -285,7 +290,9 @@ where
     S: Service<Request<Body>, Response = Response<R>>,
     S::Error: Into<BoxError>,
 {
-    poll_fn(|cx| inner.poll_ready(cx)).await.map_err(Into::into)?;
+    poll_fn(|cx| inner.poll_ready(cx))
+        .await
+        .map_err(Into::into)?;
     inner.call(request).await.map_err(Into::into)
 }
 

@@ -254,7 +254,9 @@ fn grace_end(deadline: &Deadline, last: Option<Instant>) -> Instant {
 /// refused before).
 fn grpc_timeout_floor(headers: &http::HeaderMap) -> Option<Duration> {
     let grpc = parse_grpc_value(headers.get(GRPC_TIMEOUT_HEADER)?.as_bytes()).ok()?;
-    Some(Duration::from_millis(grpc.as_millis().try_into().unwrap_or(u64::MAX)))
+    Some(Duration::from_millis(
+        grpc.as_millis().try_into().unwrap_or(u64::MAX),
+    ))
 }
 
 /// A call refused before its handler runs: a trailers-only answer.

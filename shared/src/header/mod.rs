@@ -162,7 +162,8 @@ pub(crate) fn read_previous_attempts(headers: &HeaderMap) -> Result<Option<u32>,
             continue;
         };
         let n = parse_millis(raw).ok().and_then(|n| u32::try_from(n).ok());
-        let n = n.ok_or_else(|| format!("must be a whole number of attempts, got {:?}", echo(raw)))?;
+        let n =
+            n.ok_or_else(|| format!("must be a whole number of attempts, got {:?}", echo(raw)))?;
         attempts = attempts.max(Some(n));
     }
     Ok(attempts)
@@ -248,7 +249,10 @@ mod tests {
         let read = |pairs: &[(&HeaderName, &str)]| read_previous_attempts(&headers(pairs));
         assert_eq!(read(&[]), Ok(None));
         assert_eq!(read(&[(grpc, "1")]), Ok(Some(1)));
-        assert_eq!(read(&[(ours, "2"), (grpc, "4294967295")]), Ok(Some(u32::MAX)));
+        assert_eq!(
+            read(&[(ours, "2"), (grpc, "4294967295")]),
+            Ok(Some(u32::MAX))
+        );
         assert!(read(&[(ours, "2"), (grpc, "4294967296")]).is_err());
         assert!(read(&[(ours, "x")]).is_err());
     }
