@@ -28,7 +28,7 @@ pub(super) struct Bounded {
 
 impl Bounded {
     /// `body`, cut at `deadline` (the time counted as `stage`'s overrun).
-    pub(super) fn new(body: Body, deadline: Deadline, stage: Stage) -> Body {
+    pub(super) fn wrap(body: Body, deadline: Deadline, stage: Stage) -> Body {
         // A body already at its end (a trailers-only answer) has nothing to bound.
         if body.is_end_stream() {
             return body;
@@ -80,7 +80,7 @@ pub(super) struct Resumed {
 }
 
 impl Resumed {
-    pub(super) fn new(read: Bytes, rest: Body) -> Body {
+    pub(super) fn wrap(read: Bytes, rest: Body) -> Body {
         let read = (!read.is_empty()).then_some(read);
         Body::new(Self { read, rest })
     }

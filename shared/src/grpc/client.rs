@@ -304,7 +304,7 @@ where
 {
     answer.map(|body| match observe {
         true => Body::new(body),
-        false => Bounded::new(Body::new(body), deadline.clone(), stage),
+        false => Bounded::wrap(Body::new(body), deadline.clone(), stage),
     })
 }
 
@@ -337,7 +337,7 @@ async fn keep_whole(mut body: Body) -> Result<(Option<Body>, Option<Bytes>), Box
     .await?;
     Ok(match whole {
         true => (None, Some(read.freeze())),
-        false => (Some(Resumed::new(read.freeze(), body)), None),
+        false => (Some(Resumed::wrap(read.freeze(), body)), None),
     })
 }
 

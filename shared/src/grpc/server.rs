@@ -204,7 +204,7 @@ where
             // A server stream's messages are bounded too: its body ends at the deadline.
             answer.map(|answer| match observe {
                 true => answer,
-                false => answer.map(|body| Bounded::new(body, deadline.clone(), Stage::Ingress)),
+                false => answer.map(|body| Bounded::wrap(body, deadline.clone(), Stage::Ingress)),
             })
         };
         Box::pin(serve.instrument(span))
