@@ -9,7 +9,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http_body::Frame;
+use tonic::body::Body;
 
 use http::{Request, Response};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -119,7 +123,8 @@ impl<S> Layer<S> for GrpcMetrics {
 }
 
 /// The service [`GrpcMetrics`] makes: outside the deadline layer, so its
-/// `DEADLINE_EXCEEDED` answers are counted.
+/// `DEADLINE_EXCEEDED` answers are counted. A call is counted with its final status
+/// (a stream's, from its trailers) and timed to its end.
 #[derive(Clone, Debug)]
 pub struct Measured<S> {
     inner: S,
@@ -130,45 +135,119 @@ impl<S, B, R> Service<Request<B>> for Measured<S>
 where
     S: Service<Request<B>, Response = Response<R>>,
     S::Future: Send + 'static,
+    R: http_body::Body<Data = Bytes> + Send + 'static,
+    R::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    type Response = Response<R>;
+    type Response = Response<Body>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<R>, S::Error>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let start = Instant::now();
-        let labels = Method::of(request.uri().path());
-        let metrics = self.metrics.clone();
+        let mut tally = Tally {
+            metrics: self.metrics.clone(),
+            labels: Method::of(request.uri().path()),
+            start: Instant::now(),
+            counted: false,
+        };
         let call = self.inner.call(request);
         Box::pin(async move {
-            let answer = call.await;
-            // A unary call that fails answers trailers-only: its status is in the head.
-            // A head without one is an answer whose status (OK) follows in the trailers.
-            let code = match &answer {
-                Ok(response) => response
-                    .headers()
-                    .get("grpc-status")
-                    .map_or("OK", |v| code_name(tonic::Code::from_bytes(v.as_bytes()))),
-                Err(_) => "UNKNOWN",
+            let response = match call.await {
+                Ok(response) => response,
+                Err(error) => {
+                    tally.count("UNKNOWN");
+                    return Err(error);
+                }
             };
-            metrics
-                .handling
-                .get_or_create(&labels)
-                .observe(start.elapsed().as_secs_f64());
-            metrics
-                .handled
-                .get_or_create(&Handled {
-                    grpc_service: labels.grpc_service,
-                    grpc_method: labels.grpc_method,
-                    grpc_code: code,
+            // A call that fails at once answers trailers-only: its status is in the head.
+            // Otherwise the status comes in the trailers, after the last message.
+            if let Some(code) = response.headers().get(GRPC_STATUS) {
+                tally.count(code_name(tonic::Code::from_bytes(code.as_bytes())));
+            }
+            Ok(response.map(|inner| {
+                Body::new(Counted {
+                    inner: Body::new(inner),
+                    tally,
                 })
-                .inc();
-            answer
+            }))
         })
+    }
+}
+
+const GRPC_STATUS: &str = "grpc-status";
+
+/// One call's count, made once: when its status is known, or, dropped before that (the
+/// caller gone, tonic's own timer), as `CANCELLED`.
+struct Tally {
+    metrics: GrpcMetrics,
+    labels: Method,
+    start: Instant,
+    counted: bool,
+}
+
+impl Tally {
+    fn count(&mut self, code: &'static str) {
+        if std::mem::replace(&mut self.counted, true) {
+            return;
+        }
+        let seconds = self.start.elapsed().as_secs_f64();
+        self.metrics
+            .handling
+            .get_or_create(&self.labels)
+            .observe(seconds);
+        let handled = Handled {
+            grpc_service: self.labels.grpc_service,
+            grpc_method: self.labels.grpc_method,
+            grpc_code: code,
+        };
+        self.metrics.handled.get_or_create(&handled).inc();
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        self.count("CANCELLED");
+    }
+}
+
+/// The answer's body, counted when its trailers (the call's status) go by: a stream's
+/// status is known only at its end.
+struct Counted {
+    inner: Body,
+    tally: Tally,
+}
+
+impl http_body::Body for Counted {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+        let this = &mut *self;
+        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        match &frame {
+            Some(Ok(frame)) => {
+                if let Some(code) = frame.trailers_ref().and_then(|t| t.get(GRPC_STATUS)) {
+                    this.tally
+                        .count(code_name(tonic::Code::from_bytes(code.as_bytes())));
+                }
+            }
+            Some(Err(_)) | None => this.tally.count("UNKNOWN"),
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -364,6 +364,20 @@ async fn a_server_stream_ends_at_its_grpc_timeout_on_the_server() {
         "ended after {:?}",
         start.elapsed()
     );
+    // The server counts the stream by the status in its trailers, not as the OK its
+    // head said when it began.
+    wait_until("the server counts the stream", MS(2_000), || async {
+        pricing.metric("grpc_server_handled_total", &[]).await == 1.0
+    })
+    .await;
+    let watch = [
+        ("grpc_method", "WatchPrice"),
+        ("grpc_code", "DEADLINE_EXCEEDED"),
+    ];
+    assert_eq!(
+        pricing.metric("grpc_server_handled_total", &watch).await,
+        1.0
+    );
 }
 
 fn item(cents: u32) -> PriceRequest {
