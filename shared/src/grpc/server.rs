@@ -22,11 +22,12 @@ use crate::stage::Stage;
 use crate::timing::{Report, StageLog};
 
 /// tonic's server starts its own timer from `grpc-timeout` just before this layer runs
-/// and answers `CANCELLED` when it fires. The deadline is set sooner, so that the caller
-/// learns `DEADLINE_EXCEEDED` instead: the budget is rounded down to whole milliseconds,
-/// then this margin, more than one tick of tokio's timer (which fires on whole
-/// milliseconds), is taken off for the time between tonic's timer and this layer.
-const BEFORE_TONIC: Duration = Duration::from_millis(2);
+/// and answers `CANCELLED` when it fires; a plain tonic client times the call out at the
+/// same value and calls it `CANCELLED` too. The deadline is set sooner, so that the
+/// caller learns `DEADLINE_EXCEEDED` instead: the budget is rounded down to whole
+/// milliseconds, then this margin is taken off, more than a tick of tokio's timer
+/// (which fires on whole milliseconds) and the answer's way back to such a client.
+const BEFORE_TONIC: Duration = Duration::from_millis(5);
 
 /// Wraps a tonic server's services so that every call runs under a [`Deadline`]:
 /// handlers read it with `request.extensions().get::<Deadline>()` or
