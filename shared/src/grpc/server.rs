@@ -203,9 +203,11 @@ where
             };
             deadline.log().observe_answered(deadline.instant());
             // A server stream's messages are bounded too: its body ends at the deadline.
-            answer.map(|answer| match observe {
-                true => answer,
-                false => answer.map(|body| Bounded::wrap(body, deadline.clone(), Stage::Ingress)),
+            // An answer made in the grace after the point of no return goes out whole.
+            let bound = !observe && !deadline.is_expired();
+            answer.map(|answer| match bound {
+                true => answer.map(|body| Bounded::wrap(body, deadline.clone(), Stage::Ingress)),
+                false => answer,
             })
         };
         Box::pin(serve.instrument(span))
