@@ -2,9 +2,10 @@
 //! in the crate's [`GrpcClientLayer`], so every call carries what is left of the
 //! request's budget as `grpc-timeout` with nothing at the call site.
 //!
-//! The catalog retries an `UNAVAILABLE` price once, unless the caller above already
-//! owns retries for the request (orders-service sends `X-Previous-Attempts`): one layer
-//! retries, so a failing pricing sees one call per attempt of the top hop.
+//! The catalog retries a price once when the call cannot have done anything (a refused
+//! connection, or `UNAVAILABLE`: `Price` is declared idempotent), unless the caller above
+//! already owns retries for the request (orders-service sends `X-Previous-Attempts`):
+//! one layer retries, so a failing pricing sees one call per attempt of the top hop.
 
 use deadline_propagation::grpc::{self, GrpcClient, GrpcClientLayer};
 use deadline_propagation::{Deadline, Downstream, Problem};
@@ -16,6 +17,9 @@ use tonic::transport::{Channel, Endpoint};
 pub fn downstream() -> Downstream {
     Downstream::new("pricing").expect("a valid downstream name")
 }
+
+/// The method the catalog calls; it changes nothing, so it may run twice.
+const PRICE: &str = "/pricing.v1.Pricing/Price";
 
 /// A client of pricing-service; clones share the channel.
 #[derive(Clone, Debug)]
@@ -30,7 +34,8 @@ impl Pricing {
     pub fn new(url: &str, every_hop: bool) -> anyhow::Result<Self> {
         let channel = Endpoint::from_shared(url.to_owned())?.connect_lazy();
         let layer = GrpcClientLayer::new(downstream())
-            .retry_unavailable(true)
+            .retry(true)
+            .idempotent([PRICE])
             .retry_every_hop(every_hop);
         let channel = tower::ServiceBuilder::new().layer(layer).service(channel);
         Ok(Self {

@@ -13,7 +13,7 @@ use service_kit::telemetry::LogFormat;
     about = "The pricing hop over gRPC, with fault injection on an admin port"
 )]
 pub struct Config {
-    /// gRPC address: `pricing.v1.Pricing/Price`.
+    /// gRPC address: `pricing.v1.Pricing` (`Price`, `WatchPrice`, `PriceBasket`).
     #[arg(long, env = "PRICING_LISTEN_ADDR", default_value = "127.0.0.1:50051")]
     pub listen_addr: SocketAddr,
 
@@ -35,6 +35,13 @@ pub struct Config {
     #[arg(long, env = "DEADLINE_DEFAULT_MS", default_value_t = 5000,
           value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub deadline_default_ms: u64,
+
+    /// Run a call marked `x-deadline-mode: observe` in observe mode (no refusal for its
+    /// budget, counted instead). Off by default: a caller that may send the marker
+    /// switches this service's clamp off for its calls; turn it on where only the
+    /// operator's own services call (the demo's catalog does, §4.3).
+    #[arg(long, env = "PRICING_HONOUR_OBSERVE", default_value_t = false, action = clap::ArgAction::Set)]
+    pub honour_observe: bool,
 
     /// Export the tokio runtime's metrics (`tokio_*`).
     #[arg(long, env = "RUNTIME_METRICS", default_value_t = true, action = clap::ArgAction::Set)]

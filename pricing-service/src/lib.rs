@@ -11,7 +11,8 @@
 //! What the technique adds is one line in [`Application::run_until`]: the crate's
 //! [`GrpcServerLayer`] makes each call's deadline from the caller's `grpc-timeout`
 //! (clamped by this service's policy), answers `DEADLINE_EXCEEDED` there and drops the
-//! handler's work. The handler itself names no timeout. Faults (delay, jitter, error
+//! handler's work; a server stream (`WatchPrice`) ends there too. The handlers name no
+//! timeout. Faults (delay, jitter, error
 //! rate answered `UNAVAILABLE`) come from service-kit's injector, on the admin port.
 
 pub mod config;
@@ -20,22 +21,24 @@ pub mod proto;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use deadline_propagation::DeadlinePolicy;
 use deadline_propagation::grpc::GrpcServerLayer;
 use deadline_propagation::metrics::Metrics;
+use futures_util::Stream;
 use service_kit::faults::Faults;
 use service_kit::server::{ServerOptions, serve};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 pub use config::Config;
 use metrics::GrpcMetrics;
 use proto::pricing_server::{Pricing, PricingServer};
-use proto::{PriceReply, PriceRequest};
+use proto::{BasketReply, PriceReply, PriceRequest, WatchRequest};
 
 /// A built, bound pricing-service, not yet serving.
 pub struct Application {
@@ -106,7 +109,11 @@ impl Application {
             // Outside the deadline, so that its DEADLINE_EXCEEDED answers are counted.
             .layer(self.grpc_metrics.clone())
             // The technique: the caller's grpc-timeout becomes this call's deadline.
-            .layer(GrpcServerLayer::new(policy).with_metrics(&self.metrics))
+            .layer(
+                GrpcServerLayer::new(policy)
+                    .honour_mode_header(self.config.honour_observe)
+                    .with_metrics(&self.metrics),
+            )
             .into_inner();
         let grpc = tonic::transport::Server::builder()
             .layer(layers)
@@ -141,27 +148,94 @@ fn admin_router(faults: Faults, metrics: Metrics, allow_remote: bool) -> axum::R
     service_kit::admin::guard(router, allow_remote, "PRICING_ADMIN_ALLOW_REMOTE")
 }
 
-/// The handler: the faults, then the list price back. It names no timeout: the
-/// server layer drops this future at the caller's deadline.
+/// The handlers: the faults, then the list price back. They name no timeout: the
+/// server layer drops their futures (and a server stream) at the caller's deadline.
 struct PricingService {
     faults: Faults,
     metrics: GrpcMetrics,
 }
+
+impl PricingService {
+    /// Every injected failure (error rate, refusal) is what a gRPC service answers when
+    /// it cannot serve now: UNAVAILABLE, the one code a caller may retry.
+    async fn faults(&self) -> Result<(), Status> {
+        match self.faults.inject().await {
+            Ok(()) => Ok(()),
+            Err(_) => Err(Status::unavailable("an injected fault (admin API)")),
+        }
+    }
+}
+
+/// The most prices one watch sends, and the longest time between two.
+const WATCH_MAX_COUNT: u32 = 1_000;
+const WATCH_MAX_EVERY_MS: u32 = 60_000;
 
 #[tonic::async_trait]
 impl Pricing for PricingService {
     async fn price(&self, request: Request<PriceRequest>) -> Result<Response<PriceReply>, Status> {
         self.metrics.work_started.inc();
         let request = request.into_inner();
-        // Every injected failure (error rate, refusal) is what a gRPC service answers
-        // when it cannot serve now: UNAVAILABLE, the one code a caller may retry.
-        if self.faults.inject().await.is_err() {
-            return Err(Status::unavailable("an injected fault (admin API)"));
-        }
+        self.faults().await?;
         self.metrics.work_completed.inc();
         Ok(Response::new(PriceReply {
             price_cents: request.list_price_cents,
         }))
+    }
+
+    type WatchPriceStream = Pin<Box<dyn Stream<Item = Result<PriceReply, Status>> + Send>>;
+
+    async fn watch_price(
+        &self,
+        request: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchPriceStream>, Status> {
+        let WatchRequest {
+            item,
+            count,
+            every_ms,
+        } = request.into_inner();
+        let item = item.ok_or_else(|| Status::invalid_argument("item is required"))?;
+        if count > WATCH_MAX_COUNT || every_ms > WATCH_MAX_EVERY_MS {
+            let limits = format!("count <= {WATCH_MAX_COUNT}, every_ms <= {WATCH_MAX_EVERY_MS}");
+            return Err(Status::invalid_argument(limits));
+        }
+        self.metrics.work_started.inc();
+        self.faults().await?;
+        let every = Duration::from_millis(every_ms.into());
+        let price_cents = item.list_price_cents;
+        let completed = self.metrics.work_completed.clone();
+        // The first price at once, the next ones `every` apart; the work is complete
+        // when the last was sent, so a watch cut at its deadline never completes.
+        let prices = futures_util::stream::unfold(0, move |sent| {
+            let completed = completed.clone();
+            async move {
+                if sent == count {
+                    completed.inc();
+                    return None;
+                }
+                if sent > 0 {
+                    tokio::time::sleep(every).await;
+                }
+                Some((Ok(PriceReply { price_cents }), sent + 1))
+            }
+        });
+        Ok(Response::new(Box::pin(prices)))
+    }
+
+    async fn price_basket(
+        &self,
+        request: Request<Streaming<PriceRequest>>,
+    ) -> Result<Response<BasketReply>, Status> {
+        self.faults().await?;
+        let mut items = request.into_inner();
+        let mut basket = BasketReply::default();
+        // Each item is priced as it arrives: the caller may still be writing the next.
+        while let Some(item) = items.message().await? {
+            self.metrics.work_started.inc();
+            basket.items += 1;
+            basket.total_cents += u64::from(item.list_price_cents);
+            self.metrics.work_completed.inc();
+        }
+        Ok(Response::new(basket))
     }
 }
 

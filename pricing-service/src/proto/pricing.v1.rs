@@ -14,6 +14,26 @@ pub struct PriceReply {
     #[prost(uint32, tag = "1")]
     pub price_cents: u32,
 }
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WatchRequest {
+    #[prost(message, optional, tag = "1")]
+    pub item: ::core::option::Option<PriceRequest>,
+    /// How many prices to send (at most 1,000).
+    #[prost(uint32, tag = "2")]
+    pub count: u32,
+    /// The time between two prices, in milliseconds (at most 60,000).
+    #[prost(uint32, tag = "3")]
+    pub every_ms: u32,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BasketReply {
+    /// How many items came.
+    #[prost(uint32, tag = "1")]
+    pub items: u32,
+    /// The sum of their prices, in cents.
+    #[prost(uint64, tag = "2")]
+    pub total_cents: u64,
+}
 /// Generated client implementations.
 pub mod pricing_client {
     #![allow(
@@ -126,6 +146,55 @@ pub mod pricing_client {
             req.extensions_mut().insert(GrpcMethod::new("pricing.v1.Pricing", "Price"));
             self.inner.unary(req, path, codec).await
         }
+        /// The price of one item now and then again every `every_ms`, `count` times: a
+        /// server stream (a ticker a page could show).
+        pub async fn watch_price(
+            &mut self,
+            request: impl tonic::IntoRequest<super::WatchRequest>,
+        ) -> std::result::Result<
+            tonic::Response<tonic::codec::Streaming<super::PriceReply>>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/pricing.v1.Pricing/WatchPrice",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("pricing.v1.Pricing", "WatchPrice"));
+            self.inner.server_streaming(req, path, codec).await
+        }
+        /// The total of a basket sent item by item: a client stream, answered once the
+        /// caller ends it.
+        pub async fn price_basket(
+            &mut self,
+            request: impl tonic::IntoStreamingRequest<Message = super::PriceRequest>,
+        ) -> std::result::Result<tonic::Response<super::BasketReply>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/pricing.v1.Pricing/PriceBasket",
+            );
+            let mut req = request.into_streaming_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("pricing.v1.Pricing", "PriceBasket"));
+            self.inner.client_streaming(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -147,6 +216,24 @@ pub mod pricing_server {
             &self,
             request: tonic::Request<super::PriceRequest>,
         ) -> std::result::Result<tonic::Response<super::PriceReply>, tonic::Status>;
+        /// Server streaming response type for the WatchPrice method.
+        type WatchPriceStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<super::PriceReply, tonic::Status>,
+            >
+            + std::marker::Send
+            + 'static;
+        /// The price of one item now and then again every `every_ms`, `count` times: a
+        /// server stream (a ticker a page could show).
+        async fn watch_price(
+            &self,
+            request: tonic::Request<super::WatchRequest>,
+        ) -> std::result::Result<tonic::Response<Self::WatchPriceStream>, tonic::Status>;
+        /// The total of a basket sent item by item: a client stream, answered once the
+        /// caller ends it.
+        async fn price_basket(
+            &self,
+            request: tonic::Request<tonic::Streaming<super::PriceRequest>>,
+        ) -> std::result::Result<tonic::Response<super::BasketReply>, tonic::Status>;
     }
     /// Prices catalog items.
     #[derive(Debug)]
@@ -264,6 +351,99 @@ pub mod pricing_server {
                                 max_encoding_message_size,
                             );
                         let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/pricing.v1.Pricing/WatchPrice" => {
+                    #[allow(non_camel_case_types)]
+                    struct WatchPriceSvc<T: Pricing>(pub Arc<T>);
+                    impl<
+                        T: Pricing,
+                    > tonic::server::ServerStreamingService<super::WatchRequest>
+                    for WatchPriceSvc<T> {
+                        type Response = super::PriceReply;
+                        type ResponseStream = T::WatchPriceStream;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::WatchRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Pricing>::watch_price(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = WatchPriceSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.server_streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/pricing.v1.Pricing/PriceBasket" => {
+                    #[allow(non_camel_case_types)]
+                    struct PriceBasketSvc<T: Pricing>(pub Arc<T>);
+                    impl<
+                        T: Pricing,
+                    > tonic::server::ClientStreamingService<super::PriceRequest>
+                    for PriceBasketSvc<T> {
+                        type Response = super::BasketReply;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                tonic::Streaming<super::PriceRequest>,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Pricing>::price_basket(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = PriceBasketSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.client_streaming(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)

@@ -6,22 +6,25 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, Request, Response};
-use http_body_util::{BodyExt as _, Full};
+use http_body::Body as _;
+use http_body_util::Full;
 use tonic::body::Body;
 use tonic::{Code, Status};
 use tower::{Layer, Service};
 use tracing::Instrument as _;
 
+use super::BoxError;
+use super::body::{Bounded, Resumed};
 use crate::deadline::{Deadline, DeadlineExceeded};
 use crate::downstream::Downstream;
-use crate::header::PREVIOUS_ATTEMPTS_HEADER;
+use crate::header::{
+    GRPC_PREVIOUS_ATTEMPTS_HEADER, GRPC_TIMEOUT_HEADER, PREVIOUS_ATTEMPTS_HEADER, parse_grpc_value,
+};
 use crate::mode::{DEADLINE_MODE_HEADER, DeadlineMode, OBSERVE};
 use crate::stage::Stage;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
 /// Wraps a tonic channel so that every call carries what is left of its deadline.
@@ -51,6 +54,7 @@ struct ClientConfig {
     reserve: Duration,
     retry: bool,
     every_hop: bool,
+    idempotent: Vec<String>,
 }
 
 impl GrpcClientLayer {
@@ -63,6 +67,7 @@ impl GrpcClientLayer {
                 reserve: Duration::from_millis(5),
                 retry: false,
                 every_hop: false,
+                idempotent: Vec::new(),
             }),
         }
     }
@@ -72,11 +77,23 @@ impl GrpcClientLayer {
         self.map(|c| c.reserve = reserve)
     }
 
-    /// Sends an `UNAVAILABLE` call once more while time is left, unless a caller above
-    /// owns retries for the request (it sent `x-previous-attempts`): one layer retries,
-    /// so a failing service sees one call per attempt of the top, not their product.
-    pub fn retry_unavailable(self, retry: bool) -> Self {
+    /// Sends a call once more while time is left when it cannot have done anything: a
+    /// refused connection (no byte left this process), whatever the method, and an
+    /// `UNAVAILABLE` answer of a method declared [`idempotent`](Self::idempotent) (a
+    /// server may say `UNAVAILABLE` after it began the work). Only a unary request can
+    /// be sent again (its body is kept for that); a stream is never retried. And only
+    /// where no caller above owns retries for the request (it sent
+    /// `x-previous-attempts`): one layer retries, so a failing service sees one call per
+    /// attempt of the top, not their product.
+    pub fn retry(self, retry: bool) -> Self {
         self.map(|c| c.retry = retry)
+    }
+
+    /// The methods (paths such as `/pricing.v1.Pricing/Price`) that are safe to run
+    /// twice, so an `UNAVAILABLE` of theirs may be retried: what gRPC's service config
+    /// calls a retry policy's methods, declared here at the channel.
+    pub fn idempotent<M: Into<String>>(self, methods: impl IntoIterator<Item = M>) -> Self {
+        self.map(|c| c.idempotent.extend(methods.into_iter().map(Into::into)))
     }
 
     /// Retries whatever the caller above does: each hop on its own, as gRPC's and
@@ -117,26 +134,33 @@ where
     S: Service<Request<Body>, Response = Response<R>> + Clone + Send + 'static,
     S::Error: Into<BoxError>,
     S::Future: Send,
-    R: Send + 'static,
+    R: http_body::Body<Data = Bytes> + Send + 'static,
+    R::Error: Into<BoxError>,
 {
-    type Response = Response<R>;
+    type Response = Response<Body>;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<R>, BoxError>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, BoxError>> + Send>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+    /// Always ready: the wait for the channel's capacity is part of each call, where the
+    /// call's deadline bounds it (here no deadline is known yet).
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        // The service made ready is the one to call; the next call gets a fresh clone.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = self.inner.clone();
         let config = Arc::clone(&self.config);
         let deadline = (request.extensions().get::<Deadline>().cloned()).or_else(Deadline::current);
         Box::pin(async move {
             match deadline {
                 // No deadline here: tonic's own behaviour, untouched.
-                None => inner.call(request).await.map_err(Into::into),
+                None => {
+                    poll_fn(|cx| inner.poll_ready(cx))
+                        .await
+                        .map_err(Into::into)?;
+                    let answer = inner.call(request).await.map_err(Into::into)?;
+                    Ok(answer.map(Body::new))
+                }
                 Some(deadline) => {
                     let span = tracing::info_span!(
                         "grpc.client",
@@ -145,7 +169,7 @@ where
                         rpc.system = "grpc",
                         deadline.remaining_ms = deadline.remaining().as_millis() as u64,
                     );
-                    send(inner, request, &deadline, &config)
+                    send(inner, request, deadline, &config)
                         .instrument(span)
                         .await
                 }
@@ -154,87 +178,200 @@ where
     }
 }
 
-/// The call, and a retry of an `UNAVAILABLE` if this hop owns retries and time is left.
+/// The call, and a retry where one is safe, this hop owns retries and time is left.
 async fn send<S, R>(
     mut inner: S,
     request: Request<Body>,
-    deadline: &Deadline,
+    deadline: Deadline,
     config: &ClientConfig,
-) -> Result<Response<R>, BoxError>
+) -> Result<Response<Body>, BoxError>
 where
     S: Service<Request<Body>, Response = Response<R>>,
     S::Error: Into<BoxError>,
+    R: http_body::Body<Data = Bytes> + Send + 'static,
+    R::Error: Into<BoxError>,
 {
-    let stage = config.downstream.call();
+    let (stage, pool) = (config.downstream.call(), config.downstream.pool());
     let observe = deadline.mode() == DeadlineMode::Observe;
     let above = deadline.previous_attempts();
-    let owns_retries = above.is_none() || config.every_hop;
+    let owns_retries = config.retry && !observe && (above.is_none() || config.every_hop);
     let (mut head, body) = request.into_parts();
-    // Buffered, so that a retry can send it again (a unary request is one message).
-    let body = body.collect().await?.to_bytes();
+    // The caller's own per-call timeout (`Request::set_timeout`) stands when it is the
+    // shorter: the call then runs under that, with its time in the same log.
+    let deadline = match caller_timeout(&head.headers) {
+        Some(own) if !observe => deadline.child(own),
+        _ => deadline,
+    };
+    let idempotent = config.idempotent.iter().any(|m| m == head.uri.path());
+    let (mut body, again) = match owns_retries {
+        true => keep_whole(body).await?,
+        false => (Some(body), None),
+    };
     crate::trace::inject(&tracing::Span::current(), &mut head.headers);
-    let mut nth = 0;
+    let mut nth: u32 = 0;
     loop {
         let mut head = head.clone();
         let left = deadline.outbound_millis(config.reserve);
         set_budget(&mut head.headers, left, observe);
-        let previous = above.unwrap_or(0) + nth;
-        head.headers
-            .insert(PREVIOUS_ATTEMPTS_HEADER, previous.into());
-        if left.is_none() && !observe {
-            return Err(spent(deadline, stage));
+        // Sent by the hop that owns retries, and passed on from a caller above that
+        // does, so that nobody below retries too; saturating, whatever the caller sent.
+        let previous = match owns_retries {
+            true => Some(above.unwrap_or(0).saturating_add(nth)),
+            false => above,
+        };
+        if let Some(previous) = previous {
+            for name in [PREVIOUS_ATTEMPTS_HEADER, GRPC_PREVIOUS_ATTEMPTS_HEADER] {
+                head.headers.insert(name, previous.into());
+            }
         }
-        poll_fn(|cx| inner.poll_ready(cx))
-            .await
-            .map_err(Into::into)?;
-        let call = inner.call(Request::from_parts(
-            head,
-            Body::new(Full::new(body.clone())),
-        ));
+        if left.is_none() && !observe {
+            return Err(spent(&deadline, stage));
+        }
+        let body = match (&again, body.take()) {
+            (Some(whole), _) => Body::new(Full::new(whole.clone())),
+            (None, Some(body)) => body,
+            (None, None) => unreachable!("a body that is not kept is sent once"),
+        };
+        let request = Request::from_parts(head, body);
         let outcome = match observe {
             // Observe refuses nothing: it counts what propagate would have refused.
             true => {
-                let answer = call.await;
+                let answer = call(&mut inner, request).await;
                 if deadline.is_expired() {
                     deadline.would_refuse(stage, "deadline");
                 }
                 answer
             }
-            false => deadline.run(stage, call).await.map_err(exceeded)?,
+            false => {
+                // The wait for the channel's capacity, then the call, each timed apart.
+                let ready = poll_fn(|cx| inner.poll_ready(cx));
+                let ready: Result<(), BoxError> = deadline
+                    .run(pool, ready)
+                    .await
+                    .map_err(exceeded)?
+                    .map_err(Into::into);
+                match ready {
+                    Ok(()) => deadline
+                        .run(stage, inner.call(request))
+                        .await
+                        .map_err(exceeded)?
+                        .map_err(Into::into),
+                    Err(error) => Err(error),
+                }
+            }
         };
         // tonic's channel times the call out itself at the `grpc-timeout` we sent, just
         // before the server's DEADLINE_EXCEEDED can arrive, and calls that CANCELLED: an
         // error once the time sent is spent is the budget's, and is said so.
         let outcome = outcome.map_err(|error| match deadline.outbound_millis(config.reserve) {
-            None if !observe => spent(deadline, stage),
-            _ => error.into(),
+            None if !observe => spent(&deadline, stage),
+            _ => error,
         });
-        let unavailable =
-            matches!(&outcome, Ok(answer) if code(answer.headers()) == Some(Code::Unavailable));
-        let retry = config.retry && owns_retries && nth == 0 && !observe && unavailable;
+        let safe = match &outcome {
+            Err(error) => refused(error.as_ref()),
+            Ok(answer) => idempotent && code(answer.headers()) == Some(Code::Unavailable),
+        };
+        let retry = owns_retries && again.is_some() && nth == 0 && safe;
         if !retry
             || deadline
                 .outbound_millis(config.reserve + MIN_RETRY_LEFT)
                 .is_none()
         {
-            return outcome;
+            return outcome.map(|answer| bound(answer, &deadline, stage, observe));
         }
-        tracing::debug!(stage = stage.as_str(), "retrying an UNAVAILABLE call");
+        tracing::debug!(stage = stage.as_str(), "retrying a call that did nothing");
         nth += 1;
     }
+}
+
+/// One call with no deadline over it (observe mode).
+async fn call<S, R>(inner: &mut S, request: Request<Body>) -> Result<Response<R>, BoxError>
+where
+    S: Service<Request<Body>, Response = Response<R>>,
+    S::Error: Into<BoxError>,
+{
+    poll_fn(|cx| inner.poll_ready(cx))
+        .await
+        .map_err(Into::into)?;
+    inner.call(request).await.map_err(Into::into)
+}
+
+/// The answer, its body (a server stream) cut at the deadline unless observing.
+fn bound<R>(answer: Response<R>, deadline: &Deadline, stage: Stage, observe: bool) -> Response<Body>
+where
+    R: http_body::Body<Data = Bytes> + Send + 'static,
+    R::Error: Into<BoxError>,
+{
+    answer.map(|body| match observe {
+        true => Body::new(body),
+        false => Bounded::wrap(Body::new(body), deadline.clone(), stage),
+    })
+}
+
+/// The most of a request body kept for a retry; a larger one is sent once.
+const MAX_KEPT_BYTES: usize = 64 * 1024;
+
+/// The request's body, and a copy to send again when it is whole at once and at most
+/// [`MAX_KEPT_BYTES`]: a unary request (one message, encoded when the call is made)
+/// is; a client stream still being written is not, and goes on unread past what was
+/// ready, never waited for. tonic's request bodies carry no trailers.
+async fn keep_whole(mut body: Body) -> Result<(Option<Body>, Option<Bytes>), BoxError> {
+    let mut read = BytesMut::new();
+    let whole = poll_fn(|cx| {
+        loop {
+            match Pin::new(&mut body).poll_frame(cx) {
+                Poll::Ready(None) => return Poll::Ready(Ok(true)),
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        read.extend_from_slice(&data);
+                    }
+                    if read.len() > MAX_KEPT_BYTES {
+                        return Poll::Ready(Ok(false));
+                    }
+                }
+                Poll::Ready(Some(Err(status))) => return Poll::Ready(Err(status)),
+                Poll::Pending => return Poll::Ready(Ok(false)),
+            }
+        }
+    })
+    .await?;
+    Ok(match whole {
+        true => (None, Some(read.freeze())),
+        false => (Some(Resumed::wrap(read.freeze(), body)), None),
+    })
+}
+
+/// Whether `error` is a refused connection: the call never reached the server.
+fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// The least time worth a retry, beyond the reserve.
 const MIN_RETRY_LEFT: Duration = Duration::from_millis(20);
 
-/// `grpc-timeout` from what is left, or (observe) the marker instead: an observing
-/// caller refuses nothing, and tonic's server would enforce a `grpc-timeout` it saw.
+/// The `grpc-timeout` the caller set on this call itself, if any and valid.
+fn caller_timeout(headers: &HeaderMap) -> Option<Duration> {
+    parse_grpc_value(headers.get(GRPC_TIMEOUT_HEADER)?.as_bytes()).ok()
+}
+
+/// `grpc-timeout` from what is left, or (observe) the marker beside whatever the caller
+/// set itself: an observing caller refuses nothing, and tonic's server would enforce a
+/// `grpc-timeout` of ours that it saw.
 fn set_budget(headers: &mut HeaderMap, left: Option<u64>, observe: bool) {
-    headers.remove(GRPC_TIMEOUT);
-    match (observe, left) {
-        (true, _) => drop(headers.insert(DEADLINE_MODE_HEADER, OBSERVE)),
-        (false, Some(ms)) => drop(headers.insert(GRPC_TIMEOUT, super::grpc_timeout(ms))),
-        (false, None) => {}
+    if observe {
+        headers.insert(DEADLINE_MODE_HEADER, OBSERVE);
+        return;
+    }
+    headers.remove(GRPC_TIMEOUT_HEADER);
+    if let Some(ms) = left {
+        headers.insert(GRPC_TIMEOUT_HEADER, super::grpc_timeout(ms));
     }
 }
 

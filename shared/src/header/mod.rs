@@ -19,6 +19,9 @@ pub(crate) use millis::parse_millis;
 pub const REQUEST_TIMEOUT_HEADER: HeaderName = HeaderName::from_static("x-request-timeout-ms");
 /// How many attempts a caller that owns retries made before this one (0 on its first).
 pub const PREVIOUS_ATTEMPTS_HEADER: HeaderName = HeaderName::from_static("x-previous-attempts");
+/// gRPC's own count of earlier attempts (gRFC A6), read and sent beside ours.
+pub(crate) const GRPC_PREVIOUS_ATTEMPTS_HEADER: HeaderName =
+    HeaderName::from_static("grpc-previous-rpc-attempts");
 /// gRPC's budget header (PROTOCOL-HTTP2.md).
 pub(crate) const GRPC_TIMEOUT_HEADER: HeaderName = HeaderName::from_static("grpc-timeout");
 /// Envoy's budget header for the request it forwards.
@@ -149,16 +152,21 @@ fn ceil_millis(budget: Duration) -> Duration {
     }
 }
 
-/// The request's `X-Previous-Attempts`, if any, or why it is not a whole number (read
-/// with the grammar of milliseconds).
+/// The attempts a caller made before this one, if it says: `X-Previous-Attempts` or
+/// gRPC's `grpc-previous-rpc-attempts` (gRFC A6), the larger when both come; or why one
+/// is not a whole number (read with the grammar of milliseconds).
 pub(crate) fn read_previous_attempts(headers: &HeaderMap) -> Result<Option<u32>, String> {
-    let Some(raw) = headers.get(PREVIOUS_ATTEMPTS_HEADER).map(|v| v.as_bytes()) else {
-        return Ok(None);
-    };
-    let attempts = parse_millis(raw).ok().and_then(|n| u32::try_from(n).ok());
-    attempts
-        .map(Some)
-        .ok_or_else(|| format!("must be a whole number of attempts, got {:?}", echo(raw)))
+    let mut attempts = None;
+    for name in [PREVIOUS_ATTEMPTS_HEADER, GRPC_PREVIOUS_ATTEMPTS_HEADER] {
+        let Some(raw) = headers.get(&name).map(|v| v.as_bytes()) else {
+            continue;
+        };
+        let n = parse_millis(raw).ok().and_then(|n| u32::try_from(n).ok());
+        let n =
+            n.ok_or_else(|| format!("must be a whole number of attempts, got {:?}", echo(raw)))?;
+        attempts = attempts.max(Some(n));
+    }
+    Ok(attempts)
 }
 
 /// The values of one header in the request's order: `Ok(None)` before the first, the
@@ -232,6 +240,21 @@ mod tests {
             map.append((*name).clone(), HeaderValue::from_str(value).unwrap());
         }
         map
+    }
+
+    #[test]
+    fn previous_attempts_come_from_either_header_the_larger_winning() {
+        let ours = &PREVIOUS_ATTEMPTS_HEADER;
+        let grpc = &GRPC_PREVIOUS_ATTEMPTS_HEADER;
+        let read = |pairs: &[(&HeaderName, &str)]| read_previous_attempts(&headers(pairs));
+        assert_eq!(read(&[]), Ok(None));
+        assert_eq!(read(&[(grpc, "1")]), Ok(Some(1)));
+        assert_eq!(
+            read(&[(ours, "2"), (grpc, "4294967295")]),
+            Ok(Some(u32::MAX))
+        );
+        assert!(read(&[(ours, "2"), (grpc, "4294967296")]).is_err());
+        assert!(read(&[(ours, "x")]).is_err());
     }
 
     #[test]
