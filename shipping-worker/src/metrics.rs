@@ -70,9 +70,11 @@ impl QueueMetrics {
         );
         // Every series exists from the first scrape.
         for at in ["queue", "fence"] {
-            metrics
-                .expired
-                .get_or_create(&[("queue", queue), ("at", at)]);
+            drop(
+                metrics
+                    .expired
+                    .get_or_create(&[("queue", queue), ("at", at)]),
+            );
         }
         drop(metrics.done.get_or_create(&metrics.label()));
         drop(metrics.depth.get_or_create(&metrics.label()));
