@@ -11,8 +11,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{Stack, orders_service, worker_config, worker_in_process, worker_process};
+use deadline_propagation::Deadline;
+use deadline_propagation::db::{Db, DbConfig};
+use deadline_propagation::queue::{JobState, Queue, QueueConfig};
 use rand::Rng as _;
 use reqwest::StatusCode;
+use tokio::time::Instant;
 
 /// Deferred work of up to 80 ms in every COMMIT that books a shipment.
 const SLOW_COMMIT: &str = "
@@ -113,6 +117,93 @@ async fn a_504_and_the_effect_are_never_both_true_over_1000_races() {
     let near = stack.attempts_ending_near_their_deadline(50).await;
     println!("attempts ending within 50 ms of their job's deadline: {near}");
     assert!(near >= 200, "too few attempts met their deadline: {near}");
+    worker.shutdown().await;
+}
+
+/// 1,000 callers that expire their job at a jittered moment while a worker books it,
+/// with its deadline far ahead: the expire comes before the claim, during the work, on
+/// the fence's row lock (a COMMIT slowed by deferred work) or after the commit. The
+/// expire that succeeds means no shipment; the one that finds the job done means its
+/// shipment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_callers_expire_and_a_workers_fence_never_both_win_over_1000_races() {
+    let stack = Arc::new(orders_service(60).await);
+    let orders = stack.seed_orders(1000).await;
+    sqlx::raw_sql(SLOW_COMMIT).execute(&stack.db).await.unwrap();
+    let worker = worker_in_process(worker_config(&stack.url, 8, 10, 60)).await;
+    let db = Db::connect_lazy(&stack.url, DbConfig::default()).unwrap();
+    let queue = Queue::new(db, "shipments", QueueConfig::default());
+    let mut callers = tokio::task::JoinSet::new();
+    let orders = Arc::new(std::sync::Mutex::new(orders));
+    for _ in 0..8 {
+        let (queue, orders) = (queue.clone(), orders.clone());
+        callers.spawn(async move {
+            let mut outcomes = Vec::new();
+            loop {
+                let next = orders.lock().unwrap().pop();
+                let Some(order) = next else { break };
+                let deadline = Deadline::after(Duration::from_secs(5));
+                let by = Instant::now() + Duration::from_secs(3);
+                let payload = serde_json::json!({ "order_id": order });
+                let job = queue.enqueue(&deadline, &payload, Some(by)).await.unwrap();
+                let jitter = rand::rng().random_range(0..160);
+                tokio::time::sleep(Duration::from_millis(jitter)).await;
+                let status = queue.expire(&deadline, job).await.unwrap();
+                outcomes.push((job, status.state));
+            }
+            outcomes
+        });
+    }
+    let outcomes: Vec<(i64, JobState)> = callers.join_all().await.into_iter().flatten().collect();
+    stack.settle(Duration::from_secs(30)).await;
+    let booked: HashMap<i64, i64> =
+        sqlx::query_as::<_, (i64, i64)>("SELECT job_id, count(*) FROM shipments GROUP BY job_id")
+            .fetch_all(&stack.db)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (job, state) in &outcomes {
+        let effects = booked.get(job).copied().unwrap_or(0);
+        match state {
+            JobState::Expired => assert_eq!(effects, 0, "job {job}: expired, yet booked"),
+            JobState::Done => assert_eq!(effects, 1, "job {job}: done with {effects} shipments"),
+            other => panic!("job {job}: the expire left it {other:?}"),
+        }
+        *seen.entry(state.as_str()).or_insert(0) += 1;
+    }
+    let tally = stack.check_the_table().await;
+    println!("expires {seen:?}; jobs {tally:?}");
+    assert_eq!(outcomes.len(), 1000);
+    // Each place the expire can land was met: before the claim, during the work (the
+    // fence then found the job expired), and after the fence.
+    assert!(tally.expired_unstarted >= 10, "{tally:?}");
+    assert!(tally.fenced_attempts >= 50, "{tally:?}");
+    assert!(tally.done >= 50, "{tally:?}");
+    worker.shutdown().await;
+}
+
+/// Jobs with less than the minimum useful time left when a worker comes are never
+/// started: expired on the queue, no attempt in the table.
+#[tokio::test]
+async fn a_job_with_less_than_the_minimum_useful_time_left_never_starts() {
+    let stack = orders_service(60).await;
+    let orders = stack.seed_orders(20).await;
+    let db = Db::connect_lazy(&stack.url, DbConfig::default()).unwrap();
+    let queue = Queue::new(db, "shipments", QueueConfig::default());
+    let deadline = Deadline::after(Duration::from_secs(5));
+    let by = Instant::now() + Duration::from_millis(180);
+    for order in orders {
+        let payload = serde_json::json!({ "order_id": order });
+        queue.enqueue(&deadline, &payload, Some(by)).await.unwrap();
+    }
+    // The worker comes when less than 100 ms is left.
+    tokio::time::sleep_until(by - Duration::from_millis(90)).await;
+    let worker = worker_in_process(worker_config(&stack.url, 4, 0, 0)).await;
+    stack.settle(Duration::from_secs(10)).await;
+    let tally = stack.check_the_table().await;
+    assert_eq!((tally.expired_unstarted, tally.done), (20, 0), "{tally:?}");
     worker.shutdown().await;
 }
 

@@ -174,7 +174,9 @@ pub trait Work:
 }
 
 impl<F> Work for F where
-    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<serde_json::Value, sqlx::Error>>
+    F: for<'c> FnOnce(
+            &'c mut PgConnection,
+        ) -> BoxFuture<'c, Result<serde_json::Value, sqlx::Error>>
         + Send
         + 'static
 {
@@ -333,24 +335,38 @@ impl Queue {
             .await
     }
 
-    /// The caller's side of a job it waits for: its state, read every
-    /// [`QueueConfig::poll`], until it is no longer open or `until` (the instant given
-    /// to [`enqueue`](Self::enqueue)) comes; then the job is expired in one statement.
-    /// Done is the result (at most one COMMIT late); expired is a promise that it never
-    /// takes effect. Should the expire not be answered within `deadline`, the job's
-    /// fate is unknown: [`DbError::OutcomeUnknown`], never a 504.
-    pub async fn wait(&self, deadline: &Deadline, id: i64, until: Instant) -> Result<JobStatus, DbError> {
+    /// The caller's side of a job it waits for: [`poll`](Self::poll) until `until`
+    /// (the instant given to [`enqueue`](Self::enqueue)), then the job expired in one
+    /// statement. Done is the result (at most one COMMIT late); expired is a promise
+    /// that it never takes effect. Should the expire not be answered within
+    /// `deadline`, the job's fate is unknown: [`DbError::OutcomeUnknown`], never a 504.
+    pub async fn wait(
+        &self,
+        deadline: &Deadline,
+        id: i64,
+        until: Instant,
+    ) -> Result<JobStatus, DbError> {
+        match self.poll(deadline, id, until).await {
+            Some(status) if !status.state.is_open() => Ok(status),
+            _ => self.expire(deadline, id).await,
+        }
+    }
+
+    /// Reads the job's state every [`QueueConfig::poll`] until it is no longer open or
+    /// `until` comes; the last state read (`None` when none could be). A read that
+    /// fails changes nothing: the next one, or the caller's expire, decides.
+    pub async fn poll(&self, deadline: &Deadline, id: i64, until: Instant) -> Option<JobStatus> {
+        let mut last = None;
         loop {
             match self.status(deadline, id).await {
-                Ok(Some(status)) if !status.state.is_open() => return Ok(status),
-                Ok(_) => {}
-                // A failed read changes nothing: the expire below still decides.
+                Ok(Some(status)) if !status.state.is_open() => return Some(status),
+                Ok(status) => last = status,
                 Err(err) => tracing::debug!(job = id, error = %err, "cannot read a job's state"),
             }
             let next = Instant::now() + self.config.poll;
             if next >= until {
                 tokio::time::sleep_until(until).await;
-                return self.expire(deadline, id).await;
+                return last;
             }
             tokio::time::sleep_until(next).await;
         }
