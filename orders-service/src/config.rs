@@ -64,7 +64,8 @@ pub struct Config {
     #[arg(long, env = "QUEUE_MIN_USEFUL_MS", default_value_t = 100)]
     pub queue_min_useful_ms: u64,
 
-    /// How often a waiting request reads its job's state.
+    /// How soon a waiting request first reads its job's state again; the pause doubles
+    /// after each read, up to eight times this.
     #[arg(long, env = "QUEUE_POLL_MS", default_value_t = 20,
           value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub queue_poll_ms: u64,

@@ -17,7 +17,6 @@
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use deadline_propagation::db::DbError;
@@ -25,14 +24,13 @@ use deadline_propagation::queue::{JobState, JobStatus, Queue, QueueConfig};
 use deadline_propagation::{Deadline, DeadlineMode, Problem, Stage};
 use serde::Serialize;
 use serde_json::{Value, json};
-use service_kit::openapi::ProblemDetails;
 use tokio::time::Instant;
 use utoipa::ToSchema;
 
-use crate::AppState;
 use crate::budget::Budget;
 use crate::legacy::LEGACY_TIMEOUT;
 use crate::orders;
+use crate::store::Store;
 
 /// The stage of a 504 whose job expired on the queue.
 const QUEUE: Stage = Stage::named("queue");
@@ -89,49 +87,22 @@ impl Shipments {
 /// The queue shipping-worker takes shipments from.
 pub const QUEUE_NAME: &str = "shipments";
 
-/// Books a pickup for an order through the queue.
-#[utoipa::path(
-    post,
-    path = "/api/orders/{id}/shipments",
-    tag = "shipments",
-    summary = "Book a shipment for an order",
-    description = "Enqueues a shipment job carrying what is left of the request's budget (less \
-                   `SHIPMENTS_RESERVE_MS` when the caller waits); shipping-worker books it only \
-                   while that deadline is ahead, and commits the shipment with the job's `done`.",
-    params(
-        ("id" = i64, Path, description = "The order's number"),
-        ("Prefer" = Option<String>, Header, description = "`respond-async`: answer 202 at once \
-          with the job's `Location` instead of waiting"),
-    ),
-    responses(
-        (status = 201, description = "The shipment is booked and committed", body = ShipmentJob,
-         headers(("Location" = String, description = "The job's URL, `/api/shipments/{job}`"))),
-        (status = 202, description = "`Prefer: respond-async`: the job is queued; its state is at `Location`. An expired job never starts", body = ShipmentJob,
-         headers(("Location" = String, description = "The job's URL, `/api/shipments/{job}`"))),
-        (status = 404, description = "No such order (or an id that is not a number). Nothing was queued", body = ProblemDetails),
-        (status = 500, description = "`urn:problem:outcome-unknown`: the job could not be expired in time, so it may still take effect; its state is at `Location`", body = ProblemDetails),
-        (status = 502, description = "The job's work failed on every attempt. No shipment", body = ProblemDetails),
-        (status = 503, description = "The database is down or its pool is full. Nothing was queued", body = ProblemDetails),
-        (status = 504, description = "The budget ran out: the job was expired (stage `queue`) or never queued, and it never takes effect", body = ProblemDetails),
-    )
-)]
-pub async fn create_shipment(
-    State(state): State<AppState>,
+/// Books a pickup for `order` (the path's text) through the queue: the answer, as
+/// `POST /api/orders/{id}/shipments` gives it (`routes/shipments.rs`).
+pub async fn create(
+    shipments: &Shipments,
+    store: Store<'_>,
     budget: Budget,
-    Path(id): Path<String>,
-    headers: HeaderMap,
+    order: &str,
+    headers: &HeaderMap,
 ) -> Result<Response, Problem> {
-    let not_found = || Problem::not_found(format!("no order {id:?}"));
-    let order: i64 = id.parse().map_err(|_| not_found())?;
-    if orders::find_order(state.store(), &budget, order)
-        .await?
-        .is_none()
-    {
+    let not_found = || Problem::not_found(format!("no order {order:?}"));
+    let order: i64 = order.parse().map_err(|_| not_found())?;
+    if orders::find_order(store, &budget, order).await?.is_none() {
         return Err(not_found());
     }
-    let respond_async = prefers_async(&headers);
+    let respond_async = prefers_async(headers);
     let payload = json!({ "order_id": order });
-    let shipments = &state.shipments;
     let queue = &shipments.queue;
     let deadline = match budget {
         Budget::Deadline(deadline) if deadline.mode() == DeadlineMode::Propagate => deadline,
@@ -173,24 +144,11 @@ pub async fn create_shipment(
     }
 }
 
-/// A shipment job's state, as its table says.
-#[utoipa::path(
-    get,
-    path = "/api/shipments/{job}",
-    tag = "shipments",
-    summary = "Read a shipment job",
-    params(("job" = i64, Path, description = "The job's number")),
-    responses(
-        (status = 200, description = "The job: `queued`, `running`, `done` (with the shipment), \
-          `expired` (it never takes effect) or `failed`", body = ShipmentJob),
-        (status = 404, description = "No such job (or an id that is not a number)", body = ProblemDetails),
-        (status = 503, description = "The database is down or its pool is full", body = ProblemDetails),
-    )
-)]
-pub async fn get_shipment(
-    State(state): State<AppState>,
+/// The job `job` (the path's text) as its table says: `GET /api/shipments/{job}`.
+pub async fn read(
+    shipments: &Shipments,
     budget: Budget,
-    Path(job): Path<String>,
+    job: &str,
 ) -> Result<Json<ShipmentJob>, Problem> {
     let not_found = || Problem::not_found(format!("no shipment job {job:?}"));
     let id: i64 = job.parse().map_err(|_| not_found())?;
@@ -198,7 +156,7 @@ pub async fn get_shipment(
         Budget::Deadline(deadline) => deadline,
         Budget::Unbounded => Deadline::after(LEGACY_TIMEOUT),
     };
-    let status = state.shipments.queue.status(&deadline, id).await?;
+    let status = shipments.queue.status(&deadline, id).await?;
     status.map(|s| Json(s.into())).ok_or_else(not_found)
 }
 

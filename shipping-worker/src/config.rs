@@ -64,7 +64,7 @@ pub struct Config {
     pub idle_poll_ms: u64,
 
     /// How often jobs no worker will start are expired, and the backlog gauges read.
-    #[arg(long, env = "SHIPPING_SWEEP_EVERY_MS", default_value_t = 250,
+    #[arg(long, env = "SHIPPING_SWEEP_EVERY_MS", default_value_t = 100,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub sweep_every_ms: u64,
 

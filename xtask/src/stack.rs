@@ -150,6 +150,8 @@ pub struct ServiceEnv {
     pub catalog: Vec<(String, String)>,
     /// Start pricing-service and point the catalog at it (`PRICING_URL`).
     pub pricing: bool,
+    /// Extra shipping-worker settings.
+    pub shipping: Vec<(String, String)>,
 }
 
 impl Services {
@@ -215,13 +217,14 @@ impl Services {
         };
         services.wait_ready(Duration::from_secs(60)).await?;
         // After orders-service, whose migrations make the queue's tables.
-        let shipping_env = [
+        let mut shipping_env = vec![
             (
                 "SHIPPING_LISTEN_ADDR",
                 format!("127.0.0.1:{}", ports.shipping),
             ),
             ("DATABASE_URL", services.database_url.clone()),
         ];
+        shipping_env.extend(env.shipping.iter().map(|(k, v)| (k.as_str(), v.clone())));
         let log = log_dir.join("shipping.log");
         let mut shipping = ServiceProcess::start(&bin.join("shipping-worker"), &shipping_env, log)?;
         wait_listening(ports.shipping, &mut shipping).await?;

@@ -2,6 +2,7 @@
 
 mod health;
 mod orders;
+mod shipments;
 
 use axum::extract::Request;
 use axum::{Extension, Router, middleware};
@@ -16,7 +17,6 @@ use crate::AppState;
 use crate::assistant;
 use crate::budget::Budget;
 use crate::config::Config;
-use crate::shipments;
 
 /// Request bodies above this are refused with 413 before they are read.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;

@@ -60,7 +60,8 @@ pub struct QueueConfig {
     pub lease: Duration,
     /// Attempts before a job whose work keeps failing is given up as `failed` (3).
     pub max_attempts: u32,
-    /// How often a waiting caller reads its job's state (20 ms).
+    /// How soon a waiting caller first reads its job's state again (20 ms); the pause
+    /// doubles after each read, up to eight times this.
     pub poll: Duration,
 }
 
@@ -246,7 +247,8 @@ impl Queue {
             return Ok(None);
         };
         let left = left_ms.map_or(config.lease, |ms| {
-            Duration::from_secs_f64(ms.max(0.0) / 1000.0).min(config.lease)
+            let left = Duration::try_from_secs_f64(ms.max(0.0) / 1000.0);
+            left.unwrap_or(config.lease).min(config.lease)
         });
         Ok(Some(Claimed {
             id,
@@ -352,23 +354,26 @@ impl Queue {
         }
     }
 
-    /// Reads the job's state every [`QueueConfig::poll`] until it is no longer open or
-    /// `until` comes; the last state read (`None` when none could be). A read that
-    /// fails changes nothing: the next one, or the caller's expire, decides.
+    /// Reads the job's state until it is no longer open or `until` comes, first after
+    /// [`QueueConfig::poll`], then twice as long each time up to eight times that (a
+    /// crowd of waiting callers must not become the database's load); the last state
+    /// read (`None` when none could be). A read that fails changes nothing: the next
+    /// one, or the caller's expire, decides.
     pub async fn poll(&self, deadline: &Deadline, id: i64, until: Instant) -> Option<JobStatus> {
-        let mut last = None;
+        let (mut last, mut pause) = (None, self.config.poll);
         loop {
             match self.status(deadline, id).await {
                 Ok(Some(status)) if !status.state.is_open() => return Some(status),
                 Ok(status) => last = status,
                 Err(err) => tracing::debug!(job = id, error = %err, "cannot read a job's state"),
             }
-            let next = Instant::now() + self.config.poll;
+            let next = Instant::now() + pause;
             if next >= until {
                 tokio::time::sleep_until(until).await;
                 return last;
             }
             tokio::time::sleep_until(next).await;
+            pause = (pause * 2).min(self.config.poll * 8);
         }
     }
 
