@@ -47,6 +47,10 @@ pub struct BacklogArgs {
     /// Where the raw data goes.
     #[arg(long, default_value = "results/backlog")]
     pub out: PathBuf,
+    /// Fail unless propagate's median wasted share is at most 1 %, its goodput at least
+    /// 1.5 times legacy's, and its queue drained within the budget (docs/design.md §11).
+    #[arg(long)]
+    pub check: bool,
 }
 
 /// How long past its budget a caller waits for the answer before it gives up (its
@@ -102,6 +106,32 @@ pub async fn backlog(args: &BacklogArgs) -> anyhow::Result<()> {
     std::fs::write(&raw, serde_json::to_string(&runs)?)?;
     println!("{}", table(&runs, args));
     println!("raw data: {}", raw.display());
+    if args.check {
+        let median = |mode: &str, figure: fn(&Figures) -> f64| {
+            let values: Vec<f64> = runs
+                .iter()
+                .filter(|r| r.mode == mode)
+                .map(|r| figure(&r.figures))
+                .collect();
+            spread(&values).map_or(f64::NAN, |s| s.median)
+        };
+        let goodput = median("propagate", |f| f.goodput) / median("legacy", |f| f.goodput);
+        let wasted = median("propagate", |f| f.wasted_share);
+        let drain = median("propagate", |f| f.drain_s);
+        anyhow::ensure!(
+            wasted <= 0.01,
+            "propagate's wasted share {wasted:.3} is above 1 %"
+        );
+        anyhow::ensure!(
+            goodput >= 1.5,
+            "goodput propagate / legacy {goodput:.2} is below 1.5"
+        );
+        let budget = args.budget_ms as f64 / 1000.0;
+        anyhow::ensure!(
+            drain <= budget,
+            "propagate drained in {drain:.2} s, past the {budget} s budget"
+        );
+    }
     Ok(())
 }
 
