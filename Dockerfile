@@ -82,6 +82,12 @@ ENV ORDERS_LISTEN_ADDR=0.0.0.0:8080
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/orders-service"]
 
+FROM runtime AS shipping-runtime
+ENV SHIPPING_LISTEN_ADDR=0.0.0.0:8083
+# 8083: /metrics, /healthz (its work comes from the queue in PostgreSQL).
+EXPOSE 8083
+ENTRYPOINT ["/usr/local/bin/shipping-worker"]
+
 # ------------------------------------------------------ the host's binaries (no registry)
 FROM catalog-runtime AS catalog-service-prebuilt
 COPY catalog-service /usr/local/bin/catalog-service
@@ -91,6 +97,9 @@ COPY pricing-service /usr/local/bin/pricing-service
 
 FROM orders-runtime AS orders-service-prebuilt
 COPY orders-service /usr/local/bin/orders-service
+
+FROM shipping-runtime AS shipping-worker-prebuilt
+COPY shipping-worker /usr/local/bin/shipping-worker
 
 # ----------------------------------------------------------------------------- build
 FROM rust:${RUST_VERSION}-bookworm AS build
@@ -105,10 +114,11 @@ COPY . .
 RUN --mount=type=cache,id=deadline-cargo-registry,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,id=deadline-cargo-git,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,id=deadline-target,target=/src/target,sharing=locked \
-    cargo build --release --locked --package catalog-service --package pricing-service --package orders-service --bins \
+    cargo build --release --locked --package catalog-service --package pricing-service --package orders-service --package shipping-worker --bins \
         ${CARGO_FEATURES:+--features "$CARGO_FEATURES"} \
  && mkdir -p /out \
- && cp target/release/catalog-service target/release/pricing-service target/release/orders-service /out/
+ && cp target/release/catalog-service target/release/pricing-service target/release/orders-service \
+       target/release/shipping-worker /out/
 
 # ------------------------------------------------------- the images compose builds
 FROM catalog-runtime AS catalog-service
@@ -119,3 +129,6 @@ COPY --from=build /out/pricing-service /usr/local/bin/pricing-service
 
 FROM orders-runtime AS orders-service
 COPY --from=build /out/orders-service /usr/local/bin/orders-service
+
+FROM shipping-runtime AS shipping-worker
+COPY --from=build /out/shipping-worker /usr/local/bin/shipping-worker

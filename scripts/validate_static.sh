@@ -47,7 +47,7 @@ done
 strip() { grep -v -e '^[[:space:]]*#' -e '^[[:space:]]*$' "$1"; }
 if drift=$(diff <(strip prometheus/prometheus.yml) \
                 <(strip prometheus/prometheus.local.yml \
-                  | sed -e 's/"127\.0\.0\.1:8080"/"orders:8080"/' -e 's/"127\.0\.0\.1:8081"/"catalog:8081"/' -e 's/"127\.0\.0\.1:9082"/"pricing:9082"/')); then
+                  | sed -e 's/"127\.0\.0\.1:8080"/"orders:8080"/' -e 's/"127\.0\.0\.1:8081"/"catalog:8081"/' -e 's/"127\.0\.0\.1:9082"/"pricing:9082"/' -e 's/"127\.0\.0\.1:8083"/"shipping:8083"/')); then
     pass "prometheus.local.yml differs from prometheus.yml only in its targets"
 else
     fail "prometheus.local.yml and prometheus.yml differ beyond their targets"

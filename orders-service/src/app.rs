@@ -17,6 +17,7 @@ use crate::health::{self, Health};
 use crate::legacy::PlainDb;
 use crate::mode::ModeSwitch;
 use crate::prechecks::Prechecks;
+use crate::shipments::Shipments;
 use crate::state::AppState;
 use crate::{admin, assistant, routes};
 
@@ -55,6 +56,7 @@ impl Application {
         let plain_db = PlainDb::connect_lazy(config.database_url.expose(), &db_config)
             .context("DATABASE_URL is not a valid PostgreSQL URL")?;
         migrate(&db).await?;
+        let shipments = Shipments::from_config(&config, &db);
         let catalog =
             CatalogClient::new(&config, &metrics).context("cannot build the catalog client")?;
         let listener = TcpListener::bind(config.listen_addr)
@@ -84,6 +86,7 @@ impl Application {
                 assistant: Assistant::from_config(&config)?,
                 mode,
                 health,
+                shipments,
             },
             config,
         })

@@ -53,6 +53,23 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub deadline_reserve_ms: u64,
 
+    /// Budget kept back from a shipment job whose caller waits: the time to expire the
+    /// job and answer before the request's deadline.
+    #[arg(long, env = "SHIPMENTS_RESERVE_MS", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(20..=10_000))]
+    pub shipments_reserve_ms: u64,
+
+    /// The least time a job must have left to be claimed; a shipment with less is
+    /// refused (504) before it is queued. Give shipping-worker the same.
+    #[arg(long, env = "QUEUE_MIN_USEFUL_MS", default_value_t = 100)]
+    pub queue_min_useful_ms: u64,
+
+    /// How soon a waiting request first reads its job's state again; the pause doubles
+    /// after each read, up to eight times this.
+    #[arg(long, env = "QUEUE_POLL_MS", default_value_t = 20,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub queue_poll_ms: u64,
+
     /// `propagate` (the technique), `observe` (everything runs, nothing is refused: what
     /// propagate would refuse is counted) or `legacy` (the "before": fixed 30 s
     /// timeouts, unbounded pool wait, no statement timeout). Switchable at run time

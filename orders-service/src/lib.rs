@@ -24,6 +24,8 @@
 //!   endpoint and the MCP server.
 //! - [`routes`]: the HTTP API, health and readiness; [`health`]: what readiness asks
 //!   (started, not draining) and what it does not (the dependencies).
+//! - [`shipments`]: `POST /api/orders/{id}/shipments`, the queue hop: a job on a queue
+//!   in this database, carrying the budget to shipping-worker.
 //! - [`admin`]: `GET|PUT /admin/mode` on the admin address: the rollout switch.
 //!
 //! `DEADLINE_MODE=legacy` runs the same handlers without the technique, for the
@@ -42,6 +44,7 @@ pub mod mode;
 pub mod orders;
 pub mod prechecks;
 pub mod routes;
+pub mod shipments;
 pub mod state;
 pub mod store;
 

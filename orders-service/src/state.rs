@@ -9,6 +9,7 @@ use crate::health::{Checked, Health};
 use crate::legacy::PlainDb;
 use crate::mode::ModeSwitch;
 use crate::prechecks::Prechecks;
+use crate::shipments::Shipments;
 use crate::store::Store;
 
 /// What every handler shares.
@@ -30,6 +31,8 @@ pub struct AppState {
     pub mode: ModeSwitch,
     /// Whether the service drains, and its dependencies' gauges.
     pub health: Health,
+    /// The shipments' queue.
+    pub shipments: Shipments,
 }
 
 impl AppState {

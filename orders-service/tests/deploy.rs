@@ -180,3 +180,35 @@ fn catalog_manifests_agree_with_catalog_service() {
         "catalog",
     );
 }
+
+/// shipping-worker's manifests: its settings parse, its port and probes are its own,
+/// its grace period outlasts the longest attempt (the lease, which its shutdown waits
+/// for), and it refuses to start no job that orders-service queues: both have the same
+/// minimum useful time.
+#[test]
+fn shipping_manifests_agree_with_shipping_worker() {
+    let docs = manifests();
+    let secret = find(&docs, "Secret", "database");
+    let database_url = secret["stringData"]["DATABASE_URL"].as_str().unwrap();
+    let url = [("DATABASE_URL", database_url)];
+    let config: shipping_worker::Config = parse(&env_of(&docs, "shipping-config"), &url);
+    let deployment = find(&docs, "Deployment", "shipping");
+    assert_eq!(
+        port(deployment, "http"),
+        i64::from(config.listen_addr.port())
+    );
+    let pod = &deployment["spec"]["template"]["spec"];
+    for probe in ["startupProbe", "livenessProbe"] {
+        assert_eq!(
+            pod["containers"][0][probe]["httpGet"]["path"].as_str(),
+            Some("/healthz")
+        );
+    }
+    let grace = Duration::from_secs(pod["terminationGracePeriodSeconds"].as_i64().unwrap() as u64);
+    assert!(
+        grace > Duration::from_millis(config.lease_ms),
+        "the grace period must outlast the lease"
+    );
+    let orders: orders_service::Config = parse(&env_of(&docs, "orders-config"), &url);
+    assert_eq!(orders.queue_min_useful_ms, config.min_useful_ms);
+}

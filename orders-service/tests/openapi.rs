@@ -19,6 +19,8 @@ async fn the_served_document_is_the_committed_one() {
             "/api/assistant/chat",
             "/api/orders",
             "/api/orders/{id}",
+            "/api/orders/{id}/shipments",
+            "/api/shipments/{job}",
             "/health/dependencies",
             "/healthz",
             "/readyz"

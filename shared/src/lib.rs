@@ -61,6 +61,9 @@ pub mod hedging;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
+#[cfg(feature = "queue")]
+#[cfg_attr(docsrs, doc(cfg(feature = "queue")))]
+pub mod queue;
 #[cfg(feature = "retry-budget")]
 #[cfg_attr(docsrs, doc(cfg(feature = "retry-budget")))]
 pub mod retry_budget;

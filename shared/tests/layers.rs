@@ -21,6 +21,8 @@ fn allowed_above_core(module: &str) -> Option<&'static [&'static str]> {
         "downstream" | "db" | "tools" => Some(&[]),
         // The clients: HTTP, and gRPC beside it.
         "client" | "grpc" => Some(&["downstream"]),
+        // The job queue: the database envelope under it.
+        "queue" => Some(&["db"]),
         // The extras of the client.
         "admission" | "hedging" | "retry_budget" => Some(&["client", "downstream"]),
         // The metrics report on every part.

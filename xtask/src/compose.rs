@@ -27,7 +27,14 @@ use crate::stack::{run, workspace};
 
 /// The services started: those whose images `cargo xtask images` makes. Compose starts
 /// them and nothing else (Grafana, Jaeger and k6 have no Debian package).
-pub const SERVICES: [&str; 5] = ["postgres", "pricing", "catalog", "orders", "prometheus"];
+pub const SERVICES: [&str; 6] = [
+    "postgres",
+    "pricing",
+    "catalog",
+    "orders",
+    "shipping",
+    "prometheus",
+];
 /// The compose project: its own name, so a stack a user started from the same folder is
 /// neither reused nor taken down.
 const PROJECT: &str = "deadline-compose-check";
@@ -109,12 +116,24 @@ async fn checks(compose: &Compose) -> anyhow::Result<()> {
     for service in SERVICES {
         compose.wait_healthy(service).await?;
     }
-    ok("every health check passes (postgres, pricing, catalog, orders)");
+    ok("every health check passes (postgres, pricing, catalog, orders, shipping)");
 
     let client = reqwest::Client::new();
     let (status, _, body) = order(&client, None).await?;
     ensure!(status == 201, "an order answered {status}: {body}");
     ok("an order is created: 201");
+    let shipped = client
+        .post(format!("{ORDERS_URL}/api/orders/{}/shipments", body["id"]))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await?;
+    let status = shipped.status();
+    ensure!(
+        status == 201,
+        "its shipment answered {status}: {}",
+        shipped.text().await?
+    );
+    ok("its shipment is booked through the queue by shipping-worker: 201");
 
     let slow_catalog = Fault {
         delay_ms: 1000,

@@ -271,7 +271,7 @@ pub async fn measure(
             ("RUST_LOG".into(), "warn".into()),
         ],
         catalog: vec![("RUST_LOG".into(), "warn".into())],
-        pricing: false,
+        ..ServiceEnv::default()
     };
     let ports = Ports::free();
     let services = Services::start(profile, ports, database_url.clone(), &env, dir).await?;

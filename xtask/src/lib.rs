@@ -11,10 +11,11 @@
 //! [`dashboards`]' queries against real series. [`tables`] renders
 //! the committed summaries into the docs. [`cost`] prices the technique in PostgreSQL
 //! alone, with pgbench; [`cpu`] as CPU per order, read by a [`meter`]. [`images`] and
-//! [`compose`] are the Docker path; [`examples`] and [`copy_check`] prove the crate's
+//! [`compose`] are the Docker path; [`backlog`] runs the queue hop under a backlog; [`examples`] and [`copy_check`] prove the crate's
 //! ladder and its copy.
 
 pub mod chart;
+pub mod backlog;
 pub mod check;
 pub mod compose;
 pub mod copy_check;

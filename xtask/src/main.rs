@@ -67,6 +67,9 @@ enum Command {
         /// An experiment's output folder.
         dir: PathBuf,
     },
+    /// The queue hop under a backlog: shipments at twice the workers' capacity for a
+    /// stretch, then at half; legacy against propagate, alternating (docs/design.md §11).
+    Backlog(xtask::backlog::BacklogArgs),
 }
 
 #[derive(clap::Args)]
@@ -114,6 +117,7 @@ async fn main() -> ExitCode {
             .map(|()| 0),
         Command::CopyCheck => xtask::copy_check::copy_check().map(|()| 0),
         Command::Chart { dir } => xtask::chart::write(&dir).map(|()| 0),
+        Command::Backlog(args) => xtask::backlog::backlog(&args).await.map(|()| 0),
         Command::ReadmeTables { check } => readme_command(check),
     };
     match result {
@@ -132,7 +136,7 @@ async fn stack_command(args: StackArgs) -> anyhow::Result<u8> {
     let env = stack::ServiceEnv {
         orders: args.orders_env,
         catalog: args.catalog_env,
-        pricing: false,
+        ..stack::ServiceEnv::default()
     };
     let code = stack::run_with_stack(&args.profile, &env, &log_dir, &args.command).await?;
     Ok(u8::try_from(code).unwrap_or(1))

@@ -27,6 +27,7 @@ pub fn config(ports: &Ports) -> anyhow::Result<String> {
     let orders = format!("\"127.0.0.1:{}\"", ports.orders);
     let catalog = format!("\"127.0.0.1:{}\"", ports.catalog);
     let pricing = format!("\"127.0.0.1:{}\"", ports.pricing_admin);
+    let shipping = format!("\"127.0.0.1:{}\"", ports.shipping);
     // The configuration is written to a temporary folder; the rules stay here.
     let rules = format!(
         "\"{}/rules/*.rules.yml\"",
@@ -36,6 +37,7 @@ pub fn config(ports: &Ports) -> anyhow::Result<String> {
         ("\"127.0.0.1:8080\"", orders.as_str()),
         ("\"127.0.0.1:8081\"", &catalog),
         ("\"127.0.0.1:9082\"", &pricing),
+        ("\"127.0.0.1:8083\"", &shipping),
         ("scrape_interval: 5s", "scrape_interval: 1s"),
         ("scrape_timeout: 4s", "scrape_timeout: 1s"),
         ("evaluation_interval: 5s", "evaluation_interval: 1s"),
@@ -175,6 +177,7 @@ mod tests {
             orders_admin: 4444,
             pricing: 5555,
             pricing_admin: 6666,
+            shipping: 7777,
         };
         let text = config(&ports).unwrap();
         assert!(text.contains("\"127.0.0.1:1111\"") && text.contains("\"127.0.0.1:2222\""));

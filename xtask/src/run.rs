@@ -227,6 +227,7 @@ async fn start_services(
         ],
         catalog: vec![("RUST_LOG".into(), "warn".into())],
         pricing: ctx.load.pricing_fault.is_some(),
+        shipping: vec![("RUST_LOG".into(), "warn".into())],
     };
     if ctx.load.hedging {
         env.orders.push(("CATALOG_HEDGE".into(), "on".into()));

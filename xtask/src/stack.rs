@@ -1,5 +1,5 @@
-//! PostgreSQL, catalog-service and orders-service on free loopback ports (and, for the
-//! three-hop scenarios, pricing-service behind the catalog): the stack the experiment
+//! PostgreSQL, catalog-service, orders-service and shipping-worker on free loopback ports
+//! (and, for the three-hop scenarios, pricing-service behind the catalog): the stack the experiment
 //! measures and `cargo xtask stack -- <command>` lends to outside checks.
 //!
 //! PostgreSQL comes from test-support's [`PgCluster`] and the services from its
@@ -59,7 +59,7 @@ pub fn build_services(profile: &str, features: &[&str]) -> anyhow::Result<()> {
         .current_dir(workspace())
         .args(["build", "--quiet", "--profile", profile])
         .args(["-p", "catalog-service", "-p", "pricing-service"])
-        .args(["-p", "orders-service"]);
+        .args(["-p", "orders-service", "-p", "shipping-worker"]);
     if !features.is_empty() {
         command.args(["--features", &features.join(",")]);
     }
@@ -101,6 +101,8 @@ pub struct Ports {
     pub pricing: u16,
     /// pricing-service's admin port: its faults and its `/metrics`.
     pub pricing_admin: u16,
+    /// shipping-worker's `/metrics`.
+    pub shipping: u16,
 }
 
 impl Ports {
@@ -113,6 +115,7 @@ impl Ports {
             orders_admin: free_port(),
             pricing: free_port(),
             pricing_admin: free_port(),
+            shipping: free_port(),
         }
     }
 }
@@ -126,6 +129,8 @@ pub fn url(port: u16) -> String {
 pub struct Services {
     /// orders-service (declared first: dropped, so stopped, first).
     pub orders: ServiceProcess,
+    /// shipping-worker, on the queue in orders-service's database.
+    pub shipping: Option<ServiceProcess>,
     /// catalog-service.
     pub catalog: ServiceProcess,
     /// pricing-service, where the catalog calls it.
@@ -145,6 +150,8 @@ pub struct ServiceEnv {
     pub catalog: Vec<(String, String)>,
     /// Start pricing-service and point the catalog at it (`PRICING_URL`).
     pub pricing: bool,
+    /// Extra shipping-worker settings.
+    pub shipping: Vec<(String, String)>,
 }
 
 impl Services {
@@ -160,7 +167,7 @@ impl Services {
     ) -> anyhow::Result<Self> {
         let bin = binary_dir(&workspace(), profile);
         let pricing = env.pricing.then_some("pricing-service");
-        for name in ["catalog-service", "orders-service"]
+        for name in ["catalog-service", "orders-service", "shipping-worker"]
             .into_iter()
             .chain(pricing)
         {
@@ -202,12 +209,26 @@ impl Services {
         )?;
         let mut services = Self {
             orders,
+            shipping: None,
             catalog,
             pricing,
             ports,
             database_url,
         };
         services.wait_ready(Duration::from_secs(60)).await?;
+        // After orders-service, whose migrations make the queue's tables.
+        let mut shipping_env = vec![
+            (
+                "SHIPPING_LISTEN_ADDR",
+                format!("127.0.0.1:{}", ports.shipping),
+            ),
+            ("DATABASE_URL", services.database_url.clone()),
+        ];
+        shipping_env.extend(env.shipping.iter().map(|(k, v)| (k.as_str(), v.clone())));
+        let log = log_dir.join("shipping.log");
+        let mut shipping = ServiceProcess::start(&bin.join("shipping-worker"), &shipping_env, log)?;
+        wait_listening(ports.shipping, &mut shipping).await?;
+        services.shipping = Some(shipping);
         Ok(services)
     }
 
@@ -243,9 +264,13 @@ impl Services {
         )
     }
 
-    /// Graceful stop: SIGTERM to orders (it drains), then to the catalog, then pricing.
+    /// Graceful stop: SIGTERM to orders (it drains), then to the worker, the catalog,
+    /// then pricing.
     pub fn stop(mut self) {
         self.orders.stop(Duration::from_secs(5));
+        if let Some(shipping) = &mut self.shipping {
+            shipping.stop(Duration::from_secs(5));
+        }
         self.catalog.stop(Duration::from_secs(5));
         if let Some(pricing) = &mut self.pricing {
             pricing.stop(Duration::from_secs(5));

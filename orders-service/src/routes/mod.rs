@@ -2,6 +2,7 @@
 
 mod health;
 mod orders;
+mod shipments;
 
 use axum::extract::Request;
 use axum::{Extension, Router, middleware};
@@ -31,6 +32,7 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
     ),
     tags(
         (name = "orders", description = "Placing and reading orders"),
+        (name = "shipments", description = "Shipments booked through the queue to shipping-worker"),
         (name = "assistant", description = "An AI assistant's turn under tool budgets"),
         (name = "probes", description = "Liveness and readiness"),
     )
@@ -59,6 +61,8 @@ pub fn router(config: &Config, state: AppState, shutdown: CancellationToken) -> 
     let (routes, api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(orders::create_order))
         .routes(routes!(orders::get_order))
+        .routes(routes!(shipments::create_shipment))
+        .routes(routes!(shipments::get_shipment))
         .routes(routes!(assistant::chat::chat))
         .routes(routes!(health::readyz))
         .routes(routes!(health::healthz))

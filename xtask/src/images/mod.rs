@@ -40,7 +40,12 @@ pub const PROMETHEUS_IMAGE: &str = "deadline-propagation/offline-prometheus:debi
 /// The override that points docker-compose.yml at the stand-ins.
 pub const OVERRIDE: &str = "docker-compose.offline.yml";
 /// The Dockerfile's prebuilt targets, one per service; [`image`] names each one's image.
-pub const SERVICE_TARGETS: [&str; 3] = ["catalog-service", "pricing-service", "orders-service"];
+pub const SERVICE_TARGETS: [&str; 4] = [
+    "catalog-service",
+    "pricing-service",
+    "orders-service",
+    "shipping-worker",
+];
 
 /// The name docker-compose.yml gives `service`'s image.
 pub fn image(service: &str) -> String {
