@@ -299,20 +299,23 @@ pub async fn start_catalog(
 /// pricing-service from `bin` on the loopback ports of `ports`, its log in `log`; once
 /// it accepts connections.
 async fn start_pricing(bin: &Path, ports: Ports, log: PathBuf) -> anyhow::Result<ServiceProcess> {
-    let env = [
-        (
-            "PRICING_LISTEN_ADDR",
-            format!("127.0.0.1:{}", ports.pricing),
-        ),
-        (
-            "PRICING_ADMIN_ADDR",
-            format!("127.0.0.1:{}", ports.pricing_admin),
-        ),
-        ("RUST_LOG", "warn".to_owned()),
-    ];
+    let env = pricing_env(ports);
     let mut process = ServiceProcess::start(&bin.join("pricing-service"), &env, log)?;
     wait_listening(ports.pricing, &mut process).await?;
     Ok(process)
+}
+
+/// pricing-service's settings. Only the catalog calls it, so it honours the observe
+/// marker as in the compose file and the Kubernetes manifest: else an experiment in
+/// observe mode would meet pricing enforcing its own budget.
+fn pricing_env(ports: Ports) -> Vec<(&'static str, String)> {
+    let addr = |port| format!("127.0.0.1:{port}");
+    vec![
+        ("PRICING_LISTEN_ADDR", addr(ports.pricing)),
+        ("PRICING_ADMIN_ADDR", addr(ports.pricing_admin)),
+        ("PRICING_HONOUR_OBSERVE", "true".to_owned()),
+        ("RUST_LOG", "warn".to_owned()),
+    ]
 }
 
 /// Waits until `process` accepts connections on `port`; fails if it exits first.
@@ -391,4 +394,20 @@ pub async fn run_with_stack(
     services.stop();
     drop(cluster);
     Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The harness starts pricing as docker-compose.yml does: it honours the marker.
+    #[test]
+    fn pricing_honours_the_observe_marker_as_in_compose() {
+        let compose = std::fs::read_to_string(super::workspace().join("docker-compose.yml"));
+        assert!(
+            compose
+                .unwrap()
+                .contains("PRICING_HONOUR_OBSERVE: \"true\"")
+        );
+        let env = super::pricing_env(super::Ports::free());
+        assert!(env.contains(&("PRICING_HONOUR_OBSERVE", "true".to_owned())));
+    }
 }
