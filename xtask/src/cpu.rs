@@ -22,7 +22,7 @@ use test_support::PgCluster;
 use crate::meter::Meter;
 use crate::scenario::{Model, Scenario};
 use crate::stack::{Ports, ServiceEnv, Services, fresh_database, url, workspace};
-use crate::stats::{Request, Spread, quantile, spread, unix_ms};
+use crate::stats::{Request, Spread, alternate, median_range, quantile, spread, unix_ms};
 use reference::Reference;
 
 mod reference;
@@ -156,11 +156,7 @@ impl CpuReport {
                 .and_then(|m| m.get(what))
                 .map_or(f64::NAN, |s| s.median)
         };
-        let shown = |s: Option<&Spread>| {
-            s.map_or("n/a".to_owned(), |s| {
-                format!("{:.3} ({:.3} to {:.3})", s.median, s.min, s.max)
-            })
-        };
+        let shown = |s: Option<&Spread>| median_range(s.copied(), 3);
         let mut out = format!(
             "CPU per order at {} orders/s, open loop ({} pairs of {} s, {a} then {b} alternating; \
              median of the pairs, min to max; the last column divides each pair's ratio by \
@@ -299,11 +295,7 @@ pub async fn measure(
     tokio::time::sleep(plan.warm_up).await;
     let mut readings: Vec<(usize, &str, Reading, Reading)> = Vec::new();
     for pair in 0..plan.pairs as usize {
-        let mut order = sides;
-        if pair % 2 == 1 {
-            order.reverse();
-        }
-        for (side, mode) in order {
+        for (side, mode) in alternate(pair, sides) {
             switch(&url(ports.orders_admin), mode).await?;
             tokio::time::sleep(plan.settle).await;
             let start = read(&meter, &reference, &mut watcher).await?;

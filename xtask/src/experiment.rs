@@ -16,6 +16,7 @@ use crate::prometheus::Prometheus;
 use crate::run::{self, Context, ModeRun};
 use crate::scenario::{Load, Scenario, Side, Versus};
 use crate::stack::{self, Ports, workspace};
+use crate::stats::alternate;
 use crate::summary::{self, Summary};
 
 /// The experiment's command line.
@@ -239,16 +240,11 @@ async fn prepare(args: &ExperimentArgs, out: &Path) -> anyhow::Result<Context> {
     })
 }
 
-/// Every repeat, both sides each, the order alternated so neither side always runs on
-/// a machine the other has just warmed (or tired).
+/// Every repeat, both sides each, the order [`alternate`]d.
 async fn run_all(ctx: &Context, sides: &[Side; 2], repeats: usize) -> anyhow::Result<Vec<ModeRun>> {
     let mut runs = Vec::new();
     for repeat in 0..repeats {
-        let order = if repeat % 2 == 0 {
-            [&sides[0], &sides[1]]
-        } else {
-            [&sides[1], &sides[0]]
-        };
+        let order = alternate(repeat, [&sides[0], &sides[1]]);
         eprintln!(
             "{} run {}/{repeats}: {} then {}",
             ctx.load.scenario.name(),

@@ -14,8 +14,8 @@
 //! [`compose`] are the Docker path; [`backlog`] runs the queue hop under a backlog; [`examples`] and [`copy_check`] prove the crate's
 //! ladder and its copy.
 
-pub mod chart;
 pub mod backlog;
+pub mod chart;
 pub mod check;
 pub mod compose;
 pub mod copy_check;

@@ -93,6 +93,25 @@ pub fn spread(values: &[f64]) -> Option<Spread> {
     })
 }
 
+/// `median (min to max)` with `digits` decimals, or `n/a` for no spread.
+pub fn median_range(s: Option<Spread>, digits: usize) -> String {
+    s.map_or("n/a".into(), |s| {
+        format!(
+            "{:.d$} ({:.d$} to {:.d$})",
+            s.median,
+            s.min,
+            s.max,
+            d = digits
+        )
+    })
+}
+
+/// Two sides in the order of pair `n`: alternated, so that neither always runs on a
+/// machine the other has just warmed (or tired).
+pub fn alternate<T>(n: usize, [a, b]: [T; 2]) -> [T; 2] {
+    if n.is_multiple_of(2) { [a, b] } else { [b, a] }
+}
+
 /// The `q` quantile (0..=1) of `values` by the nearest-rank method, as k6 and most
 /// load tools report it; `None` when empty.
 pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
