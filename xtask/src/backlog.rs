@@ -1,8 +1,7 @@
-//! `cargo xtask backlog`: the queue hop under a backlog (docs/design.md §11). For a
-//! stretch, shipments arrive at twice what the workers can book, then at half; legacy
-//! (jobs without a deadline) against propagate, alternating which goes first. Each side
-//! on a database of its own; every figure but the answers' p99 is read from the queue's
-//! tables, the raw data written beside the table.
+//! `cargo xtask backlog`: the queue hop under a backlog (docs/design.md §11). Shipments
+//! arrive at twice what the workers can book for a stretch, then at half; legacy (jobs
+//! without a deadline) against propagate, alternating, each on its own database. Every
+//! figure but the answers' p99 is read from the queue's tables; the raw data beside them.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

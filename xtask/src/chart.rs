@@ -1,9 +1,7 @@
-//! The picture of a run: for each side, its latency and its goodput second by second,
-//! with the fault's window shaded, so the before/after can be seen at a glance.
-//!
-//! Drawn from the per-second series an experiment writes to `timeseries.json` (the
-//! same file is all a published run keeps, so `cargo xtask chart DIR` draws its
-//! picture again), as an SVG by plotters: its SVG backend needs no fonts and no C.
+//! The picture of a run: for each side, its latency and goodput second by second, the
+//! fault's window shaded. Drawn from the per-second series in `timeseries.json` (all a
+//! published run keeps, so `cargo xtask chart DIR` draws it again), as an SVG by plotters,
+//! whose SVG backend needs no fonts and no C.
 
 use std::path::Path;
 

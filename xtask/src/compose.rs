@@ -1,14 +1,10 @@
 //! `cargo xtask compose-check`: docker-compose.yml's stack up for real, checked from the
-//! host through the ports it publishes, then taken down (docs/docker.md).
+//! host through its published ports, then taken down (docs/docker.md).
 //!
-//! The compose file is used as it is, with its health checks, `depends_on`, settings
-//! and published ports, and [`OVERRIDE`] pointing it at the stand-ins; only the services
-//! whose images [`crate::images`] can make without a registry are started ([`SERVICES`]:
-//! Grafana, Jaeger and k6 are left out). The images must exist: `cargo xtask images`.
-//!
-//! Each check (`checks()`, in order) is printed as it passes; after them, `down -v` must
-//! leave no container, volume or network behind. On a failure the containers' logs are
-//! printed.
+//! The compose file is used as it is, with [`OVERRIDE`] pointing it at the stand-ins; only
+//! the services [`crate::images`] can make without a registry are started ([`SERVICES`]).
+//! Each check (`checks()`) is printed as it passes; then `down -v` must leave no container,
+//! volume or network behind. On a failure the containers' logs are printed.
 
 use std::process::Command;
 use std::time::{Duration, Instant};

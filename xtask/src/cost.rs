@@ -1,30 +1,22 @@
 //! `cargo xtask cost`: what the server-side limits cost PostgreSQL, measured alone.
 //!
-//! The `happy` experiment measures the whole machine (k6, both services and PostgreSQL
-//! on two cores). This isolates the database's share: pgbench runs the order
-//! transaction as each mode sends it, with the service's own SQL ([`PLACE_ORDER`], a
-//! copy a test holds to orders-service's, [`begin_sql`], [`commit_sql`]), three round
-//! trips each:
+//! The `happy` experiment measures the whole machine; this isolates the database's share.
+//! pgbench runs the order transaction as each mode sends it, with the service's own SQL
+//! ([`PLACE_ORDER`], a copy a test holds to orders-service's, [`begin_sql`],
+//! [`commit_sql`]), three round trips each:
 //!
 //! - legacy: `BEGIN`; the statement; `COMMIT`;
-//! - propagate: what the service sends when budgets are alike (every order here has the
-//!   same): the session's limit is sent by a session's first transaction and is in
-//!   force for the next ones, so `BEGIN` alone; the statement; `COMMIT` (where the schema
-//!   can defer work to COMMIT, as the service learns from the catalog, the limit re-set
-//!   and that work fired before it);
-//! - propagate-each: the same with the limit sent by every transaction, as when each
-//!   budget differs from the last on its session by more than the limit's tolerance
-//!   (a sixteenth; see `shared/src/db/limit.rs`): the bound on what it can cost.
+//! - propagate: what the service sends when budgets are alike: the limit a session's first
+//!   transaction sent is in force for the next ones, so `BEGIN` alone; the statement;
+//!   `COMMIT` (where the schema defers work to COMMIT, the limit re-set before it);
+//! - propagate-each: the limit sent by every transaction, as when each budget differs from
+//!   the last on its session by more than the limit's tolerance: the bound on the cost.
 //!
-//! pgbench sends everything as simple queries (it cannot send two commands in one
-//! prepared query, as the service's batches do); the service prepares the statement.
-//! Both modes pay for parsing and planning it here, which the service does not, so
-//! the measured cost is, if anything, smaller than the real one.
-//!
-//! Each run gets a fresh database (a database bloated by the previous run would bias
-//! the next mode), the order rotates between repeats, and each figure is the ratio of
-//! the medians to legacy's, with the per-repeat ratios beside it. Results: `summary.json`,
-//! `summary.md`, both pgbench scripts and every pgbench output.
+//! pgbench sends simple queries, the service prepares the statement: both modes pay for
+//! parsing and planning here, so the measured cost is, if anything, the smaller. Each run
+//! gets a fresh database (bloat would bias the next mode), the order rotates between
+//! repeats, and each figure is the ratio of the medians to legacy's, the per-repeat ratios
+//! beside it. Results: `summary.json`, `summary.md`, the pgbench scripts and outputs.
 
 use std::path::PathBuf;
 use std::process::Command;

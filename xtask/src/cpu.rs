@@ -1,14 +1,12 @@
 //! CPU per order: what the technique costs the machine when nothing is slow, at a fixed
 //! open-loop rate well below saturation (docs/experiment.md, "How the cost is priced").
 //!
-//! One stack, orders-service's mode switched at run time (`PUT /admin/mode`) between
-//! the two sides; after each switch a settling pause, then a segment in which a
-//! [`Meter`] reads the CPU time of orders-service, catalog-service and PostgreSQL at
-//! both ends, and the table's largest order id counts the orders. Pairs of segments
-//! alternate which side goes first; the figure is the median of the pairs' ratios,
-//! first side over second, and the same divided by the control's (`cpu/reference.rs`):
-//! the machine's speed taken out. The A/A run (propagate against propagate) prices the
-//! instrument's own spread.
+//! One stack, orders-service's mode switched at run time between the sides; after each
+//! switch a settling pause, then a segment in which a [`Meter`] reads the CPU time of
+//! orders-service, catalog-service and PostgreSQL, and the largest order id counts the
+//! orders. Pairs alternate which side goes first; the figure is the median of the pairs'
+//! ratios, and the same divided by the control's (`cpu/reference.rs`): the machine's speed
+//! taken out. The A/A run prices the instrument's own spread.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

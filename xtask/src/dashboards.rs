@@ -1,12 +1,11 @@
-//! The Grafana dashboards, checked without Grafana: their structure here, their
-//! queries against a real Prometheus in `experiment --prometheus`, which is also what says
-//! whether each metric a query selects exists (no list of names is kept here).
+//! The Grafana dashboards, checked without Grafana: their structure here, their queries
+//! against a real Prometheus in `experiment --prometheus` (which also says whether each
+//! selected metric exists: no list of names is kept here).
 //!
-//! Every dashboard has a `datasource` variable (a Prometheus datasource picker defaulting
-//! to the provisioned uid) and every panel, target and annotation uses it. Every panel
-//! needs a description and at least one query; every query's variables must resolve, it
-//! must not depend on the scrape job's name (`job`), and its range windows are
-//! `$__rate_interval`. The seed's p99 query must appear unchanged (docs/design.md §7).
+//! Every panel, target and annotation uses the `datasource` variable; every panel has a
+//! description and a query; every query's variables resolve, it does not depend on the
+//! scrape job's name, and its windows are `$__rate_interval`. The seed's p99 query stays
+//! unchanged (docs/design.md §7).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -1,15 +1,12 @@
 //! The three-way answer of a run: pool queue, slow downstream or saturated executor?
-//! (docs/operating.md, "Pool queue, slow downstream or saturated executor?").
+//! (docs/operating.md). From the services' metrics alone, as a reader of the dashboard
+//! would decide, never from k6's latencies: the share of time the tokio workers were busy,
+//! the catalog calls' time (pool wait excluded), and the calls that waited for a slot.
+//! Pure, so each case is unit-tested with made-up figures.
 //!
-//! Decided from the services' metrics alone, as a reader of the dashboard would, never
-//! from k6's latencies: the share of time each service's tokio workers were busy, the
-//! time orders-service's catalog calls took (pool wait excluded), and how many calls
-//! waited for a pool slot. Pure, so each case is unit-tested with made-up figures.
-//!
-//! The order of the questions matters. A saturated executor makes everything on it
-//! late, the futures that time the downstream call and wait for a slot included, so it
-//! is asked first; a slow downstream fills the pool's queue, so it comes before the
-//! queue. Only a queue with a downstream of normal speed is a pool queue.
+//! The order matters: a saturated executor makes everything on it late, the timing of the
+//! call and the wait for a slot included, so it is asked first; a slow downstream fills
+//! the pool's queue, so it comes next. Only a queue before a normal downstream is a pool queue.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -1,10 +1,9 @@
 //! `cargo xtask examples`: the crate's example ladder, each run and asked over HTTP.
 //!
-//! Compiling an example proves little: it can build and still answer 200 where the
-//! README promises a 504. So each example runs as its reader would run it (its own
-//! binary, a real port, the catalog and PostgreSQL where it needs them), and is asked
-//! what its doc comment says to ask, with the answer checked: the status, the stage in
-//! the problem body, `Server-Timing`, and how long the answer took.
+//! An example that compiles can still answer 200 where the README promises a 504. So each
+//! runs as its reader would run it (its binary, a real port, the catalog and PostgreSQL
+//! where needed) and is asked what its doc comment says, the answer checked: status, the
+//! stage in the problem body, `Server-Timing`, and how long it took.
 
 use std::path::Path;
 use std::process::Command;

@@ -1,12 +1,10 @@
 //! CPU time of a few processes, read at the ends of a measurement segment.
 //!
-//! Where it can, a [`Meter`] puts each process (a server with all its backends, for
-//! PostgreSQL) into a cpuacct cgroup of its own and reads `cpuacct.usage`: nanoseconds,
-//! and a child that exits (a PostgreSQL backend, an autovacuum worker) keeps its share.
-//! Where no cgroup can be made (not root, no cgroup v1 cpuacct hierarchy), it reads
-//! `/proc/PID/stat`: clock ticks (10 ms) of each process and of its reaped children,
-//! plus the living processes below it. The cgroups are removed, and the processes put
-//! back where they were, when the meter is dropped.
+//! Where it can, a [`Meter`] puts each process (PostgreSQL with all its backends) into a
+//! cpuacct cgroup of its own and reads `cpuacct.usage`: nanoseconds, and a child that exits
+//! keeps its share. Else (not root, no cgroup v1 cpuacct) it reads `/proc/PID/stat`: clock
+//! ticks of each process, its reaped children and the living processes below it. Dropping
+//! the meter removes the cgroups and puts the processes back.
 
 use std::path::{Path, PathBuf};
 

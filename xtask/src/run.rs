@@ -17,25 +17,21 @@ use crate::scenario::{Fault, Load, Side};
 use crate::stack::{Ports, ServiceEnv, Services, fresh_database, url};
 use crate::stats::{self, Second, unix_ms};
 
-/// What every run of one invocation shares.
+/// What every run of one invocation shares: the build `profile`, the k6 binary, the
+/// `load` both sides get, where it writes (`out`), the `warm_up` before each load, and
+/// orders-service's `CATALOG_ADMISSION` in every run.
 pub struct Context {
-    /// `dev` or `release`.
     pub profile: String,
     /// The PostgreSQL server; each run gets a database of its own on it.
     pub cluster: PgCluster,
     /// The services' ports, the same for every run (Prometheus scrapes them).
     pub ports: Ports,
-    /// The k6 binary.
     pub k6: PathBuf,
-    /// The load both modes get.
     pub load: Load,
     /// Allowed lateness of an answer past the budget, for the p99 checks.
     pub margin_ms: u64,
-    /// Where this invocation writes.
     pub out: PathBuf,
-    /// Seconds of orders with no fault before each measured load.
     pub warm_up: Duration,
-    /// orders-service's `CATALOG_ADMISSION` (`predict` or `off`), in every run.
     pub admission: String,
     /// Record a CPU profile of each service during each load (services built with the
     /// `profiling` feature).
@@ -46,28 +42,24 @@ pub struct Context {
 /// second of load, latencies in ms.
 pub type Figures = BTreeMap<String, f64>;
 
-/// One mode's run: its figures and its time series.
+/// One side's run (`mode` is the side's name, `repeat` 0-based): its figures and its
+/// time series, gauges and memory four times a second (`samples`) and arrivals, goodput
+/// and p99 per second of arrivals (`seconds`).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ModeRun {
-    /// `legacy` or `propagate`.
     pub mode: String,
-    /// Which repeat (0-based).
     pub repeat: usize,
-    /// The figures.
     pub figures: Figures,
-    /// Gauges and memory, four times a second.
     pub samples: Vec<Sample>,
-    /// Arrivals, goodput and p99 per second of arrivals.
     pub seconds: Vec<Second>,
     /// For `recovery`: seconds after the load's start when the fault was removed.
     pub fault_removed_at: Option<f64>,
     /// When k6 finished, in Unix seconds (Prometheus is queried just before).
     pub load_ended_at: f64,
     /// For `partition`: seconds after the load's start when the link to PostgreSQL was
-    /// cut and when it was healed.
+    /// cut and when it was healed; orders-service's write transactions on the server,
+    /// ten times a second.
     pub partition_at: Option<[f64; 2]>,
-    /// For `partition`: orders-service's write transactions on the server, ten times
-    /// a second.
     pub held: Vec<Held>,
 }
 
@@ -85,9 +77,8 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     }
     set_fault(&url(ctx.ports.admin), ctx.load.warm_up_fault).await?;
     warm_up(&url(ctx.ports.orders), ctx.load.budget_ms, ctx.warm_up).await;
-    // The profiler's table is allocated when it starts and again when it stops: both
-    // happen outside the measured window (the stop after the last memory reading), so
-    // the memory figures see the load alone, on top of the table.
+    // The profiler allocates its table at start and stop, both outside the measured
+    // window, so the memory figures see the load alone.
     if ctx.profile_cpu {
         for admin in profiled(&ctx.ports) {
             profile(&admin, "start", None).await?;
@@ -96,8 +87,7 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     let client = reqwest::Client::new();
     let catalog_before = sampler::scrape(&client, &metrics_url(ctx.ports.catalog)).await;
     let orders_before = sampler::scrape(&client, &metrics_url(ctx.ports.orders)).await;
-    // A fault that begins later (`outage`) is injected by the load's own timer; until
-    // then the catalog keeps its usual speed.
+    // A fault that begins later (`outage`) is injected by the load's own timer.
     let from_start = match ctx.load.fault_from {
         Some(_) => ctx.load.warm_up_fault,
         None => ctx.load.fault,
@@ -260,8 +250,7 @@ async fn slow_statements(database_url: &str, ms: u64) -> anyhow::Result<()> {
 }
 
 /// Orders with no fault for `length`, 8 at a time: connections, pools, caches and a
-/// cold debug build settle before anything is measured (a cold start once measured
-/// p99 978 ms against an 800 ms limit).
+/// cold debug build settle before anything is measured.
 async fn warm_up(orders_url: &str, budget_ms: u64, length: Duration) {
     let client = reqwest::Client::new();
     let until = Instant::now() + length;
@@ -318,7 +307,7 @@ pub async fn set_fault(admin_url: &str, fault: Option<Fault>) -> anyhow::Result<
 }
 
 /// What one load left: k6's run, the samples, when it started, and, where the scenario
-/// has them, when the fault was removed and when the link was cut and healed.
+/// has them, when the fault was removed and the link cut and healed.
 struct Measured {
     k6: K6Run,
     samples: Vec<Sample>,
@@ -508,13 +497,11 @@ fn runtime_peak(
         .reduce(f64::max)
 }
 
-/// What [`figures`] computes from.
+/// What [`figures`] computes from: the load that ran, k6's exit code and request log,
+/// the sampler's samples, how long the drain took and the memory after it (MiB).
 pub struct FigureInputs<'a> {
-    /// The load that ran.
     pub load: &'a Load,
-    /// k6's exit code and request log.
     pub k6: &'a K6Run,
-    /// The sampler's samples.
     pub samples: &'a [Sample],
     /// What the services' [`sampler::counters`] grew by during the load and its drain.
     pub grown: BTreeMap<String, f64>,
@@ -522,11 +509,9 @@ pub struct FigureInputs<'a> {
     pub pending_limit: Option<f64>,
     /// How late past the budget an answer may be and still count as in time.
     pub margin_ms: u64,
-    /// How long the drain took.
     pub drain: Duration,
     /// In-flight orders when the drain ended, if they could be read.
     pub in_flight_end: Option<f64>,
-    /// Memory after the drain, MiB.
     pub rss_end: f64,
     /// When the fault was removed (recovery), ms since the epoch.
     pub removed_ms: Option<u64>,
@@ -539,13 +524,8 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
     let count =
         |keep: &dyn Fn(&stats::Request) -> bool| requests.iter().filter(|r| keep(r)).count() as f64;
     let per_s = |status: u16| count(&|r| r.status == status) / secs;
-    let per_order = |n: f64| {
-        if requests.is_empty() {
-            0.0
-        } else {
-            n / requests.len() as f64
-        }
-    };
+    let orders = requests.len() as f64;
+    let per_order = |n: f64| if orders > 0.0 { n / orders } else { 0.0 };
     let latencies: Vec<f64> = requests.iter().map(|r| r.elapsed_ms as f64).collect();
     let quantile = |q| stats::quantile(&latencies, q).unwrap_or(0.0);
     let peak = |f: fn(&Sample) -> f64| samples.iter().map(f).fold(0.0, f64::max);

@@ -168,6 +168,19 @@ impl Load {
     }
 }
 
+/// A closed loop of `vus` users pausing `think_ms` after every answer.
+fn closed(vus: u32, think_ms: u64) -> Model {
+    Model::Closed { vus, think_ms }
+}
+
+/// A catalog that answers every call `delay_ms` late.
+fn delay(delay_ms: u64) -> Fault {
+    Fault {
+        delay_ms,
+        ..Fault::default()
+    }
+}
+
 impl Scenario {
     /// The scenario's load; `duration` overrides its default length.
     pub fn load(self, duration: Option<Duration>, budget_ms: u64) -> Load {
@@ -196,10 +209,7 @@ impl Scenario {
             jitter_ms: 600,
             ..Fault::default()
         };
-        let seed_fault = Fault {
-            delay_ms: 1000,
-            ..Fault::default()
-        };
+        let seed_fault = delay(1000);
         // 10 to 30 ms per call, and one call in a hundred stalls a second more.
         let usual = Fault {
             delay_ms: 10,
@@ -219,10 +229,7 @@ impl Scenario {
             // Clients of the seed's run wait for their answer (60 s), so legacy's
             // queue shows up as latency instead of being cut off by the client.
             Self::Seed => Load {
-                model: Model::Closed {
-                    vus: 250,
-                    think_ms: 750,
-                },
+                model: closed(250, 750),
                 timeout_ms: 60_000,
                 fault: Some(seed_fault),
                 ..base
@@ -237,64 +244,36 @@ impl Scenario {
                 }
             }
             Self::Mixed => Load {
-                model: Model::Closed {
-                    vus: 250,
-                    think_ms: 750,
-                },
+                model: closed(250, 750),
                 timeout_ms: 60_000,
-                fault: Some(Fault {
-                    delay_ms: 400,
-                    ..Fault::default()
-                }),
+                fault: Some(delay(400)),
                 ..base
             },
             Self::Happy => Load {
-                model: Model::Closed {
-                    vus: 50,
-                    think_ms: 0,
-                },
+                model: closed(50, 0),
                 ..base
             },
-            // 20 ms of spinning per call: the catalog's workers can serve at most 100
-            // calls a second between them, so 30 users without a pause keep both busy
-            // and about 30 calls queued on them, within the 700 ms budget and under the
+            // 20 ms of spinning per call: 30 users without a pause keep the catalog's
+            // workers busy with calls queued on them, within the budget and under the
             // 50 slots of orders-service's pool.
             Self::Saturation => Load {
-                model: Model::Closed {
-                    vus: 30,
-                    think_ms: 0,
-                },
+                model: closed(30, 0),
                 fault: Some(Fault {
                     busy_ms: 20,
                     ..Fault::default()
                 }),
                 ..base
             },
-            // 20 ms per call through 2 slots: at most 100 calls a second, so 30 users
-            // without a pause keep about 28 calls waiting for a slot, under the pool's
-            // queue limit (50). Legacy's wait their turn (about 300 ms, within the
-            // budget); propagate's are refused (503 `catalog_pool`) once they have
-            // waited the pool's acquire timeout, and their users ask again at once.
-            // Either way the call itself (20 ms) stays far below a tenth of the budget
-            // and both executors stay mostly idle.
+            // 20 ms per call through 2 slots: 30 users without a pause keep most of their
+            // calls waiting for a slot, under the pool's queue limit (50). Legacy's wait
+            // their turn; propagate's are refused (503 `catalog_pool`) after the pool's
+            // acquire timeout. The call itself stays far below the budget.
             Self::PoolQueue => Load {
-                model: Model::Closed {
-                    vus: 30,
-                    think_ms: 0,
-                },
-                fault: Some(Fault {
-                    delay_ms: 20,
-                    ..Fault::default()
-                }),
+                model: closed(30, 0),
+                fault: Some(delay(20)),
                 pool_max_connections: 2,
                 ..base
             },
-            // 10 s of the goodput load, 20 s with the database cut off, and the minute
-            // after the heal (a shorter --duration keeps those shares). The order's
-            // statement takes 50 ms on the server, so about four write transactions are
-            // there, holding row locks, when the cut comes (with 2 ms statements it would
-            // mostly find none). A COMMIT on the wire when the cut starts is answered
-            // 500 outcome-unknown, true then.
             // 200 orders a second for 40 s: 8,000 orders, enough for a p99.9.
             Self::Stragglers => Load {
                 model: Model::Open { rate: 200 },
@@ -349,6 +328,10 @@ impl Scenario {
                 hedging: true,
                 ..base
             },
+            // 10 s of the goodput load, 20 s with the database cut off, and the minute
+            // after the heal (a shorter --duration keeps those shares). The statement's
+            // 50 ms on the server leave write transactions holding row locks when the
+            // cut comes; a COMMIT on the wire then is answered 500 outcome-unknown.
             Self::Partition => {
                 let duration = secs(90);
                 Load {

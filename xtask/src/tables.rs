@@ -1,11 +1,9 @@
-//! `cargo xtask readme-tables`: the result tables of the docs, numbers only, rendered
-//! from the summaries committed under `docs/results/`, so no published figure can drift
-//! from the run that made it. Every sentence around them is written by hand.
+//! `cargo xtask readme-tables`: the docs' result tables, numbers only, rendered from the
+//! summaries under `docs/results/` so no published figure drifts from its run.
 //!
 //! A table is the lines between `<!-- results:DIR [FIGURE ...] -->` and
-//! `<!-- results:end -->` in README.md or a page of docs/: the table of
-//! `docs/results/DIR/summary.json`: the rows of the figures named, or the first table
-//! of its `summary.md` ([`summary::KEY_FIGURES`]) when none is.
+//! `<!-- results:end -->` in README.md or docs/: the rows of the figures named from
+//! `docs/results/DIR/summary.json`, or its first table ([`summary::KEY_FIGURES`]).
 
 use std::path::{Path, PathBuf};
 

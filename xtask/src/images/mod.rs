@@ -1,22 +1,18 @@
 //! `cargo xtask images`: every image `docker-compose.yml` runs (but Grafana, Jaeger and
-//! k6), made on a machine without a container registry, from Debian's packages and the
-//! binaries the host built (docs/docker.md). The stand-ins have names of their own,
-//! which `docker-compose.offline.yml` points the compose file at.
+//! k6), made without a container registry from Debian's packages and the host's binaries
+//! (docs/docker.md), under names of their own that `docker-compose.offline.yml` points at.
 //!
-//! 1. `debootstrap` a Debian bookworm root file system (the minbase variant) into the
-//!    cache, and download beside it the packages of PostgreSQL 15 and Prometheus with
-//!    their dependencies, resolved against that file system. Only when an image below
-//!    must be made, and once: the cache is reused while it exists.
-//! 2. `docker import` the file system as [`BASE_IMAGE`], unless the engine has it.
-//! 3. Build [`POSTGRES_IMAGE`] and [`PROMETHEUS_IMAGE`] on it from `xtask/images/`:
-//!    the downloaded packages are in the build context, so no build needs the network.
-//!    An image built from the same files (its recipe label) is kept.
-//! 4. Build the two service images from the Dockerfile's `*-prebuilt` targets, which
-//!    copy the host's binaries instead of compiling in a `rust` image, on
-//!    [`BASE_IMAGE`] (the Dockerfile's build argument `BASE_IMAGE`).
+//! 1. `debootstrap` a Debian bookworm root file system into the cache, with the packages of
+//!    PostgreSQL 15 and Prometheus downloaded beside it; only when an image below must be
+//!    made, and once: the cache is reused while it exists.
+//! 2. `docker import` it as [`BASE_IMAGE`], unless the engine has it.
+//! 3. Build [`POSTGRES_IMAGE`] and [`PROMETHEUS_IMAGE`] on it from `xtask/images/`, the
+//!    packages in the build context (no network); one built from the same files is kept.
+//! 4. Build the service images from the Dockerfile's `*-prebuilt` targets (the host's
+//!    binaries, no `rust` image) on [`BASE_IMAGE`].
 //!
-//! No stand-in takes the name of an image a registry serves: with a registry, compose
-//! without the override pulls the real ones, and never runs a stand-in by mistake.
+//! No stand-in takes the name of a registry's image: with a registry, compose without the
+//! override pulls the real ones and never runs a stand-in by mistake.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
