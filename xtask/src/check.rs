@@ -528,14 +528,16 @@ mod tests {
     }
 
     fn find(verdicts: &[Verdict], rule: &str) -> Verdict {
-        let found = verdicts.iter().find(|v| v.rule.starts_with(rule));
-        found
-            .unwrap_or_else(|| panic!("no rule {rule}: {verdicts:?}"))
-            .clone()
+        let found = verdicts.iter().find(|v| v.rule.starts_with(rule)).cloned();
+        found.unwrap_or_else(|| panic!("no rule {rule}: {verdicts:?}"))
     }
 
     fn holds(s: &Summary, rule: &str) -> bool {
         find(&check(s, 700.0, 100.0), rule).ok
+    }
+
+    fn all_ok(verdicts: &[Verdict]) -> bool {
+        verdicts.iter().all(|v| v.ok)
     }
 
     const GOOD: &[(&str, f64)] = &[
@@ -600,26 +602,18 @@ mod tests {
 
     #[test]
     fn goodput_needs_one_and_a_half_times_a_legacy_figure_that_exists() {
-        let goodput = |legacy: f64| {
-            modes(
-                "goodput",
-                &[("goodput_per_s", legacy)],
-                &[("goodput_per_s", 81.0)],
-            )
-        };
+        let propagate = [("goodput_per_s", 81.0)];
+        let goodput = |legacy| modes("goodput", &[("goodput_per_s", legacy)], &propagate);
         assert!(holds(&goodput(40.0), "goodput"));
         assert!(!holds(&goodput(60.0), "goodput"));
         assert!(!holds(&goodput(f64::NAN), "goodput"));
         assert!(holds(&goodput(0.0), "goodput"), "a legacy zero counts");
-        assert!(!holds(
-            &modes("goodput", &[], &[("goodput_per_s", 81.0)]),
-            "goodput"
-        ));
+        assert!(!holds(&modes("goodput", &[], &propagate), "goodput"));
     }
 
     #[test]
     fn the_seed_run_must_show_legacy_queueing_and_recovery_take_at_most_a_second() {
-        let seed = |pending: f64| {
+        let seed = |pending| {
             modes(
                 "seed",
                 &[("pending_peak", pending), ("p99_ms", 4000.0)],
@@ -693,13 +687,13 @@ mod tests {
 
     #[test]
     fn other_sides_than_the_modes_each_get_the_propagate_rules_and_no_scenario_rule() {
-        let s = summary_of(
-            "goodput",
-            ["metrics-off", "metrics-on"],
-            &[(0, &[]), (1, &[])],
+        let sides = ["metrics-off", "metrics-on"];
+        let verdicts = check(
+            &summary_of("goodput", sides, &[(0, &[]), (1, &[])]),
+            700.0,
+            100.0,
         );
-        let verdicts = check(&s, 700.0, 100.0);
-        assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
+        assert!(all_ok(&verdicts), "{verdicts:?}");
         assert_eq!(
             verdicts.len(),
             9,
@@ -721,28 +715,16 @@ mod tests {
             good.iter().copied().chain([(figure, value)]).collect()
         };
         let verdicts = check(&modes("partition", good, good), 700.0, 50.0);
-        assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
-        let held = with("longest_write_xact_ms", 20_000.0);
-        assert!(!holds(
-            &modes("partition", good, &held),
-            "propagate holds row locks"
-        ));
-        let ghost = with("clientless_xacts_after_heal", 1.0);
-        assert!(!holds(
-            &modes("partition", &ghost, good),
-            "legacy: no transaction left"
-        ));
-        let slow = with("goodput_after_heal_per_s", 40.0);
-        assert!(!holds(
-            &modes("partition", good, &slow),
-            "propagate's goodput comes back"
-        ));
+        assert!(all_ok(&verdicts), "{verdicts:?}");
+        let held = modes("partition", good, &with("longest_write_xact_ms", 20_000.0));
+        assert!(!holds(&held, "propagate holds row locks"));
+        let ghost = modes("partition", &with("clientless_xacts_after_heal", 1.0), good);
+        assert!(!holds(&ghost, "legacy: no transaction left"));
+        let slow = modes("partition", good, &with("goodput_after_heal_per_s", 40.0));
+        assert!(!holds(&slow, "propagate's goodput comes back"));
         let verdicts = check(&modes("partition", &[], &[]), 700.0, 50.0);
-        assert_eq!(
-            verdicts.iter().filter(|v| !v.ok).count(),
-            4,
-            "missing figures: {verdicts:?}"
-        );
+        let failed = verdicts.iter().filter(|v| !v.ok).count();
+        assert_eq!(failed, 4, "missing figures: {verdicts:?}");
     }
 
     #[test]
@@ -758,7 +740,7 @@ mod tests {
         };
         let legacy = [("goodput_per_s", 8.0), ("pricing_calls_per_order", 2.0)];
         let down = modes("pricing-down", &legacy, &hops(0.0, 1.04));
-        assert!(check(&down, 700.0, 100.0).iter().all(|v| v.ok));
+        assert!(all_ok(&check(&down, 700.0, 100.0)));
         let late = modes("pricing-down", &legacy, &hops(0.02, 1.04));
         assert!(!holds(&late, "propagate: pricing answers by its deadline"));
         let compounding = modes("pricing-down", &legacy, &hops(0.0, 2.08));
@@ -772,7 +754,7 @@ mod tests {
         let retry = ["every-hop", "one-hop"];
         let (every, one) = (hops(0.0, 2.08), hops(0.0, 1.04));
         let both = summary_of("pricing-down", retry, &[(0, &every), (1, &one)]);
-        assert!(check(&both, 700.0, 100.0).iter().all(|v| v.ok));
+        assert!(all_ok(&check(&both, 700.0, 100.0)));
     }
 
     #[test]
@@ -780,6 +762,7 @@ mod tests {
         let versus = |scenario, sides, a: &[(&str, f64)], b: &[(&str, f64)]| {
             check(&summary_of(scenario, sides, &[(0, a), (1, b)]), 700.0, 50.0)
         };
+        let ok = |verdicts: Vec<Verdict>, rule| find(&verdicts, rule).ok;
         let hedging = ["hedging-off", "hedging-on"];
         let off = [
             ("p999_ms", 1000.0),
@@ -791,55 +774,35 @@ mod tests {
             ("attempts_per_order", 1.015),
             ("goodput_per_s", 191.0),
         ];
-        assert!(
-            versus("stragglers", hedging, &off, &on)
-                .iter()
-                .all(|v| v.ok)
-        );
+        assert!(all_ok(&versus("stragglers", hedging, &off, &on)));
         let costly = [
             ("p999_ms", 60.0),
             ("attempts_per_order", 1.05),
             ("goodput_per_s", 191.0),
         ];
-        assert!(
-            !find(
-                &versus("stragglers", hedging, &off, &costly),
-                "hedging adds at most 2 %"
-            )
-            .ok
-        );
+        let costly = versus("stragglers", hedging, &off, &costly);
+        assert!(!ok(costly, "hedging adds at most 2 %"));
 
         let deadline = ["deadline-blind", "deadline-aware"];
         let blind = [("extra_attempts_cut_per_s", 5.0), ("in_time_share", 0.95)];
         let aware = [("extra_attempts_cut_per_s", 0.3), ("in_time_share", 0.948)];
-        assert!(
-            versus("tight", deadline, &blind, &aware)
-                .iter()
-                .all(|v| v.ok)
-        );
+        assert!(all_ok(&versus("tight", deadline, &blind, &aware)));
         let worse = [("extra_attempts_cut_per_s", 0.3), ("in_time_share", 0.94)];
-        assert!(
-            !find(
-                &versus("tight", deadline, &blind, &worse),
-                "the deadline rule costs"
-            )
-            .ok
-        );
+        assert!(!ok(
+            versus("tight", deadline, &blind, &worse),
+            "the deadline rule costs"
+        ));
 
-        let outage = versus(
-            "outage",
-            hedging,
-            &[("outage_calls_per_order", 1.04)],
-            &[("outage_calls_per_order", 1.06)],
+        let (off, on) = (
+            [("outage_calls_per_order", 1.04)],
+            [("outage_calls_per_order", 1.06)],
         );
+        let outage = versus("outage", hedging, &off, &on);
         assert!(find(&outage, "hedging-off: at most 1.05").ok);
         assert!(!find(&outage, "hedging-on: at most 1.05").ok);
-        assert!(
-            !find(
-                &versus("outage", hedging, &[], &[]),
-                "hedging-off: at most 1.05"
-            )
-            .ok
-        );
+        assert!(!ok(
+            versus("outage", hedging, &[], &[]),
+            "hedging-off: at most 1.05"
+        ));
     }
 }
