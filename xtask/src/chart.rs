@@ -16,17 +16,15 @@ use crate::scenario::Load;
 use crate::stats::Second;
 use crate::summary::Summary;
 
-/// One run's series, as `timeseries.json` keeps it.
+/// One run's series, as `timeseries.json` keeps it: its side (`mode`), its repeat
+/// (0-based), and arrivals, goodput and latency per second of arrivals.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Series {
-    /// The side (`legacy`, `propagate`, or what else the run compared).
     pub mode: String,
-    /// Which repeat (0-based).
     pub repeat: usize,
     /// When the fault was on, in seconds since the load started (the link cut, for
     /// `partition`); `None` for a run without one.
     pub fault: Option<[f64; 2]>,
-    /// Arrivals, goodput and latency per second of arrivals.
     pub seconds: Vec<Second>,
 }
 
@@ -60,11 +58,10 @@ fn fault_window(load: &Load, run: &ModeRun) -> Option<[f64; 2]> {
     Some([from, until])
 }
 
-/// The colours of the two sides, in table order: the one without the technique warm.
+/// The colours of the two sides, in table order (the one without the technique warm),
+/// of the fault's window and of the budget's line.
 const COLOURS: [RGBColor; 2] = [RGBColor(214, 69, 65), RGBColor(38, 110, 196)];
-/// The fault's window.
 const FAULT: RGBColor = RGBColor(253, 238, 204);
-/// The budget's line.
 const BUDGET: RGBColor = RGBColor(110, 110, 110);
 
 /// Draws the first repeat of each side of `series` as an SVG: latency (p99, and p50

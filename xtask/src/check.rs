@@ -42,14 +42,11 @@ pub const MIN_GOODPUT_AFTER_HEAL: f64 = 0.9;
 /// locks on the server while the link is cut (the session bounds' time, docs/design.md §5).
 pub const MAX_LOCK_HOLD_PAST_BUDGET_MS: f64 = 1000.0;
 
-/// One rule's outcome.
+/// One rule's outcome: whether it held, and the numbers behind it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
-    /// What was checked.
     pub rule: String,
-    /// Whether it held.
     pub ok: bool,
-    /// The numbers behind it.
     pub detail: String,
 }
 

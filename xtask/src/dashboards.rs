@@ -21,23 +21,21 @@ const DATASOURCE_UID: &str = "prometheus";
 /// dashboard works with any Prometheus datasource (its default is [`DATASOURCE_UID`]).
 const DATASOURCE_REF: &str = "${datasource}";
 
-/// One query of one panel, its variables replaced by their defaults.
+/// One query of one panel (`dashboard file / panel title / refId`), as Prometheus gets
+/// it: its variables replaced by their defaults.
 #[derive(Debug, Clone)]
 pub struct Query {
-    /// `dashboard file / panel title / refId`.
     pub label: String,
-    /// The query as Prometheus gets it.
     pub expr: String,
     /// Whether it has data only while a catalog delay is injected (the annotation).
     pub during_fault: bool,
 }
 
-/// What the static check found in every dashboard.
+/// What the static check found in every dashboard: every query, resolved, and every
+/// problem, one line each.
 #[derive(Debug, Default)]
 pub struct Report {
-    /// Every query, resolved.
     pub queries: Vec<Query>,
-    /// Every problem, one line each.
     pub problems: Vec<String>,
 }
 

@@ -57,17 +57,14 @@ impl Cut {
     }
 }
 
-/// One reading of the service's write transactions on the server: the ones that hold
-/// row locks (they have a transaction id).
+/// One reading, `t` seconds into the load, of the service's write transactions open on
+/// the server: the ones that hold row locks (they have a transaction id). `stale`: of
+/// them, older than [`STALE_AFTER`], left without a client; the oldest's age (0: none).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Held {
-    /// Seconds since the load started.
     pub t: f64,
-    /// Write transactions open.
     pub writes: f64,
-    /// Of them, older than [`STALE_AFTER`]: left without a client.
     pub stale: f64,
-    /// The oldest one's age, ms (0 when none).
     pub oldest_ms: f64,
 }
 

@@ -13,9 +13,8 @@ use test_support::process::free_port;
 use crate::dashboards::{self, SEED_QUERY, list};
 use crate::stack::{Ports, workspace};
 
-/// A running Prometheus; stopped when dropped.
+/// A running Prometheus at its base `url`; stopped when dropped.
 pub struct Prometheus {
-    /// Its base URL.
     pub url: String,
     _process: ServiceProcess,
 }

@@ -56,18 +56,11 @@ pub enum Scenario {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "model")]
 pub enum Model {
-    /// `rate` arrivals per second whatever the service does (constant-arrival-rate).
-    Open {
-        /// Orders per second.
-        rate: u32,
-    },
-    /// `vus` users, each sending its next order `think_ms` after its last answer.
-    Closed {
-        /// Users.
-        vus: u32,
-        /// Pause after every answer, the same in both modes (randomised ±1/3).
-        think_ms: u64,
-    },
+    /// `rate` orders per second whatever the service does (constant-arrival-rate).
+    Open { rate: u32 },
+    /// `vus` users, each sending its next order `think_ms` after its last answer (the
+    /// same in both modes, randomised ±1/3).
+    Closed { vus: u32, think_ms: u64 },
 }
 
 /// The catalog fault injected through its admin API.
@@ -81,20 +74,17 @@ pub struct Fault {
     pub busy_ms: u64,
     /// Share of calls that wait `straggler_ms` more.
     pub straggler_rate: f64,
-    /// How much longer a straggler waits.
     pub straggler_ms: u64,
     /// Share of calls refused at once with 503.
     pub unavailable_rate: f64,
 }
 
-/// Everything that defines the load of one run.
+/// Everything that defines the load of one run: its scenario, how orders arrive, and
+/// for how long k6 sends them.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Load {
-    /// The scenario.
     pub scenario: Scenario,
-    /// How orders arrive.
     pub model: Model,
-    /// How long k6 sends orders.
     #[serde(with = "crate::stats::secs")]
     pub duration: Duration,
     /// The budget each order carries (`X-Request-Timeout-Ms`).
@@ -137,10 +127,8 @@ pub struct Load {
 /// packet dropped both ways from `after` into the load, for `length`, then healed.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Partition {
-    /// When the cut starts, after the load's start.
     #[serde(with = "crate::stats::secs")]
     pub after: Duration,
-    /// How long it lasts.
     #[serde(with = "crate::stats::secs")]
     pub length: Duration,
 }
@@ -391,16 +379,13 @@ pub enum Versus {
     RetryHops,
 }
 
-/// One side of a comparison: its name in the tables, the `DEADLINE_MODE` it runs in
-/// (k6 checks p99 against the budget in `propagate`), and its extra setting, given to
-/// both services.
+/// One side of a comparison: its name in tables and folders, orders-service's
+/// `DEADLINE_MODE` (k6 checks p99 against the budget in `propagate`), and its extra
+/// settings, given to both services (each ignores the other's).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Side {
-    /// The name in tables and folders.
     pub name: &'static str,
-    /// orders-service's `DEADLINE_MODE`.
     pub mode: &'static str,
-    /// Settings for both services (each ignores the other's).
     pub env: &'static [(&'static str, &'static str)],
 }
 

@@ -86,12 +86,11 @@ pub fn which(program: &str) -> Option<PathBuf> {
 }
 
 /// The loopback ports of one stack, chosen once so a Prometheus started beside it can
-/// scrape every run of an experiment at the same addresses.
+/// scrape every run of an experiment at the same addresses: each service's public port,
+/// and shipping-worker's `/metrics`.
 #[derive(Debug, Clone, Copy)]
 pub struct Ports {
-    /// orders-service's public port.
     pub orders: u16,
-    /// catalog-service's public port.
     pub catalog: u16,
     /// catalog-service's admin port (fault injection).
     pub admin: u16,
@@ -101,7 +100,6 @@ pub struct Ports {
     pub pricing: u16,
     /// pricing-service's admin port: its faults and its `/metrics`.
     pub pricing_admin: u16,
-    /// shipping-worker's `/metrics`.
     pub shipping: u16,
 }
 
@@ -125,32 +123,26 @@ pub fn url(port: u16) -> String {
     format!("http://127.0.0.1:{port}")
 }
 
-/// The services running against one database.
+/// The services running against one database (orders-service's), where they listen.
+/// orders-service is declared first: dropped, so stopped, first; shipping-worker works
+/// the queue in its database; pricing-service runs where the catalog calls it.
 pub struct Services {
-    /// orders-service (declared first: dropped, so stopped, first).
     pub orders: ServiceProcess,
-    /// shipping-worker, on the queue in orders-service's database.
     pub shipping: Option<ServiceProcess>,
-    /// catalog-service.
     pub catalog: ServiceProcess,
-    /// pricing-service, where the catalog calls it.
     pub pricing: Option<ServiceProcess>,
-    /// Where they listen.
     pub ports: Ports,
-    /// The database orders-service uses.
     pub database_url: String,
 }
 
-/// What differs between two starts of the services.
+/// What differs between two starts of the services: each one's extra settings
+/// (`DEADLINE_MODE`, pool sizes, ...), and whether pricing-service starts, the catalog
+/// pointed at it (`PRICING_URL`).
 #[derive(Debug, Clone, Default)]
 pub struct ServiceEnv {
-    /// Extra orders-service settings (`DEADLINE_MODE`, pool sizes, ...).
     pub orders: Vec<(String, String)>,
-    /// Extra catalog-service settings.
     pub catalog: Vec<(String, String)>,
-    /// Start pricing-service and point the catalog at it (`PRICING_URL`).
     pub pricing: bool,
-    /// Extra shipping-worker settings.
     pub shipping: Vec<(String, String)>,
 }
 

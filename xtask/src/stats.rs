@@ -62,14 +62,12 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Median, smallest and largest of a figure over the repeats of one mode.
+/// Median (the mean of the middle two for an even count), smallest and largest of a
+/// figure over the repeats of one side.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Spread {
-    /// The median (the mean of the middle two for an even count).
     pub median: f64,
-    /// The smallest value.
     pub min: f64,
-    /// The largest value.
     pub max: f64,
 }
 
@@ -130,11 +128,10 @@ pub fn goodput(requests: &[Request], budget_ms: u64, seconds: f64) -> f64 {
 /// The requests of one second of arrivals.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Second {
-    /// Seconds since the first arrival.
+    /// Seconds since the first arrival; requests sent in this second; of them, orders
+    /// created within the budget.
     pub t: u64,
-    /// Requests sent in this second.
     pub arrivals: u64,
-    /// Of them, orders created within the budget.
     pub good: u64,
     /// p50 of their client-side latency, in ms (0 in runs published before it was kept).
     #[serde(default)]

@@ -17,16 +17,13 @@ fn default_sides() -> Vec<String> {
     MODES.map(str::to_owned).to_vec()
 }
 
-/// What `summary.json` holds.
+/// What `summary.json` holds: the scenario, the commit that produced it, the build
+/// profile, and the load both sides got (as the scenario defined it).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Summary {
-    /// The scenario's name.
     pub scenario: String,
-    /// The commit that produced it (`git describe --always --dirty`).
     pub commit: String,
-    /// `dev` or `release`.
     pub profile: String,
-    /// The load both modes got (as the scenario defined it).
     pub load: serde_json::Value,
     /// The two sides compared, in table order (summaries written before there was a
     /// choice compared the modes).
@@ -36,22 +33,18 @@ pub struct Summary {
     /// saturated executor?" ([`crate::diagnosis`]); empty in older summaries.
     #[serde(default)]
     pub answers: BTreeMap<String, String>,
-    /// Runs per mode.
+    /// Runs per side; per side, per figure, the spread over the repeats; every run's
+    /// figures, in the order they ran.
     pub repeats: usize,
-    /// Per mode, per figure: median, min, max over the repeats.
     pub modes: BTreeMap<String, BTreeMap<String, Spread>>,
-    /// Every run's figures, in the order they ran.
     pub runs: Vec<RunFigures>,
 }
 
-/// One run's figures, without its time series.
+/// One run's figures by name, without its time series.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunFigures {
-    /// `legacy` or `propagate`.
     pub mode: String,
-    /// Which repeat.
     pub repeat: usize,
-    /// The figures, by name.
     pub figures: BTreeMap<String, f64>,
 }
 
