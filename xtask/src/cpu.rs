@@ -45,23 +45,19 @@ impl CpuVersus {
     }
 }
 
-/// How a CPU run is shaped.
+/// How a CPU run is shaped: orders per second (open loop), pairs of segments, each
+/// segment's length, the pause after each switch before a segment, the orders before the
+/// first one, and the budget every order carries.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CpuPlan {
-    /// Orders per second, open loop.
     pub rate: u32,
-    /// Pairs of segments.
     pub pairs: u32,
-    /// Length of one segment.
     #[serde(with = "crate::stats::secs")]
     pub segment: Duration,
-    /// Pause after each switch before the segment starts.
     #[serde(with = "crate::stats::secs")]
     pub settle: Duration,
-    /// Orders before the first segment.
     #[serde(with = "crate::stats::secs")]
     pub warm_up: Duration,
-    /// The budget every order carries, ms.
     pub budget_ms: u64,
 }
 
@@ -84,26 +80,19 @@ impl Default for CpuPlan {
 /// The processes whose CPU an order costs, in table order.
 pub const PROCESSES: [&str; 3] = ["orders-service", "catalog-service", "PostgreSQL"];
 
-/// One segment: which side, how many orders, and what they cost.
+/// One segment of a pair (0-based) and a side: its length (s), the orders created in
+/// it (from the table), their CPU ms per order per process of [`PROCESSES`] and in all,
+/// the latency of the orders that arrived in it (ms), and its answers other than 201.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Segment {
-    /// Which pair (0-based).
     pub pair: usize,
-    /// The side's name.
     pub side: String,
-    /// Orders created in the segment (from the table).
     pub orders: u64,
-    /// Length of the segment, s.
     pub seconds: f64,
-    /// CPU ms per order, per process of [`PROCESSES`].
     pub cpu_ms_per_order: [f64; 3],
-    /// All three.
     pub total_ms_per_order: f64,
-    /// Latency of the orders that arrived in the segment, ms.
     pub p50_ms: f64,
-    /// p99, ms.
     pub p99_ms: f64,
-    /// Answers other than 201 among them.
     pub not_created: u64,
     /// The control's CPU per call in the segment, ms (NaN when it answered none; 0 in
     /// runs made before there was a control).
@@ -114,14 +103,12 @@ pub struct Segment {
 /// Per side, a spread per figure.
 type BySide = BTreeMap<String, BTreeMap<String, Spread>>;
 
-/// A CPU run: its plan, its segments, and the figures.
+/// A CPU run: its comparison, its sides (first over second in the ratios), its plan,
+/// its segments, and the figures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CpuReport {
-    /// Which comparison.
     pub versus: CpuVersus,
-    /// The two sides' names, first over second in the ratios.
     pub sides: [String; 2],
-    /// The run's shape.
     pub plan: CpuPlan,
     /// Where CPU time was read: `cgroup` (cpuacct, ns) or `proc` (clock ticks).
     pub source: String,
@@ -134,13 +121,12 @@ pub struct CpuReport {
     /// Per process and `total`; empty in runs made before there was a control.
     #[serde(default)]
     pub adjusted: BTreeMap<String, Spread>,
-    /// Per side, CPU per order, ms: per process, `total`, and `reference` (per call).
+    /// Per side, CPU per order, ms: per process, `total`, and `reference` (per call);
+    /// p50 and p99 latency, ms.
     pub per_order: BySide,
-    /// Per side, p50 and p99 latency, ms.
     pub latency: BySide,
     /// Per pair, the second side's p50 minus the first's, ms.
     pub p50_difference_ms: Option<Spread>,
-    /// k6's exit code.
     pub k6_exit: i32,
 }
 
@@ -197,16 +183,14 @@ impl CpuReport {
     }
 }
 
-/// What is read at each end of a segment.
+/// What is read at each end of a segment: the CPU time (ns) of each process of
+/// [`PROCESSES`] and of the control, and the calls the control has answered.
 #[derive(Debug, Clone, Copy)]
 struct Reading {
     at_ms: u64,
     orders: u64,
-    /// CPU time of each process of [`PROCESSES`], ns.
     cpu_ns: [u64; 3],
-    /// The control's CPU time, ns.
     reference_ns: u64,
-    /// Calls the control has answered.
     reference_calls: u64,
 }
 
@@ -483,12 +467,10 @@ pub fn pool(reports: &[&CpuReport]) -> anyhow::Result<CpuReport> {
     Ok(summarize(first.versus, plan, &sources, segments, k6_exit))
 }
 
-/// What `cpu.json` holds, read back by `cpu-pool`.
+/// What `cpu.json` holds, read back by `cpu-pool`: the commit measured, the comparisons.
 #[derive(Debug, Deserialize)]
 struct Published {
-    /// The commit measured.
     commit: String,
-    /// The comparisons.
     reports: Vec<CpuReport>,
 }
 

@@ -41,12 +41,11 @@ pub fn ensure_k6() -> anyhow::Result<PathBuf> {
     Ok(local)
 }
 
-/// What one k6 run left behind.
+/// What one k6 run left behind: its exit code (99 when a threshold failed), and every
+/// order request from the request log.
 #[derive(Debug)]
 pub struct K6Run {
-    /// k6's exit code: 0, or 99 when a threshold failed.
     pub exit_code: i32,
-    /// Every order request, from the request log.
     pub requests: Vec<Request>,
 }
 

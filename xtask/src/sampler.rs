@@ -15,20 +15,16 @@ use test_support::process::rss_kib;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// One moment of orders-service.
+/// One moment of orders-service, `t` seconds into the load: catalog calls waiting for
+/// a bulkhead slot and slots in use, `POST /api/orders` requests being handled, callers
+/// waiting for a PostgreSQL connection, and resident memory (MiB).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Sample {
-    /// Seconds since the load started.
     pub t: f64,
-    /// Catalog calls waiting for a bulkhead slot.
     pub pending: f64,
-    /// Bulkhead slots in use.
     pub active: f64,
-    /// `POST /api/orders` requests being handled.
     pub in_flight: f64,
-    /// Callers waiting for a PostgreSQL connection.
     pub db_pending: f64,
-    /// Resident memory, MiB.
     pub rss_mib: f64,
     /// catalog-service's requests in flight: its busy slots, useful or not.
     pub catalog_in_flight: f64,
@@ -39,22 +35,18 @@ pub struct Sample {
     /// Their time so far, seconds (`http_client_requests_seconds_sum`): the call, pool
     /// wait excluded.
     pub catalog_call_s: f64,
-    /// orders-service's tokio runtime; `None` without the `tokio_*` families.
+    /// Each service's tokio runtime; `None` without the `tokio_*` families.
     pub orders_runtime: Option<Runtime>,
-    /// catalog-service's tokio runtime; `None` without the `tokio_*` families.
     pub catalog_runtime: Option<Runtime>,
 }
 
-/// One reading of a service's tokio runtime (docs/design.md §7).
+/// One reading of a service's tokio runtime (docs/design.md §7): worker threads, their
+/// busy time so far (s, summed), tasks alive, tasks waiting in the shared queue.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Runtime {
-    /// Worker threads.
     pub workers: f64,
-    /// Busy time so far, summed over the workers, seconds.
     pub busy_s: f64,
-    /// Tasks alive.
     pub alive_tasks: f64,
-    /// Tasks waiting in the shared queue for a worker.
     pub global_queue: f64,
 }
 
