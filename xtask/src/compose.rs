@@ -18,7 +18,7 @@ use crate::images::{
 };
 use crate::prometheus::instant_query;
 use crate::run::set_fault;
-use crate::scenario::Fault;
+use crate::scenario::delay;
 use crate::stack::{run, workspace};
 
 /// The services started: those whose images `cargo xtask images` makes. Compose starts
@@ -82,11 +82,8 @@ pub async fn compose_check(args: &ComposeArgs) -> anyhow::Result<bool> {
             .filter(|v| inspect(v, "{{.Name}}").is_ok())
             .map(|v| format!("volume {v}")),
     );
-    ensure!(
-        left.is_empty(),
-        "`down --volumes` left behind: {}",
-        left.join(", ")
-    );
+    let left = left.join(", ");
+    ensure!(left.is_empty(), "`down --volumes` left behind: {left}");
     println!("compose-check: ok  down --volumes left no container, volume or network");
     println!(
         "compose-check: {} in {:.0} s",
@@ -124,18 +121,11 @@ async fn checks(compose: &Compose) -> anyhow::Result<()> {
         .send()
         .await?;
     let status = shipped.status();
-    ensure!(
-        status == 201,
-        "its shipment answered {status}: {}",
-        shipped.text().await?
-    );
+    let body = shipped.text().await?;
+    ensure!(status == 201, "its shipment answered {status}: {body}");
     ok("its shipment is booked through the queue by shipping-worker: 201");
 
-    let slow_catalog = Fault {
-        delay_ms: 1000,
-        ..Fault::default()
-    };
-    set_fault(CATALOG_ADMIN_URL, Some(slow_catalog)).await?;
+    set_fault(CATALOG_ADMIN_URL, Some(delay(1000))).await?;
     let slow = order(&client, Some(BUDGET_MS)).await;
     set_fault(CATALOG_ADMIN_URL, None).await?;
     let (status, elapsed, body) = slow?;
@@ -162,9 +152,8 @@ async fn scraped(client: &reqwest::Client) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut seen_up = false;
     loop {
-        let up = instant_query(PROMETHEUS_URL, "up == 1", None)
-            .await
-            .unwrap_or_default();
+        let up = instant_query(PROMETHEUS_URL, "up == 1", None).await;
+        let up = up.unwrap_or_default();
         let jobs: Vec<&str> = up
             .iter()
             .filter_map(|s| s["metric"]["job"].as_str())
@@ -176,9 +165,8 @@ async fn scraped(client: &reqwest::Client) -> anyhow::Result<()> {
             seen_up = true;
         }
         order(client, None).await?;
-        let p99 = instant_query(PROMETHEUS_URL, SEED_QUERY, None)
-            .await
-            .unwrap_or_default();
+        let p99 = instant_query(PROMETHEUS_URL, SEED_QUERY, None).await;
+        let p99 = p99.unwrap_or_default();
         let value = p99
             .first()
             .and_then(|s| s["value"][1].as_str())

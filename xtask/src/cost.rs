@@ -178,20 +178,12 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
             std::fs::write(out.join(format!("pgbench/run-{repeat}-{mode}.txt")), &text)?;
             anyhow::ensure!(output.status.success(), "pgbench failed:\n{text}");
             let tps = parse_tps(&text).with_context(|| format!("no tps in:\n{text}"))?;
-            eprintln!(
-                "cost run {}/{}: {mode} {tps:.0} transactions/s",
-                repeat + 1,
-                args.repeat
-            );
+            let of = format!("{}/{}", repeat + 1, args.repeat);
+            eprintln!("cost run {of}: {mode} {tps:.0} transactions/s");
             runs.push(Run { repeat, mode, tps });
         }
     }
-    let tps = |mode: &str| -> Vec<f64> {
-        runs.iter()
-            .filter(|r| r.mode == mode)
-            .map(|r| r.tps)
-            .collect()
-    };
+    let tps = |mode| Vec::from_iter(runs.iter().filter(|r| r.mode == mode).map(|r| r.tps));
     let legacy = tps("legacy");
     let legacy_tps = spread(&legacy);
     let against_legacy = |mode: &str| {
@@ -220,10 +212,8 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
         each_ratio,
         each_ratio_per_repeat,
     };
-    std::fs::write(
-        out.join("summary.json"),
-        serde_json::to_string_pretty(&summary)? + "\n",
-    )?;
+    let json = serde_json::to_string_pretty(&summary)? + "\n";
+    std::fs::write(out.join("summary.json"), json)?;
     let markdown = markdown(&summary);
     std::fs::write(out.join("summary.md"), &markdown)?;
     println!("{markdown}\nresults in {}", out.display());
@@ -254,11 +244,9 @@ fn markdown(s: &Summary) -> String {
         s.clients,
         s.seconds,
         s.runs.len() / MODES.len(),
-        if s.session_options.is_empty() {
-            "none"
-        } else {
-            &s.session_options
-        },
+        Some(s.session_options.as_str())
+            .filter(|o| !o.is_empty())
+            .unwrap_or("none"),
         cell(&s.legacy_tps, 0),
         cell(&s.propagate_tps, 0),
         cell(&s.propagate_each_tps, 0),

@@ -162,7 +162,7 @@ fn closed(vus: u32, think_ms: u64) -> Model {
 }
 
 /// A catalog that answers every call `delay_ms` late.
-fn delay(delay_ms: u64) -> Fault {
+pub fn delay(delay_ms: u64) -> Fault {
     Fault {
         delay_ms,
         ..Fault::default()
