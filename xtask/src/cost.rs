@@ -183,7 +183,7 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
             runs.push(Run { repeat, mode, tps });
         }
     }
-    let tps = |mode| Vec::from_iter(runs.iter().filter(|r| r.mode == mode).map(|r| r.tps));
+    let tps = |mode: &str| Vec::from_iter(runs.iter().filter(|r| r.mode == mode).map(|r| r.tps));
     let legacy = tps("legacy");
     let legacy_tps = spread(&legacy);
     let against_legacy = |mode: &str| {
