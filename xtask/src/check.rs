@@ -478,45 +478,27 @@ fn partition_bounded(summary: &Summary, budget_ms: f64) -> Vec<Verdict> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
 
     /// A summary of `scenario` with one run per entry (`sides[0]`'s, then `sides[1]`'s
     /// alternating), each with `GOOD`'s figures and then its own (which win).
     fn summary_of(scenario: &str, sides: [&str; 2], runs: &[(usize, &[(&str, f64)])]) -> Summary {
-        let mut s = Summary {
-            scenario: scenario.into(),
-            commit: String::new(),
-            profile: String::new(),
-            load: serde_json::Value::Null,
-            sides: sides.map(str::to_owned).to_vec(),
-            answers: BTreeMap::new(),
-            repeats: 1,
-            modes: BTreeMap::new(),
-            runs: Vec::new(),
-        };
-        for (i, (side, own)) in runs.iter().enumerate() {
+        let runs = runs.iter().enumerate().map(|(i, (side, own))| {
             let figures = GOOD.iter().chain(own.iter());
-            s.runs.push(crate::summary::RunFigures {
+            crate::summary::RunFigures {
                 mode: sides[*side].into(),
                 repeat: i / 2,
                 figures: figures.map(|(k, v)| ((*k).to_owned(), *v)).collect(),
-            });
-        }
-        for side in sides {
-            let names: Vec<String> = s
-                .runs
-                .iter()
-                .flat_map(|r| r.figures.keys().cloned())
-                .collect();
-            let spreads = names
-                .into_iter()
-                .filter_map(|n| spread(&s.values(side, &n)).map(|sp| (n, sp)))
-                .collect();
-            s.modes.insert(side.into(), spreads);
-        }
-        s
+            }
+        });
+        Summary::new(
+            scenario,
+            String::new(),
+            "",
+            serde_json::Value::Null,
+            sides,
+            runs,
+        )
     }
 
     /// Legacy with `GOOD` alone, propagate with `own` too.

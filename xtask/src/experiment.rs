@@ -17,7 +17,7 @@ use crate::run::{self, Context, ModeRun};
 use crate::scenario::{Load, Scenario, Side, Versus};
 use crate::stack::{self, Ports, workspace};
 use crate::stats::alternate;
-use crate::summary::{self, Summary};
+use crate::summary::{self, RunFigures, Summary};
 
 /// The experiment's command line.
 #[derive(Debug, clap::Args)]
@@ -167,7 +167,7 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
         args.profile(),
         serde_json::to_value(&ctx.load)?,
         sides.clone().map(|s| s.name),
-        &runs,
+        runs.iter().map(RunFigures::from),
     );
     let mut verdicts = check::check(&summary, ctx.load.budget_ms as f64, args.margin() as f64);
     verdicts.extend(prometheus_problems.iter().map(|p| Verdict {

@@ -48,6 +48,17 @@ pub struct RunFigures {
     pub figures: BTreeMap<String, f64>,
 }
 
+impl From<&ModeRun> for RunFigures {
+    fn from(r: &ModeRun) -> Self {
+        let (mode, figures) = (r.mode.clone(), r.figures.clone());
+        Self {
+            mode,
+            repeat: r.repeat,
+            figures,
+        }
+    }
+}
+
 impl Summary {
     /// Aggregates `runs` of the two `sides`.
     pub fn new(
@@ -56,16 +67,9 @@ impl Summary {
         profile: &str,
         load: serde_json::Value,
         sides: [&str; 2],
-        runs: &[ModeRun],
+        runs: impl IntoIterator<Item = RunFigures>,
     ) -> Self {
-        let runs: Vec<RunFigures> = runs
-            .iter()
-            .map(|r| RunFigures {
-                mode: r.mode.clone(),
-                repeat: r.repeat,
-                figures: r.figures.clone(),
-            })
-            .collect();
+        let runs: Vec<RunFigures> = runs.into_iter().collect();
         let budget_ms = load["budget_ms"].as_f64().unwrap_or(f64::NAN);
         let mut modes = BTreeMap::new();
         let mut answers = BTreeMap::new();
@@ -346,7 +350,7 @@ mod tests {
             "release",
             load,
             ["metrics-off", "metrics-on"],
-            &runs,
+            runs.iter().map(RunFigures::from),
         );
         assert_eq!(summary.repeats, 2);
         assert_eq!(summary.pair_ratios("created_per_s"), vec![0.98, 1.05]);
