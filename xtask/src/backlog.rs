@@ -52,8 +52,8 @@ pub struct BacklogArgs {
     pub check: bool,
 }
 
-/// How long past its budget a caller waits for the answer before it gives up (its
-/// answer counts at its budget for the wasted share and goodput all the same).
+/// How long past its budget a caller waits before it gives up (its answer counts at its
+/// budget all the same).
 const PATIENCE: Duration = Duration::from_millis(200);
 
 /// One side's figures.
@@ -161,8 +161,7 @@ async fn side(
     let samples = Arc::new(Mutex::new(Vec::new()));
     let sampler = tokio::spawn(sample(pool.clone(), began, samples.clone()));
     let answers = load(&target, capacity, args).await;
-    // The load is over: wait until no job of the stretch is queued (legacy's may take
-    // long): the oldest queued job was enqueued after the stretch ended.
+    // Wait until the oldest queued job was enqueued after the stretch (legacy: long).
     let end = stretch_end.as_secs_f64();
     let drained = |&(t, depth, age): &(f64, i64, f64)| t >= end && (depth == 0 || age < t - end);
     let give_up = Instant::now() + Duration::from_secs(120);
@@ -212,8 +211,7 @@ SELECT sum(extract(epoch FROM greatest(ended_at - greatest(started_at, gone), in
         WHERE state = 'done' AND finished_at <= enqueued_at + $1::float8 * interval '1 millisecond')
 FROM a";
 
-/// Open-model arrivals: twice `capacity` per second for the stretch, then half of it;
-/// each caller waits at most [`PATIENCE`] past its budget.
+/// Open-model arrivals: twice `capacity` per second for the stretch, then half of it.
 async fn load(target: &str, capacity: f64, args: &BacklogArgs) -> Vec<(f64, u16, f64)> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_millis(args.budget_ms) + PATIENCE)

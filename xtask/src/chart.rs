@@ -41,8 +41,7 @@ impl Series {
 }
 
 /// When the fault of `run` was on: the link's cut, else the catalog's (or pricing's)
-/// fault from its start (the load's start unless it begins later) to its removal (the
-/// load's end unless it was removed before).
+/// fault from its start (or the load's) to its removal (or the load's end).
 fn fault_window(load: &Load, run: &ModeRun) -> Option<[f64; 2]> {
     if run.partition_at.is_some() {
         return run.partition_at;
@@ -64,8 +63,7 @@ const COLOURS: [RGBColor; 2] = [RGBColor(214, 69, 65), RGBColor(38, 110, 196)];
 const FAULT: RGBColor = RGBColor(253, 238, 204);
 const BUDGET: RGBColor = RGBColor(110, 110, 110);
 
-/// Draws the first repeat of each side of `series` as an SVG: latency (p99, and p50
-/// where the run kept it) above, goodput below, the budget as a line.
+/// Draws the first repeat of each side as an SVG: latency above, goodput below.
 pub fn svg(summary: &Summary, series: &[Series]) -> anyhow::Result<String> {
     let budget_ms = summary.load["budget_ms"].as_f64().unwrap_or(0.0);
     let first: Vec<&Series> = summary

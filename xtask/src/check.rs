@@ -9,8 +9,7 @@ use crate::diagnosis::{self, Answer};
 use crate::stats::spread;
 use crate::summary::{MODES, Summary};
 
-/// The least goodput propagate must reach, as a multiple of legacy's, under `goodput`
-/// and `pricing-slow`.
+/// `goodput`, `pricing-slow`: propagate's least goodput, as a multiple of legacy's.
 pub const MIN_GOODPUT_RATIO: f64 = 1.5;
 /// The most orders-service's memory may grow during a propagate load, MiB.
 pub const MAX_RSS_GROWTH_MIB: f64 = 32.0;
@@ -20,11 +19,9 @@ pub const MAX_RECOVERY_MS: f64 = 1000.0;
 pub const MAX_P999_RATIO: f64 = 0.1;
 /// `stragglers`: the most catalog calls per order hedging may add, as a ratio.
 pub const MAX_CALLS_RATIO: f64 = 1.02;
-/// `stragglers`: the least goodput with hedging, as a share of without (a percent of
-/// run-to-run noise).
+/// `stragglers`: the least goodput with hedging, as a share of without (noise allowed).
 pub const MIN_GOODPUT_WITH_HEDGING: f64 = 0.99;
-/// `tight`: the most attempts cut by the deadline the rule may leave, as a share of the
-/// deadline-blind variant's.
+/// `tight`: the most attempts cut the rule may leave, as a share of the blind variant's.
 pub const MAX_CUT_RATIO: f64 = 0.1;
 /// `tight`: how many fewer orders in time the rule may answer, as a share of orders.
 pub const MAX_IN_TIME_LOSS: f64 = 0.005;
@@ -35,8 +32,7 @@ pub const MAX_OUTAGE_CALLS_PER_ORDER: f64 = 1.05;
 pub const MAX_HOP_LATE_SHARE: f64 = 0.01;
 /// `pricing-down`: the most pricing calls per order when one layer owns retries.
 pub const MAX_PRICING_CALLS_PER_ORDER: f64 = 1.1;
-/// `partition`: how much of its goodput before the cut propagate must have back after
-/// the heal.
+/// `partition`: the share of its goodput before the cut propagate has back after the heal.
 pub const MIN_GOODPUT_AFTER_HEAL: f64 = 0.9;
 /// `partition`: how long past the budget a transaction of propagate may hold its row
 /// locks on the server while the link is cut (the session bounds' time, docs/design.md §5).
@@ -103,10 +99,8 @@ fn at_most(
     }
 }
 
-/// Every rule that applies to `summary`'s scenario. The rules of propagate apply to
-/// every side that runs the technique, which is every side but `legacy`; the
-/// scenario's own rules, which compare legacy with propagate, only when the sides are
-/// the modes.
+/// Every rule that applies to `summary`'s scenario: propagate's on every side but
+/// `legacy`; the scenario's own, comparing legacy with propagate, when the sides are those.
 pub fn check(summary: &Summary, budget_ms: f64, margin_ms: f64) -> Vec<Verdict> {
     let mut verdicts = vec![k6_passed(summary)];
     for side in summary.sides.iter().filter(|s| *s != "legacy") {
@@ -147,8 +141,7 @@ pub fn check(summary: &Summary, budget_ms: f64, margin_ms: f64) -> Vec<Verdict> 
     verdicts
 }
 
-/// k6 exits 0 in every run of both modes: no unexpected status, propagate's p99
-/// threshold held.
+/// k6 exits 0 in every run: no unexpected status, propagate's p99 threshold held.
 fn k6_passed(summary: &Summary) -> Verdict {
     const RULE: &str = "k6 exit code";
     if let Some(mode) = summary
@@ -174,9 +167,8 @@ fn k6_passed(summary: &Summary) -> Verdict {
     verdict(RULE, failed.is_empty(), detail)
 }
 
-/// The technique's own rules, in every run of `side`: p99 within the budget plus the
-/// margin, memory flat under load, the pool's queue within its limit, and no order left
-/// in flight once the load stops.
+/// The technique's own rules, in every run of `side`: p99 within budget + margin, memory
+/// flat, the pool's queue within its limit, no order in flight once the load stops.
 fn propagate_rules(summary: &Summary, side: &str, limit_ms: f64) -> [Verdict; 4] {
     let p99 = at_most(
         summary,
@@ -246,8 +238,7 @@ fn goodput_ratio(summary: &Summary) -> Verdict {
     )
 }
 
-/// The three-hop scenarios: every hop of `side` answers by its own deadline + 10 ms at
-/// p99, read on its own `deadline_overrun_seconds`.
+/// Three hops: each of `side` answers by its deadline + 10 ms at p99 (its own metric).
 fn hops_in_time(summary: &Summary, side: &str) -> Vec<Verdict> {
     crate::sampler::HOPS
         .iter()
@@ -327,9 +318,8 @@ fn pool_queued(summary: &Summary, budget_ms: f64) -> Verdict {
     )
 }
 
-/// `rule` holds when both modes ran and `expected(answer, pending_mean)` holds for the
-/// answer of every run; the detail names each run that broke it, or else propagate's
-/// median of `shown`.
+/// `rule` holds when both modes ran and `expected(answer, pending_mean)` holds in every
+/// run; the detail names each run that broke it, or else propagate's median of `shown`.
 fn every_run_answers(
     summary: &Summary,
     budget_ms: f64,
@@ -395,8 +385,7 @@ const TIGHT: [Comparison; 2] = [
      |blind, aware| format!("{:.2} % blind, {:.2} % aware", blind * 100.0, aware * 100.0)),
 ];
 
-/// The comparison of the medians of `figure` over the runs of the two `sides`: it holds
-/// when `holds(first, second)` does, and fails when a run of either lacks the figure.
+/// [`Comparison`] over the two `sides`; it fails when a run of either lacks the figure.
 fn compare(
     summary: &Summary,
     sides: [&str; 2],
@@ -413,9 +402,8 @@ fn compare(
     }
 }
 
-/// The rules of the hedging scenarios, each comparing its own two sides: `stragglers`
-/// and `outage` hedging off against on, `tight` the deadline rule off against on.
-/// `None` for any other scenario or pair of sides.
+/// The rules of the hedging scenarios, each over its own two sides (hedging, or the
+/// deadline rule, off against on); `None` for any other scenario or pair of sides.
 fn hedging_rules(summary: &Summary) -> Option<Vec<Verdict>> {
     let sides: Vec<&str> = summary.sides.iter().map(String::as_str).collect();
     let sides: [&str; 2] = sides.try_into().ok()?;
@@ -441,9 +429,8 @@ fn hedging_rules(summary: &Summary) -> Option<Vec<Verdict>> {
     }
 }
 
-/// `partition`: propagate's transactions hold their locks no longer than the budget plus
-/// a second whatever the network does; no transaction of either mode survives the heal;
-/// propagate's goodput comes back.
+/// `partition`: propagate's locks held no longer than budget + 1 s whatever the network
+/// does; no transaction of either mode survives the heal; propagate's goodput back.
 fn partition_bounded(summary: &Summary, budget_ms: f64) -> Vec<Verdict> {
     let limit = budget_ms + MAX_LOCK_HOLD_PAST_BUDGET_MS;
     let mut verdicts = vec![at_most(

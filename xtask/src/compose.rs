@@ -31,8 +31,7 @@ pub const SERVICES: [&str; 6] = [
     "shipping",
     "prometheus",
 ];
-/// The compose project: its own name, so a stack a user started from the same folder is
-/// neither reused nor taken down.
+/// The compose project: its own, so a user's stack from this folder is left alone.
 const PROJECT: &str = "deadline-compose-check";
 /// The addresses docker-compose.yml publishes on the host.
 const ORDERS_URL: &str = "http://127.0.0.1:8080";
@@ -190,8 +189,7 @@ async fn scraped(client: &reqwest::Client) -> anyhow::Result<()> {
     }
 }
 
-/// `POST /api/orders` for one item, with `budget_ms` as X-Request-Timeout-Ms when
-/// given: the status, the time to the answer and the body as JSON.
+/// `POST /api/orders` for one item, within `budget_ms`: status, time and JSON body.
 async fn order(
     client: &reqwest::Client,
     budget_ms: Option<u64>,
@@ -214,8 +212,7 @@ fn ok(what: &str) {
     println!("compose-check: ok  {what}");
 }
 
-/// The compose command of this machine, for docker-compose.yml and [`OVERRIDE`] under
-/// [`PROJECT`].
+/// The compose command of this machine, for docker-compose.yml and [`OVERRIDE`].
 struct Compose {
     /// `docker compose` (v2) where the plugin exists, else `docker-compose` (v1).
     program: Vec<&'static str>,

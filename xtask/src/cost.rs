@@ -69,8 +69,7 @@ pub const PLACE_ORDER: &str = "\
     ) \
     SELECT placed.*, EXISTS (SELECT 1 FROM taken) AS stock_taken FROM placed";
 
-/// The orders schema, from orders-service's migrations as they are on disk, made in a
-/// new database on `cluster`; the connection that made it.
+/// A new database `name` with orders-service's migrations run, and its connection.
 async fn migrated(cluster: &PgCluster, name: &str) -> anyhow::Result<sqlx::PgConnection> {
     let migrations = workspace().join("orders-service/migrations");
     let mut conn = sqlx::PgConnection::connect(&fresh_database(cluster, name).await?).await?;
@@ -116,10 +115,9 @@ struct Summary {
     each_ratio_per_repeat: Option<Spread>,
 }
 
-/// The pgbench script for `mode`: the service's SQL with pgbench variables for the
-/// statement's parameters, and `\;` where the service sends two commands in one query.
-/// `deferred`: whether the schema can leave work to COMMIT, as the service learns it
-/// (then propagate's COMMIT fires that work first under the limit).
+/// The pgbench script for `mode`: the service's SQL, pgbench variables for parameters,
+/// `\;` where it sends two commands in one query; `deferred`: the schema leaves work to
+/// COMMIT (then propagate's COMMIT fires it first under the limit).
 pub fn script(mode: &str, deferred: bool) -> String {
     let statement = PLACE_ORDER
         .replace("$1", "('SKU-' || lpad(CAST(:sku AS text), 5, '0'))")

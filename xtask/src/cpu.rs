@@ -62,9 +62,8 @@ pub struct CpuPlan {
 }
 
 impl Default for CpuPlan {
-    /// 500 orders a second (well below what two cores serve), 20 pairs of 3 s: short
-    /// segments, so that the machine's own drift (other tenants, frequency) is nearly
-    /// the same within a pair, and many of them for the median.
+    /// Well below what two cores serve; short segments, so the machine's own drift is
+    /// nearly the same within a pair, and many of them for the median.
     fn default() -> Self {
         Self {
             rate: 500,
@@ -103,8 +102,7 @@ pub struct Segment {
 /// Per side, a spread per figure.
 type BySide = BTreeMap<String, BTreeMap<String, Spread>>;
 
-/// A CPU run: its comparison, its sides (first over second in the ratios), its plan,
-/// its segments, and the figures.
+/// A CPU run: comparison, sides (first over second in ratios), plan, segments, figures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CpuReport {
     pub versus: CpuVersus,
@@ -194,8 +192,7 @@ struct Reading {
     reference_calls: u64,
 }
 
-/// Reads the three processes' CPU and the orders created so far, and the control's
-/// CPU and calls (the meter's fourth process).
+/// Reads the orders created so far and the [`Reading`] (the control: the meter's fourth).
 async fn read(
     meter: &Meter,
     reference: &Reference,
@@ -364,8 +361,7 @@ fn report(
     summarize(versus, plan, source, segments, k6_exit)
 }
 
-/// A report's figures from its segments: each pair's ratios (first side over second),
-/// their medians, and each side's own figures.
+/// A report's figures from its segments: the pairs' ratios, and each side's own.
 fn summarize(
     versus: CpuVersus,
     plan: CpuPlan,
@@ -432,9 +428,8 @@ fn spreads(keys: &[&str], values: impl Fn(&str) -> Vec<f64>) -> BTreeMap<String,
 }
 
 /// The pairs of several runs of one comparison as one report, as if one run had made
-/// them all: how the docs pool runs of the same build, made on different days, into
-/// one median. Each run's pairs keep their own sides and control; only their numbers
-/// change, so that no two runs' pairs are taken for one.
+/// them all (how the docs pool runs of one build into one median). Each pair keeps its
+/// sides and control; only their numbers change, so no two runs' pairs are taken for one.
 pub fn pool(reports: &[&CpuReport]) -> anyhow::Result<CpuReport> {
     let Some(first) = reports.first() else {
         anyhow::bail!("no runs to pool");
@@ -539,8 +534,7 @@ pub struct CpuArgs {
     pub out: Option<PathBuf>,
 }
 
-/// Runs `cargo xtask cpu`: the comparisons asked for, each on its own stack; writes
-/// `cpu.json` and `cpu.md`.
+/// Runs `cargo xtask cpu`: the comparisons asked for; writes `cpu.json` and `cpu.md`.
 pub async fn run(args: CpuArgs) -> anyhow::Result<Vec<CpuReport>> {
     let out = args.out.unwrap_or_else(|| workspace().join("results/cpu"));
     let commit = crate::stack::commit();
@@ -567,8 +561,7 @@ pub async fn run(args: CpuArgs) -> anyhow::Result<Vec<CpuReport>> {
     Ok(reports)
 }
 
-/// Each comparison of `versus` in turn, each on a stack of its own, logs under
-/// `out/runs/cpu-<versus>`.
+/// Each comparison in turn on a stack of its own, logs in `out/runs/cpu-<versus>`.
 pub async fn measure_all(
     profile: &str,
     cluster: &PgCluster,

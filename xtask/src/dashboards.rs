@@ -17,8 +17,8 @@ use serde_json::Value;
 pub const SEED_QUERY: &str = r#"histogram_quantile(0.99, sum by (le) (rate(http_server_requests_seconds_bucket{uri="/api/orders"}[1m])))"#;
 /// The datasource uid grafana/provisioning/datasources provides.
 const DATASOURCE_UID: &str = "prometheus";
-/// How panels name their datasource: the dashboard's `datasource` variable, so the
-/// dashboard works with any Prometheus datasource (its default is [`DATASOURCE_UID`]).
+/// How panels name their datasource: the `datasource` variable, so any Prometheus will
+/// do (its default is [`DATASOURCE_UID`]).
 const DATASOURCE_REF: &str = "${datasource}";
 
 /// One query of one panel (`dashboard file / panel title / refId`), as Prometheus gets
@@ -159,8 +159,8 @@ fn check_panel(
     seed
 }
 
-/// One query: its variables resolved, or every problem with it (an unknown variable, a
-/// `job` selector, a range window other than `$__rate_interval`).
+/// One query with its variables resolved, or its problems (an unknown variable, a `job`
+/// selector, a window other than `$__rate_interval`).
 fn check_expr(expr: &str, defaults: &BTreeMap<String, String>) -> Result<String, Vec<String>> {
     let mut problems = Vec::new();
     if expr.is_empty() {

@@ -13,8 +13,8 @@ use std::fmt;
 
 /// Workers busy at least this share of their time: the executor is saturated.
 pub const SATURATED_BUSY_RATIO: f64 = 0.9;
-/// A catalog call that takes at least this share of the budget, on average, is slow: a
-/// downstream at its normal speed takes a few milliseconds of a 700 ms budget.
+/// A catalog call taking at least this share of the budget on average is slow (one at
+/// normal speed takes a few ms).
 pub const SLOW_CALL_SHARE_OF_BUDGET: f64 = 0.1;
 /// At least this many calls waiting for a slot, on average: the pool queues.
 pub const QUEUED_PENDING_MEAN: f64 = 1.0;
@@ -92,8 +92,7 @@ pub fn answer(figures: &BTreeMap<String, f64>, budget_ms: f64) -> Answer {
     }
 }
 
-/// One sentence per side: the answer of its runs, or each answer with its count when
-/// the runs disagree.
+/// One sentence per side: its runs' answer, or each answer with its count.
 pub fn of_runs(answers: &[Answer]) -> String {
     let mut counts: Vec<(String, usize)> = Vec::new();
     for answer in answers {

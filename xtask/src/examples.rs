@@ -49,8 +49,7 @@ pub async fn examples(profile: &str, no_build: bool) -> anyhow::Result<()> {
 /// The line before the README's Rust block that is `shared/examples/readme.rs`.
 const README_MARKER: &str = "<!-- the file shared/examples/readme.rs, without its doc comment -->";
 
-/// The README's Rust block is the `readme` example's text, so what a reader pastes is
-/// what CI compiles and runs.
+/// The README's Rust block is the `readme` example: what a reader pastes, CI runs.
 pub fn readme_shows_the_example(workspace: &Path) -> anyhow::Result<()> {
     let readme = std::fs::read_to_string(workspace.join("README.md"))?;
     let example = std::fs::read_to_string(workspace.join("shared/examples/readme.rs"))?;
@@ -72,8 +71,7 @@ pub fn readme_shows_the_example(workspace: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Step 1: a 300 ms budget on a 500 ms route is a 504 at 300 ms; no budget (1 s by
-/// default) lets it finish.
+/// Step 1: a 300 ms budget on a 500 ms route is a 504 at 300 ms; no budget (1 s) is 200.
 async fn ingress(bin: &Path, logs: &Path) -> anyhow::Result<()> {
     let (url, _example) = start(&bin.join("examples/ingress"), &[], logs).await?;
     let cut = ask(&format!("{url}/slow"), Some(300)).await?;
@@ -99,10 +97,9 @@ async fn client(bin: &Path, logs: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Step 3: against the real catalog and a throwaway PostgreSQL, a priced item; with a
-/// 1 s catalog fault, a 504 `catalog` at 300 ms; and the client's metrics. Beside it
-/// the README's example, on orders-service's tables: an order written at the catalog's
-/// price, then a 504 `catalog` that wrote nothing.
+/// Step 3, with the real catalog and PostgreSQL: a priced item; with the catalog 1 s
+/// slow, a 504 `catalog` at 300 ms; the client's metrics. And the README's example: an
+/// order written at the catalog's price, then a 504 `catalog` that wrote nothing.
 async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
     let cluster = tokio::task::spawn_blocking(PgCluster::start).await??;
     let database_url = fresh_database(&cluster, "examples").await?;
@@ -171,8 +168,7 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A pool on `url` after orders-service's migrations made its tables there, as the
-/// demo's database has them.
+/// A pool on `url` with orders-service's tables made there by its migrations.
 async fn orders_table(url: &str) -> anyhow::Result<sqlx::PgPool> {
     let pool = sqlx::PgPool::connect(url).await?;
     let migrations = workspace().join("orders-service/migrations");

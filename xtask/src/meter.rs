@@ -71,8 +71,7 @@ impl Drop for Meter {
     }
 }
 
-/// A cgroup per tree, each tree's living processes moved into it (their children to
-/// come are born there).
+/// A cgroup per tree, its living processes moved in (their children are born there).
 fn cgroups(roots: &[u32]) -> anyhow::Result<Vec<PathBuf>> {
     let base = Path::new(CPUACCT);
     anyhow::ensure!(
@@ -184,8 +183,7 @@ mod tests {
 
     #[test]
     fn a_meter_sees_a_child_spin_and_puts_it_back() {
-        // A child that spins for a second, then sleeps: its time is read whichever way
-        // the meter reads, and a cgroup leaves no trace behind.
+        // A child that spins a second, then sleeps: read either way, no cgroup left behind.
         let mut child = std::process::Command::new("sh")
             .args([
                 "-c",

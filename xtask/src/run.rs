@@ -306,8 +306,7 @@ pub async fn set_fault(admin_url: &str, fault: Option<Fault>) -> anyhow::Result<
     Ok(())
 }
 
-/// What one load left: k6's run, the samples, when it started, and, where the scenario
-/// has them, when the fault was removed and the link cut and healed.
+/// What one load left; when the fault was removed and the link cut and healed, if so.
 struct Measured {
     k6: K6Run,
     samples: Vec<Sample>,
@@ -413,8 +412,7 @@ async fn profile(admin: &str, action: &str, title: Option<&str>) -> anyhow::Resu
     Ok(body.to_vec())
 }
 
-/// Waits (at most 30 s) until no order is in flight; returns how long that took and
-/// the last in-flight count read (`None` if none could be).
+/// Waits (at most 30 s) until no order is in flight: how long, and the last count read.
 async fn wait_drained(client: &reqwest::Client, orders: u16) -> (Duration, Option<f64>) {
     let started = Instant::now();
     let mut in_flight = None;

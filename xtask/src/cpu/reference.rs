@@ -22,8 +22,7 @@ pub(super) struct Reference {
 }
 
 impl Reference {
-    /// Starts the control from `profile`'s binary, its log in `dir`, and calls it
-    /// `rate` times a second from now on.
+    /// Starts the control, its log in `dir`, and calls it `rate` times a second.
     pub(super) async fn start(profile: &str, dir: &Path, rate: u32) -> anyhow::Result<Self> {
         let bin = binary_dir(&crate::stack::workspace(), profile);
         let port = free_port();

@@ -47,18 +47,15 @@ pub const SERVICE_TARGETS: [&str; 4] = [
 pub fn image(service: &str) -> String {
     format!("deadline-propagation/{service}:dev")
 }
-/// The label on every image made here (`docker image ls --filter label=...` lists them).
-/// The Dockerfiles in `xtask/images/` set it too.
+/// The label on every image made here (the Dockerfiles in `xtask/images/` set it too).
 const MADE_HERE: &str = "dev.deadline-propagation.made-by=cargo-xtask-images";
-/// The label holding a hash of the files a stand-in was built from ([`recipe`]): an
-/// image built from other files is built again, an up-to-date one needs no root file
-/// system (a new clone on a machine that has the images skips debootstrap).
+/// The label holding the hash of a stand-in's files ([`recipe`]): one built from other
+/// files is built again, an up-to-date one needs no root file system (no debootstrap).
 const RECIPE_LABEL: &str = "dev.deadline-propagation.recipe";
 /// The Debian release of every image.
 const SUITE: &str = "bookworm";
 
-/// The stand-ins built on [`BASE_IMAGE`]: image, folder under `xtask/images/`, and the
-/// Debian packages installed in it.
+/// The stand-ins on [`BASE_IMAGE`]: image, folder in `xtask/images/`, Debian package.
 const STAND_INS: [(&str, &str, &str); 2] = [
     (POSTGRES_IMAGE, "postgres", "postgresql-15"),
     (PROMETHEUS_IMAGE, "prometheus", "prometheus"),
@@ -143,8 +140,7 @@ fn step(what: &str, work: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result
     Ok(())
 }
 
-/// Builds a stand-in image from `xtask/images/<folder>/` with `context` (which holds
-/// its `debs/`) as the build context, labelled with its `recipe`.
+/// Builds a stand-in from `xtask/images/<folder>/` in `context` (with its `debs/`).
 fn build_stand_in(image: &str, folder: &str, recipe: &str, context: &Path) -> anyhow::Result<()> {
     for path in recipe_files(folder)? {
         std::fs::copy(&path, context.join(path.file_name().expect("a file")))?;
@@ -176,8 +172,7 @@ fn recipe(folder: &str) -> anyhow::Result<String> {
     Ok(format!("{hash:016x}"))
 }
 
-/// Builds `image` from the Dockerfile's `<target>-prebuilt` stage, with a context of
-/// the services' binaries copied from `binaries`.
+/// Builds `image` from the Dockerfile's `<target>-prebuilt` stage and the binaries.
 fn build_service(binaries: &Path, context: &Path, target: &str, image: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(context)?;
     for name in SERVICE_TARGETS {

@@ -21,8 +21,7 @@ pub(super) fn bootstrap(cache: &Path, tree: &Path, mirror: &str) -> anyhow::Resu
     let partial = tree.with_extension("partial");
     remove_unmounted(&partial)?;
     std::fs::create_dir_all(&partial)?;
-    // The .deb files, kept so that a new tree after `rm -rf <cache>/bookworm` downloads
-    // nothing.
+    // The .deb files, kept: a new tree after `rm -rf <cache>/bookworm` downloads nothing.
     let debs = std::path::absolute(cache)?.join("debootstrap");
     std::fs::create_dir_all(&debs)?;
     let rootfs = partial.join("rootfs");
@@ -65,8 +64,7 @@ fn download(rootfs: &Path, package: &str, dest: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `docker import` of `rootfs` as [`BASE_IMAGE`], with `bash` as its command as in
-/// Debian's official images.
+/// `docker import` of `rootfs` as [`BASE_IMAGE`], `bash` its command (as Debian's).
 pub(super) fn import(rootfs: &Path) -> anyhow::Result<()> {
     let mut tar = Command::new("tar")
         .arg("--numeric-owner")
