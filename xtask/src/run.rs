@@ -229,8 +229,7 @@ async fn start_services(
     Services::start(&ctx.profile, ctx.ports, database_url, &env, dir).await
 }
 
-/// Makes every stock update spend `ms` on the server, holding its row lock: a `BEFORE
-/// UPDATE` trigger that sleeps.
+/// Makes every stock update hold its row lock `ms` on the server (a trigger sleeps).
 async fn slow_statements(database_url: &str, ms: u64) -> anyhow::Result<()> {
     use sqlx::Connection as _;
     let mut conn = sqlx::PgConnection::connect(database_url).await?;
@@ -316,8 +315,7 @@ struct Measured {
     held: Vec<Held>,
 }
 
-/// k6 with the sampler beside it; for `recovery`, the fault is removed mid-load; for
-/// `partition`, the link to PostgreSQL is cut and healed while the database is watched.
+/// k6 with the sampler beside it, and the load's timed fault or cut.
 async fn measure_load(
     ctx: &Context,
     side: &Side,
@@ -427,9 +425,8 @@ async fn wait_drained(client: &reqwest::Client, orders: u16) -> (Duration, Optio
     (started.elapsed(), in_flight)
 }
 
-/// Calls the catalog received per order sent in `window` (seconds after the load's
-/// start): the growth of its own request count between the samples nearest the
-/// window's ends, over the orders that arrived between those samples.
+/// Calls the catalog received per order sent in `window` (s into the load), between the
+/// samples nearest the window's ends.
 pub fn outage_calls_per_order(
     samples: &[Sample],
     requests: &[stats::Request],
@@ -450,8 +447,7 @@ pub fn outage_calls_per_order(
         .then(|| (last.catalog_received - first.catalog_received) / orders as f64)
 }
 
-/// The share of `hop`'s answers later than its deadline + [`sampler::HOP_LATE_AFTER`]
-/// (0.01 at most: a p99 within it); `None` if it answered none under a deadline.
+/// The share of `hop`'s answers later than its deadline + [`sampler::HOP_LATE_AFTER`].
 fn late_share(grown: &BTreeMap<String, f64>, hop: &str) -> Option<f64> {
     let answers = grown[&format!("{hop}_answers")];
     (answers > 0.0).then(|| grown[&format!("{hop}_late")] / answers)
@@ -462,17 +458,15 @@ fn mean(values: impl Iterator<Item = f64>) -> f64 {
     if n == 0 { 0.0 } else { sum / f64::from(n) }
 }
 
-/// The mean catalog call between the first and the last sample, ms: the growth of the
-/// histogram's sum over the growth of its count. `None` when no call ended between them.
+/// The mean catalog call (ms) between the first and the last sample, if one ended.
 pub fn call_mean_ms(samples: &[Sample]) -> Option<f64> {
     let (first, last) = (samples.first()?, samples.last()?);
     let calls = last.catalog_calls - first.catalog_calls;
     (calls > 0.0).then(|| (last.catalog_call_s - first.catalog_call_s) / calls * 1000.0)
 }
 
-/// The share of a runtime's worker time spent busy between its first and its last
-/// reading: busy seconds gained over elapsed seconds times workers. `None` without two
-/// readings apart in time. Workers add their busy time in steps (when they park, and
+/// The share of a runtime's worker time spent busy between its first and last reading
+/// (`None` without two apart in time). Workers add busy time in steps (when they park,
 /// every few dozen polls), so a short window can read a little above 1.
 pub fn busy_ratio(samples: &[Sample], runtime: fn(&Sample) -> Option<Runtime>) -> Option<f64> {
     let reading = |s: &Sample| runtime(s).map(|r| (s.t, r));
@@ -570,8 +564,7 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
     let orders = |s: &Sample| s.orders_runtime;
     let catalog = |s: &Sample| s.catalog_runtime;
     let recovery = |removed| stats::recovery_ms(requests, removed, budget_ms, 0.95);
-    // Left out where they could not be read: no runtime metrics, no call ended, no fault
-    // removed, orders-service unreadable.
+    // Left out where they could not be read.
     #[rustfmt::skip]
     let known = [
         ("catalog_call_mean_ms", call_mean_ms(samples)),

@@ -32,8 +32,7 @@ pub struct Sample {
     pub catalog_received: f64,
     /// orders-service's catalog calls so far (`http_client_requests_seconds_count`).
     pub catalog_calls: f64,
-    /// Their time so far, seconds (`http_client_requests_seconds_sum`): the call, pool
-    /// wait excluded.
+    /// Their time so far, s (`http_client_requests_seconds_sum`): pool wait excluded.
     pub catalog_call_s: f64,
     /// Each service's tokio runtime; `None` without the `tokio_*` families.
     pub orders_runtime: Option<Runtime>,
@@ -100,9 +99,8 @@ pub fn pending_limit(series: &[Series]) -> Option<f64> {
 /// The hops of the chain, in order, as the counters of [`counters`] name them.
 pub const HOPS: [&str; 3] = ["orders", "catalog", "pricing"];
 
-/// How late past its own deadline an answer may leave and still be in time: the
-/// three-hop scenarios' rule for every hop (docs/design.md §9). A bucket of
-/// `deadline_overrun_seconds`, so the share later than it is exact.
+/// How late past its deadline a hop's answer may leave and be in time (docs/design.md
+/// §9): a bucket of `deadline_overrun_seconds`, so the share later than it is exact.
 pub const HOP_LATE_AFTER: &str = "0.01";
 
 /// The counters a load grows, by name, in one scrape of each service: catalog-service's
@@ -184,8 +182,7 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// Samples orders' `metrics_url`, the catalog's in-flight gauge from
-    /// `catalog_metrics_url` and the memory of process `pid` every 250 ms from now on.
+    /// Samples both services' `/metrics` and the memory of `pid` every 250 ms.
     pub fn start(metrics_url: String, catalog_metrics_url: String, pid: u32) -> Self {
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {

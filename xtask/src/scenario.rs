@@ -97,16 +97,13 @@ pub struct Load {
     /// The catalog's usual speed, in force during the warm-up (and so in the history
     /// hedging is timed from) where it is not 0 (`stragglers`, `tight`, `outage`).
     pub warm_up_fault: Option<Fault>,
-    /// For `outage`: the fault is injected this long after the load starts (else from
-    /// the start).
+    /// For `outage`: the fault is injected this long into the load (else at the start).
     #[serde(with = "opt_secs")]
     pub fault_from: Option<Duration>,
-    /// For `recovery` and `outage`: the fault is removed this long after the load
-    /// starts.
+    /// For `recovery` and `outage`: the fault is removed this long into the load.
     #[serde(with = "opt_secs")]
     pub fault_removed_after: Option<Duration>,
-    /// For `tight`: each order's budget drawn uniformly from this range (ms), instead of
-    /// `budget_ms` for all.
+    /// For `tight`: each order's budget drawn uniformly from this range (ms).
     pub budget_range_ms: Option<(u64, u64)>,
     /// orders-service's catalog bulkhead: slots in flight.
     pub pool_max_connections: u32,
@@ -115,11 +112,9 @@ pub struct Load {
     /// Time the order's statement spends on the server holding its row locks (a
     /// `BEFORE UPDATE` trigger that sleeps), ms; 0 for none.
     pub db_statement_ms: u64,
-    /// For the three-hop scenarios: pricing-service behind the catalog, with this fault
-    /// during the load (`None`: two hops).
+    /// Three hops: pricing-service behind the catalog, with this fault (`None`: two hops).
     pub pricing_fault: Option<Fault>,
-    /// orders-service hedges its catalog calls (`CATALOG_HEDGE=on`), so that retries and
-    /// hedges are on at both hops.
+    /// orders-service hedges its catalog calls too (`CATALOG_HEDGE=on`).
     pub hedging: bool,
 }
 
@@ -139,8 +134,7 @@ pub struct Partition {
 pub const CLIENT_PATIENCE_MS: u64 = 1000;
 
 impl Load {
-    /// The same load with `vus` users (closed loop) or `rate` arrivals (open model),
-    /// and `pool_slots` catalog pool slots.
+    /// The same load with `vus` users or `rate` arrivals, and `pool_slots` pool slots.
     pub fn with_overrides(
         mut self,
         vus: Option<u32>,
@@ -214,8 +208,7 @@ impl Scenario {
                 fault: Some(variable),
                 ..base
             },
-            // Clients of the seed's run wait for their answer (60 s), so legacy's
-            // queue shows up as latency instead of being cut off by the client.
+            // Clients wait 60 s: legacy's queue shows as latency, not cut by the client.
             Self::Seed => Load {
                 model: closed(250, 750),
                 timeout_ms: 60_000,
@@ -297,8 +290,7 @@ impl Scenario {
                     ..base
                 }
             }
-            // The catalog at its usual speed, its prices 200 to 800 ms away: the goodput
-            // load's fault, a hop further down.
+            // The goodput load's fault a hop further down, in the catalog's prices.
             Self::PricingSlow => Load {
                 warm_up_fault: Some(usual),
                 fault: Some(usual),
@@ -390,8 +382,7 @@ pub struct Side {
 }
 
 impl Versus {
-    /// The two sides, in the order the tables show them; ratios are the second's over
-    /// the first's.
+    /// The two sides, in table order; ratios are the second's over the first's.
     pub fn sides(self) -> [Side; 2] {
         let side = |name, mode, env| Side { name, mode, env };
         let bounds_off = &[

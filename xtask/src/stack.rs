@@ -147,9 +147,8 @@ pub struct ServiceEnv {
 }
 
 impl Services {
-    /// Starts pricing-service (if asked), catalog-service then orders-service from
-    /// `profile`'s binaries, logs in `log_dir`, and waits until orders-service's
-    /// `/readyz` answers 200.
+    /// Starts pricing-service (if asked), catalog-service then orders-service, logs in
+    /// `log_dir`, and waits until orders-service's `/readyz` answers 200.
     pub async fn start(
         profile: &str,
         ports: Ports,
@@ -256,8 +255,7 @@ impl Services {
         )
     }
 
-    /// Graceful stop: SIGTERM to orders (it drains), then to the worker, the catalog,
-    /// then pricing.
+    /// Graceful stop: SIGTERM to orders (it drains), the worker, the catalog, pricing.
     pub fn stop(mut self) {
         self.orders.stop(Duration::from_secs(5));
         if let Some(shipping) = &mut self.shipping {
@@ -270,8 +268,7 @@ impl Services {
     }
 }
 
-/// catalog-service from `bin` on loopback `port` and `admin` (its fault API), with
-/// `env` besides, its log in `log`; once it accepts connections.
+/// catalog-service on `port` and `admin` (its fault API), once it accepts connections.
 pub async fn start_catalog(
     bin: &Path,
     (port, admin): (u16, u16),
@@ -288,8 +285,7 @@ pub async fn start_catalog(
     Ok(process)
 }
 
-/// pricing-service from `bin` on the loopback ports of `ports`, its log in `log`; once
-/// it accepts connections.
+/// pricing-service on its `ports`, once it accepts connections.
 async fn start_pricing(bin: &Path, ports: Ports, log: PathBuf) -> anyhow::Result<ServiceProcess> {
     let env = pricing_env(ports);
     let mut process = ServiceProcess::start(&bin.join("pricing-service"), &env, log)?;

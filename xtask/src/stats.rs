@@ -24,8 +24,7 @@ pub struct Request {
 }
 
 impl Request {
-    /// An order created and answered within the client's budget (its own, else
-    /// `budget_ms`): goodput.
+    /// An order created within the client's budget (its own, else `budget_ms`): goodput.
     pub fn good(&self, budget_ms: u64) -> bool {
         self.status == 201 && self.elapsed_ms <= self.budget_ms.unwrap_or(budget_ms)
     }
@@ -110,8 +109,7 @@ pub fn alternate<T>(n: usize, [a, b]: [T; 2]) -> [T; 2] {
     if n.is_multiple_of(2) { [a, b] } else { [b, a] }
 }
 
-/// The `q` quantile (0..=1) of `values` by the nearest-rank method, as k6 and most
-/// load tools report it; `None` when empty.
+/// The `q` quantile (0..=1) of `values` by nearest rank, as k6 reports it.
 pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
@@ -166,9 +164,8 @@ pub fn per_second(requests: &[Request], start_ms: u64, budget_ms: u64) -> Vec<Se
     seconds
 }
 
-/// Recovery: the time from `removed_ms` (the fault removed) to the start of the first
-/// whole second of arrivals of which at least `share` (0.95) were served within the
-/// budget. The window slides in 50 ms steps; `None` when no such second came.
+/// Recovery: from `removed_ms` (the fault removed) to the first whole second of arrivals
+/// at least `share` served within the budget (the window slides in 50 ms steps).
 pub fn recovery_ms(
     requests: &[Request],
     removed_ms: u64,

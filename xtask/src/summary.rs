@@ -124,9 +124,8 @@ impl Summary {
             .collect()
     }
 
-    /// Per repeat, the second side's `figure` over the first's: the two ran one after
-    /// the other, so each ratio compares runs under the same conditions. Repeats that
-    /// lack either value, or whose first is 0, are left out.
+    /// Per repeat, the second side's `figure` over the first's: adjacent runs, under the
+    /// same conditions. Repeats lacking either value, or whose first is 0, left out.
     pub fn pair_ratios(&self, figure: &str) -> Vec<f64> {
         let Some([first, second]) = self.side_names() else {
             return Vec::new();
@@ -227,8 +226,7 @@ pub fn markdown_table(summary: &Summary) -> String {
 }
 
 /// The figures of the first table (the printed report, the top of `summary.md`, a
-/// results block that names no rows): what the acceptance rules read. The rest stays
-/// in the whole table.
+/// results block naming no rows): what the acceptance rules read.
 pub const KEY_FIGURES: [&str; 11] = [
     "goodput_per_s",
     "sent_per_s",
@@ -273,8 +271,7 @@ fn table(summary: &Summary, keep: impl Fn(&str) -> bool) -> String {
     out
 }
 
-/// The answer of each side to "pool queue, slow downstream or saturated executor?",
-/// one markdown line each; empty for summaries that have none.
+/// Each side's answer to "pool queue, slow downstream or saturated executor?", if any.
 pub fn answers_markdown(summary: &Summary) -> String {
     let lines: Vec<String> = summary
         .sides

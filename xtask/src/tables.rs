@@ -14,8 +14,7 @@ use crate::summary::{self, Summary};
 const BEGIN: &str = "<!-- results:";
 const END: &str = "<!-- results:end -->";
 
-/// Renders every table of README.md and docs/*.md under `workspace`; with `check`,
-/// writes nothing. Returns the files whose tables changed (or would).
+/// Renders the tables of README.md and docs/*.md (`check`: writes none); the files changed.
 pub fn update(workspace: &Path, check: bool) -> anyhow::Result<Vec<PathBuf>> {
     let mut files = vec![workspace.join("README.md")];
     for entry in std::fs::read_dir(workspace.join("docs"))? {
