@@ -45,9 +45,8 @@ impl CpuVersus {
     }
 }
 
-/// How a CPU run is shaped: orders per second (open loop), pairs of segments, each
-/// segment's length, the pause after each switch before a segment, the orders before the
-/// first one, and the budget every order carries.
+/// How a CPU run is shaped: orders/s (open loop), pairs, each segment's length, the pause
+/// after each switch, the orders before the first segment, every order's budget.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CpuPlan {
     pub rate: u32,
@@ -79,9 +78,8 @@ impl Default for CpuPlan {
 /// The processes whose CPU an order costs, in table order.
 pub const PROCESSES: [&str; 3] = ["orders-service", "catalog-service", "PostgreSQL"];
 
-/// One segment of a pair (0-based) and a side: its length (s), the orders created in
-/// it (from the table), their CPU ms per order per process of [`PROCESSES`] and in all,
-/// the latency of the orders that arrived in it (ms), and its answers other than 201.
+/// One segment of a pair and a side: its length (s), orders created (from the table),
+/// CPU ms per order per process of [`PROCESSES`] and in all, latency (ms), non-201s.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Segment {
     pub pair: usize,

@@ -107,9 +107,8 @@ fn release(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
-/// The numeric fields of `/proc/PID/stat` from field 4 of proc(5) (the parent) on, at
-/// index 0 here; `None` for one that is not a `u64`. The command before them may hold
-/// spaces and parentheses: they follow the last `)` and the state.
+/// The numeric fields of `/proc/PID/stat` from field 4 of proc(5) on (the parent, at 0);
+/// they follow the last `)` and the state, as the command may hold spaces and `)`.
 fn stat(pid: u32) -> Option<Vec<Option<u64>>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let fields = stat.rsplit_once(')')?.1.split_whitespace().skip(1);

@@ -56,9 +56,8 @@ impl Cut {
     }
 }
 
-/// One reading, `t` seconds into the load, of the service's write transactions open on
-/// the server: the ones that hold row locks (they have a transaction id). `stale`: of
-/// them, older than [`STALE_AFTER`], left without a client; the oldest's age (0: none).
+/// One reading, `t` s into the load, of the service's write transactions on the server
+/// (holding row locks); `stale`: older than [`STALE_AFTER`], left without a client.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Held {
     pub t: f64,

@@ -103,13 +103,11 @@ pub const HOPS: [&str; 3] = ["orders", "catalog", "pricing"];
 /// §9): a bucket of `deadline_overrun_seconds`, so the share later than it is exact.
 pub const HOP_LATE_AFTER: &str = "0.01";
 
-/// The counters a load grows, by name, in one scrape of each service: catalog-service's
-/// time on calls it answered 200 and calls answered; orders-service's catalog attempts
-/// (`cancelled` too), those cut or answered 504, hedges sent, hedges and retries cut,
-/// extra attempts the deadline rule refused, calls admission refused as predicted late;
-/// and for each hop (`hops`, in [`HOPS`]' order, empty for one that is not there) the
-/// requests it took under a deadline, its answers, and those later than
-/// [`HOP_LATE_AFTER`] past its deadline.
+/// The counters a load grows, by name, in one scrape of each service (`hops`, in
+/// [`HOPS`]' order, empty for one not there): the catalog's time on calls answered 200
+/// and its answers; orders-service's catalog attempts, cut ones, hedges, extra attempts
+/// cut or refused, admission's refusals; each hop's answers under a deadline and those
+/// later than [`HOP_LATE_AFTER`] past it.
 pub fn counters(hops: [&[Series]; 3]) -> BTreeMap<String, f64> {
     let [orders, catalog, _] = hops;
     let sum = |series, family: &str, labels: &[(&str, &str)]| {

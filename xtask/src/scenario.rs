@@ -89,13 +89,11 @@ pub struct Load {
     pub duration: Duration,
     /// The budget each order carries (`X-Request-Timeout-Ms`).
     pub budget_ms: u64,
-    /// When the client gives up (k6's request timeout): [`CLIENT_PATIENCE_MS`] past the
-    /// budget, unless the scenario says otherwise.
+    /// When the client gives up (k6's timeout): by default [`CLIENT_PATIENCE_MS`] late.
     pub timeout_ms: u64,
     /// The catalog fault during the load, if any.
     pub fault: Option<Fault>,
-    /// The catalog's usual speed, in force during the warm-up (and so in the history
-    /// hedging is timed from) where it is not 0 (`stragglers`, `tight`, `outage`).
+    /// The catalog's usual speed during the warm-up (the history hedging is timed from).
     pub warm_up_fault: Option<Fault>,
     /// For `outage`: the fault is injected this long into the load (else at the start).
     #[serde(with = "opt_secs")]
@@ -109,8 +107,7 @@ pub struct Load {
     pub pool_max_connections: u32,
     /// For `partition`: the link to PostgreSQL cut during the load.
     pub partition: Option<Partition>,
-    /// Time the order's statement spends on the server holding its row locks (a
-    /// `BEFORE UPDATE` trigger that sleeps), ms; 0 for none.
+    /// Time (ms) the order's statement spends on the server holding its row locks.
     pub db_statement_ms: u64,
     /// Three hops: pricing-service behind the catalog, with this fault (`None`: two hops).
     pub pricing_fault: Option<Fault>,
@@ -128,9 +125,8 @@ pub struct Partition {
     pub length: Duration,
 }
 
-/// How long past its budget a client of the open scenarios waits before it gives up.
-/// A client that gave up *at* the budget would cut every latency there, and the p99
-/// check (budget + margin) could never fail; a second past it, a late answer shows.
+/// How long past its budget a client of the open scenarios waits before it gives up: one
+/// giving up *at* the budget would cut every latency there, and the p99 check pass.
 pub const CLIENT_PATIENCE_MS: u64 = 1000;
 
 impl Load {

@@ -22,9 +22,8 @@ pub fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
-/// The commit the figures speak for: `HEAD`, with `-dirty` when code differs from it.
-/// Results folders do not count: a run that publishes into `docs/results/` while an
-/// earlier scenario's results wait to be committed still ran the committed code.
+/// The commit the figures speak for: `HEAD`, `-dirty` when code differs from it (results
+/// folders do not count: publishing a run while another's wait to be committed is fine).
 pub fn commit() -> String {
     let git = |args: &[&str]| {
         std::process::Command::new("git")
@@ -331,9 +330,8 @@ pub async fn fresh_database(cluster: &PgCluster, name: &str) -> anyhow::Result<S
     create_database(&cluster.url("postgres"), name).await
 }
 
-/// `cargo xtask stack -- <command>`: starts PostgreSQL and both services, runs the
-/// command with `ORDERS_URL`, `ORDERS_ADMIN_URL`, `ORDERS_PID`, `CATALOG_URL`,
-/// `CATALOG_ADMIN_URL` and `DATABASE_URL` set, stops everything and returns the command's exit code.
+/// `cargo xtask stack -- <command>`: the command run with the stack's addresses in its
+/// environment; stops everything and returns the command's exit code.
 pub async fn run_with_stack(
     profile: &str,
     env: &ServiceEnv,
@@ -363,8 +361,7 @@ pub async fn run_with_stack(
         .status()
         .await
         .with_context(|| format!("cannot run {program}"))?;
-    // A service that died during the command fails the run even if the command
-    // passed: an outside check must not pass against a crashed stack.
+    // An outside check must not pass against a service that died during it.
     let mut services = services;
     let mut code = status.code().unwrap_or(1);
     for (name, process) in [

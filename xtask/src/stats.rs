@@ -30,8 +30,7 @@ impl Request {
     }
 }
 
-/// Parses k6's request log (`arrival_ms,status,elapsed_ms[,budget_ms]` per line);
-/// other lines (k6's own warnings, if any reach the file) are skipped.
+/// Parses k6's request log (`arrival_ms,status,elapsed_ms[,budget_ms]`), other lines skipped.
 pub fn parse_request_log(text: &str) -> Vec<Request> {
     text.lines()
         .filter_map(|line| {

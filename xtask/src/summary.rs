@@ -9,8 +9,7 @@ use crate::diagnosis::{self, Answer};
 use crate::run::ModeRun;
 use crate::stats::{Spread, spread};
 
-/// The modes, in the order the tables show them: the sides of an invocation unless it
-/// compares something else ([`crate::scenario::Versus`]).
+/// The modes, in table order: the sides unless they are another [`crate::scenario::Versus`].
 pub const MODES: [&str; 2] = ["legacy", "propagate"];
 
 fn default_sides() -> Vec<String> {

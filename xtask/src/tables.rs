@@ -37,8 +37,7 @@ pub fn update(workspace: &Path, check: bool) -> anyhow::Result<Vec<PathBuf>> {
     Ok(changed)
 }
 
-/// Where the next block starts: a marker at the start of a line (one quoted in the
-/// prose is not), other than the end marker.
+/// Where the next block starts: a marker at a line's start (not quoted in prose).
 fn next_block(text: &str) -> Option<usize> {
     text.match_indices(BEGIN)
         .map(|(at, _)| at)
