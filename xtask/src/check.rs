@@ -54,8 +54,7 @@ fn verdict(rule: &str, ok: bool, detail: String) -> Verdict {
     }
 }
 
-/// Per run of `side`, its values of `figures`, in that order; or the verdict failing
-/// `rule` when there is no run or a run lacks one of them.
+/// Per run of `side`, its `figures`; or `rule` failed when there is no run or one lacks one.
 fn runs(
     summary: &Summary,
     rule: &str,
@@ -290,8 +289,7 @@ fn recovered(summary: &Summary) -> Verdict {
     v
 }
 
-/// The saturation run shows the third answer: in every run of both modes the metrics
-/// alone say the catalog's executor is saturated, and the pool's queue stays short.
+/// In every run of `saturation` the metrics say: the catalog's executor, no pool queue.
 fn executor_saturated(summary: &Summary, budget_ms: f64) -> Verdict {
     every_run_answers(
         summary,
@@ -306,8 +304,7 @@ fn executor_saturated(summary: &Summary, budget_ms: f64) -> Verdict {
     )
 }
 
-/// The pool-queue run shows the first answer: in every run of both modes the metrics
-/// alone say calls wait for a slot while the downstream answers at its normal speed.
+/// In every run of `pool-queue` the metrics say: calls wait for a slot, the call is fast.
 fn pool_queued(summary: &Summary, budget_ms: f64) -> Verdict {
     every_run_answers(
         summary,

@@ -21,8 +21,7 @@ use crate::run::set_fault;
 use crate::scenario::delay;
 use crate::stack::{run, workspace};
 
-/// The services started: those whose images `cargo xtask images` makes. Compose starts
-/// them and nothing else (Grafana, Jaeger and k6 have no Debian package).
+/// The services started: those `cargo xtask images` makes (not Grafana, Jaeger, k6).
 pub const SERVICES: [&str; 6] = [
     "postgres",
     "pricing",
@@ -37,8 +36,7 @@ const PROJECT: &str = "deadline-compose-check";
 const ORDERS_URL: &str = "http://127.0.0.1:8080";
 const CATALOG_ADMIN_URL: &str = "http://127.0.0.1:9081";
 const PROMETHEUS_URL: &str = "http://127.0.0.1:9090";
-/// The budget of the slow order, and how long past it the 504 may take to arrive
-/// (docker's port forwarding and the client included).
+/// The slow order's budget, and how late its 504 may arrive (docker's forwarding too).
 const BUDGET_MS: u64 = 300;
 const BUDGET_SLACK: Duration = Duration::from_millis(50);
 /// How long the stack has to become healthy, and Prometheus to have its data.
@@ -144,9 +142,8 @@ async fn checks(compose: &Compose) -> anyhow::Result<()> {
     scraped(&client).await
 }
 
-/// Prometheus has scraped the three services (`up == 1`) and the seed's p99 query
-/// returns a number. The query's `rate` needs the orders histogram to grow between two
-/// scrapes, so an order is placed on every poll.
+/// Prometheus scrapes the three services and the seed's p99 query returns a number (an
+/// order on every poll: its `rate` needs the histogram to grow between two scrapes).
 async fn scraped(client: &reqwest::Client) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut seen_up = false;
@@ -244,8 +241,7 @@ impl Compose {
         run(self.command().args(args))
     }
 
-    /// Waits until `service`'s container is healthy, or only running when its image
-    /// has no health check (Prometheus: then its readiness endpoint).
+    /// Waits until `service`'s container is healthy (Prometheus: running and ready).
     async fn wait_healthy(&self, service: &str) -> anyhow::Result<()> {
         let id = stdout(self.command().args(["ps", "--quiet", service]))?;
         ensure!(!id.is_empty(), "compose started no container for {service}");

@@ -17,9 +17,8 @@ use crate::scenario::{Fault, Load, Side};
 use crate::stack::{Ports, ServiceEnv, Services, fresh_database, url};
 use crate::stats::{self, Second, unix_ms};
 
-/// What every run of one invocation shares: the build `profile`, the k6 binary, the
-/// `load` both sides get, where it writes (`out`), the `warm_up` before each load, and
-/// orders-service's `CATALOG_ADMISSION` in every run.
+/// What every run of one invocation shares: build `profile`, k6, the `load`, where it
+/// writes, the `warm_up` before each load, orders-service's `CATALOG_ADMISSION`.
 pub struct Context {
     pub profile: String,
     /// The PostgreSQL server; each run gets a database of its own on it.
@@ -38,13 +37,11 @@ pub struct Context {
     pub profile_cpu: bool,
 }
 
-/// The figures of one run by name (`summary.rs` labels each in its table): rates per
-/// second of load, latencies in ms.
+/// The figures of one run by name (labelled in `summary.rs`): rates per s, times in ms.
 pub type Figures = BTreeMap<String, f64>;
 
-/// One side's run (`mode` is the side's name, `repeat` 0-based): its figures and its
-/// time series, gauges and memory four times a second (`samples`) and arrivals, goodput
-/// and p99 per second of arrivals (`seconds`).
+/// One side's run (`repeat` 0-based): its figures, gauges and memory four times a
+/// second, and arrivals, goodput and p99 per second of arrivals.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ModeRun {
     pub mode: String,
@@ -56,9 +53,8 @@ pub struct ModeRun {
     pub fault_removed_at: Option<f64>,
     /// When k6 finished, in Unix seconds (Prometheus is queried just before).
     pub load_ended_at: f64,
-    /// For `partition`: seconds after the load's start when the link to PostgreSQL was
-    /// cut and when it was healed; orders-service's write transactions on the server,
-    /// ten times a second.
+    /// For `partition`: when (s into the load) the link was cut and healed, and the
+    /// write transactions on the server ten times a second.
     pub partition_at: Option<[f64; 2]>,
     pub held: Vec<Held>,
 }

@@ -84,9 +84,8 @@ pub fn which(program: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The loopback ports of one stack, chosen once so a Prometheus started beside it can
-/// scrape every run of an experiment at the same addresses: each service's public port,
-/// and shipping-worker's `/metrics`.
+/// The loopback ports of one stack, chosen once so a Prometheus beside it scrapes every
+/// run at the same addresses: each service's public port, shipping-worker's `/metrics`.
 #[derive(Debug, Clone, Copy)]
 pub struct Ports {
     pub orders: u16,
@@ -122,9 +121,8 @@ pub fn url(port: u16) -> String {
     format!("http://127.0.0.1:{port}")
 }
 
-/// The services running against one database (orders-service's), where they listen.
-/// orders-service is declared first: dropped, so stopped, first; shipping-worker works
-/// the queue in its database; pricing-service runs where the catalog calls it.
+/// The services on one database, and where they listen; orders-service declared first:
+/// dropped, so stopped, first. pricing-service runs where the catalog calls it.
 pub struct Services {
     pub orders: ServiceProcess,
     pub shipping: Option<ServiceProcess>,
@@ -134,9 +132,8 @@ pub struct Services {
     pub database_url: String,
 }
 
-/// What differs between two starts of the services: each one's extra settings
-/// (`DEADLINE_MODE`, pool sizes, ...), and whether pricing-service starts, the catalog
-/// pointed at it (`PRICING_URL`).
+/// What differs between two starts of the services: each one's extra settings, and
+/// whether pricing-service starts, the catalog pointed at it (`PRICING_URL`).
 #[derive(Debug, Clone, Default)]
 pub struct ServiceEnv {
     pub orders: Vec<(String, String)>,
@@ -293,8 +290,7 @@ async fn start_pricing(bin: &Path, ports: Ports, log: PathBuf) -> anyhow::Result
 }
 
 /// pricing-service's settings. Only the catalog calls it, so it honours the observe
-/// marker as in the compose file and the Kubernetes manifest: else an experiment in
-/// observe mode would meet pricing enforcing its own budget.
+/// marker as compose and Kubernetes run it: else observe mode meets pricing's budget.
 fn pricing_env(ports: Ports) -> Vec<(&'static str, String)> {
     let addr = |port| format!("127.0.0.1:{port}");
     vec![
