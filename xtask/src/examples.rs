@@ -15,7 +15,7 @@ use test_support::process::{binary_dir, free_port};
 use test_support::{PgCluster, ServiceProcess};
 
 use crate::run::set_fault;
-use crate::scenario::Fault;
+use crate::scenario::delay;
 use crate::stack::{fresh_database, run, start_catalog, wait_listening, workspace};
 
 /// How much later than its budget an answer may come on a loaded 2-core machine.
@@ -39,9 +39,8 @@ pub async fn examples(profile: &str, no_build: bool) -> anyhow::Result<()> {
     readme_shows_the_example(&workspace())?;
     ingress(&bin, &logs).await.context("example `ingress`")?;
     client(&bin, &logs).await.context("example `client`")?;
-    database(&bin, &logs)
-        .await
-        .context("examples `database` and `readme`")?;
+    let database = database(&bin, &logs).await;
+    database.context("examples `database` and `readme`")?;
     println!("examples: ingress, client, database and readme answered as documented");
     Ok(())
 }
@@ -123,10 +122,6 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
         "{body}"
     );
 
-    let slow_catalog = Fault {
-        delay_ms: 1000,
-        ..Fault::default()
-    };
     // The README's order: 201, and its row in the table at the catalog's price.
     let order = post(&format!("{readme_url}/orders/SKU-00042"), Some(1000)).await?;
     ensure!(order.status == 201, "{order:?}");
@@ -145,15 +140,14 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
         "{row:?}, {body}"
     );
 
-    set_fault(&crate::stack::url(admin_port), Some(slow_catalog)).await?;
+    set_fault(&crate::stack::url(admin_port), Some(delay(1000))).await?;
     let cut = ask(&format!("{url}/price/SKU-00042"), Some(300)).await?;
     cut.expect_deadline(300, &["catalog"])?;
     // With the catalog slow: a 504 naming it, and no row written.
     let cut = post(&format!("{readme_url}/orders/SKU-00042"), Some(300)).await?;
     cut.expect_deadline(300, &["catalog"])?;
-    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-        .fetch_one(&orders)
-        .await?;
+    let count = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM orders").fetch_one(&orders);
+    let count = count.await?;
     ensure!(
         count == 1,
         "{count} orders after a 504: nothing may be written"

@@ -281,20 +281,14 @@ fn write_results(
     load: &Load,
     verdicts: &[Verdict],
 ) -> anyhow::Result<()> {
-    std::fs::write(
-        out.join("summary.json"),
-        serde_json::to_string_pretty(summary)? + "\n",
-    )?;
+    let json = serde_json::to_string_pretty(summary)? + "\n";
+    std::fs::write(out.join("summary.json"), json)?;
     let series: Vec<Series> = runs.iter().map(|run| Series::of(run, load)).collect();
-    std::fs::write(
-        out.join("timeseries.json"),
-        serde_json::to_string(&series)? + "\n",
-    )?;
+    let json = serde_json::to_string(&series)? + "\n";
+    std::fs::write(out.join("timeseries.json"), json)?;
     std::fs::write(out.join("chart.svg"), chart::svg(summary, &series)?)?;
-    std::fs::write(
-        out.join("runs/timeseries.json"),
-        serde_json::to_string(runs)? + "\n",
-    )?;
+    let json = serde_json::to_string(runs)? + "\n";
+    std::fs::write(out.join("runs/timeseries.json"), json)?;
     std::fs::write(out.join("summary.md"), summary_markdown(summary, verdicts))?;
     std::fs::create_dir_all(out.join("k6"))?;
     for run in runs {
