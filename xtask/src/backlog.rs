@@ -151,10 +151,8 @@ async fn side(
     )
     .fetch_one(&pool)
     .await?;
-    let target = format!(
-        "{}/api/orders/{order}/shipments",
-        url(services.ports.orders)
-    );
+    let orders = url(services.ports.orders);
+    let target = format!("{orders}/api/orders/{order}/shipments");
     let capacity = f64::from(args.workers) * 1000.0 / args.work_ms as f64;
     let began = Instant::now();
     let stretch_end = Duration::from_secs(args.stretch_s);
