@@ -1,8 +1,7 @@
-//! `cargo xtask backlog`: the queue hop under a backlog (docs/design.md §11). For a
-//! stretch, shipments arrive at twice what the workers can book, then at half; legacy
-//! (jobs without a deadline) against propagate, alternating which goes first. Each side
-//! on a database of its own; every figure but the answers' p99 is read from the queue's
-//! tables, the raw data written beside the table.
+//! `cargo xtask backlog`: the queue hop under a backlog (docs/design.md §11). Shipments
+//! arrive at twice what the workers can book for a stretch, then at half; legacy (jobs
+//! without a deadline) against propagate, alternating, each on its own database. Every
+//! figure but the answers' p99 is read from the queue's tables; the raw data beside them.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -15,7 +14,7 @@ use test_support::PgCluster;
 use tokio::time::Instant;
 
 use crate::stack::{Ports, ServiceEnv, Services, build_services, commit, fresh_database, url};
-use crate::stats::{Spread, quantile, spread};
+use crate::stats::{Spread, alternate, median_range, quantile, spread};
 
 /// `cargo xtask backlog`.
 #[derive(clap::Args, Debug)]
@@ -53,8 +52,8 @@ pub struct BacklogArgs {
     pub check: bool,
 }
 
-/// How long past its budget a caller waits for the answer before it gives up (its
-/// answer counts at its budget for the wasted share and goodput all the same).
+/// How long past its budget a caller waits before it gives up (its answer counts at its
+/// budget all the same).
 const PATIENCE: Duration = Duration::from_millis(200);
 
 /// One side's figures.
@@ -91,11 +90,7 @@ pub async fn backlog(args: &BacklogArgs) -> anyhow::Result<()> {
     let cluster = tokio::task::spawn_blocking(PgCluster::start).await??;
     let mut runs = Vec::new();
     for pair in 0..args.pairs {
-        let modes = match pair % 2 {
-            0 => ["legacy", "propagate"],
-            _ => ["propagate", "legacy"],
-        };
-        for mode in modes {
+        for mode in alternate(pair as usize, ["legacy", "propagate"]) {
             let run = side(&cluster, mode, args, runs.len()).await?;
             eprintln!("backlog: {mode}: {:?}", run.figures);
             runs.push(run);
@@ -107,17 +102,9 @@ pub async fn backlog(args: &BacklogArgs) -> anyhow::Result<()> {
     println!("{}", table(&runs, args));
     println!("raw data: {}", raw.display());
     if args.check {
-        let median = |mode: &str, figure: fn(&Figures) -> f64| {
-            let values: Vec<f64> = runs
-                .iter()
-                .filter(|r| r.mode == mode)
-                .map(|r| figure(&r.figures))
-                .collect();
-            spread(&values).map_or(f64::NAN, |s| s.median)
-        };
-        let goodput = median("propagate", |f| f.goodput) / median("legacy", |f| f.goodput);
-        let wasted = median("propagate", |f| f.wasted_share);
-        let drain = median("propagate", |f| f.drain_s);
+        let median = |figure| of(&runs, "propagate", figure).map_or(f64::NAN, |s| s.median);
+        let (goodput, wasted) = (goodput_ratio(&runs), median(|f| f.wasted_share));
+        let drain = median(|f| f.drain_s);
         anyhow::ensure!(
             wasted <= 0.01,
             "propagate's wasted share {wasted:.3} is above 1 %"
@@ -164,18 +151,15 @@ async fn side(
     )
     .fetch_one(&pool)
     .await?;
-    let target = format!(
-        "{}/api/orders/{order}/shipments",
-        url(services.ports.orders)
-    );
+    let orders = url(services.ports.orders);
+    let target = format!("{orders}/api/orders/{order}/shipments");
     let capacity = f64::from(args.workers) * 1000.0 / args.work_ms as f64;
     let began = Instant::now();
     let stretch_end = Duration::from_secs(args.stretch_s);
     let samples = Arc::new(Mutex::new(Vec::new()));
     let sampler = tokio::spawn(sample(pool.clone(), began, samples.clone()));
     let answers = load(&target, capacity, args).await;
-    // The load is over: wait until no job of the stretch is queued (legacy's may take
-    // long): the oldest queued job was enqueued after the stretch ended.
+    // Wait until the oldest queued job was enqueued after the stretch (legacy: long).
     let end = stretch_end.as_secs_f64();
     let drained = |&(t, depth, age): &(f64, i64, f64)| t >= end && (depth == 0 || age < t - end);
     let give_up = Instant::now() + Duration::from_secs(120);
@@ -225,8 +209,7 @@ SELECT sum(extract(epoch FROM greatest(ended_at - greatest(started_at, gone), in
         WHERE state = 'done' AND finished_at <= enqueued_at + $1::float8 * interval '1 millisecond')
 FROM a";
 
-/// Open-model arrivals: twice `capacity` per second for the stretch, then half of it;
-/// each caller waits at most [`PATIENCE`] past its budget.
+/// Open-model arrivals: twice `capacity` per second for the stretch, then half of it.
 async fn load(target: &str, capacity: f64, args: &BacklogArgs) -> Vec<(f64, u16, f64)> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_millis(args.budget_ms) + PATIENCE)
@@ -277,25 +260,27 @@ async fn sample(pool: PgPool, began: Instant, into: Arc<Mutex<Vec<(f64, i64, f64
 /// A row of the table: its name, its figure, the scale it is shown in, its digits.
 type Row = (&'static str, fn(&Figures) -> f64, f64, usize);
 
+/// The spread of `figure` over the runs of `mode`.
+fn of(runs: &[Run], mode: &str, figure: fn(&Figures) -> f64) -> Option<Spread> {
+    let mine = runs.iter().filter(|r| r.mode == mode);
+    spread(&mine.map(|r| figure(&r.figures)).collect::<Vec<_>>())
+}
+
+/// Propagate's median goodput over legacy's.
+fn goodput_ratio(runs: &[Run]) -> f64 {
+    let median = |mode| of(runs, mode, |f| f.goodput).map_or(f64::NAN, |s| s.median);
+    median("propagate") / median("legacy")
+}
+
 /// Median (range) of each figure by mode, and propagate's goodput over legacy's.
 fn table(runs: &[Run], args: &BacklogArgs) -> String {
-    let of = |mode: &str, figure: fn(&Figures) -> f64| {
-        let values: Vec<f64> = runs
-            .iter()
-            .filter(|r| r.mode == mode)
-            .map(|r| figure(&r.figures))
-            .collect();
-        spread(&values)
-    };
-    let cell = |s: Option<Spread>, scale: f64, digits: usize| match s {
-        Some(s) => format!(
-            "{:.d$} ({:.d$} to {:.d$})",
-            s.median * scale,
-            s.min * scale,
-            s.max * scale,
-            d = digits
-        ),
-        None => "n/a".into(),
+    let cell = |mode, figure, scale: f64, digits| {
+        let scaled = |s: Spread| Spread {
+            median: s.median * scale,
+            min: s.min * scale,
+            max: s.max * scale,
+        };
+        median_range(of(runs, mode, figure).map(scaled), digits)
     };
     let rows: [Row; 5] = [
         (
@@ -321,15 +306,8 @@ fn table(runs: &[Run], args: &BacklogArgs) -> String {
         commit()
     );
     for (name, figure, scale, digits) in rows {
-        let (legacy, propagate) = (of("legacy", figure), of("propagate", figure));
-        text += &format!(
-            "| {name} | {} | {} |\n",
-            cell(legacy, scale, digits),
-            cell(propagate, scale, digits)
-        );
+        let [legacy, propagate] = ["legacy", "propagate"].map(|m| cell(m, figure, scale, digits));
+        text += &format!("| {name} | {legacy} | {propagate} |\n");
     }
-    let ratio = |s: Option<Spread>| s.map_or(f64::NAN, |s| s.median);
-    let goodput = ratio(of("propagate", |f| f.goodput)) / ratio(of("legacy", |f| f.goodput));
-    text += &format!("\ngoodput propagate / legacy: {goodput:.2}");
-    text
+    text + &format!("\ngoodput propagate / legacy: {:.2}", goodput_ratio(runs))
 }

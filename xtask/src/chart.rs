@@ -1,9 +1,7 @@
-//! The picture of a run: for each side, its latency and its goodput second by second,
-//! with the fault's window shaded, so the before/after can be seen at a glance.
-//!
-//! Drawn from the per-second series an experiment writes to `timeseries.json` (the
-//! same file is all a published run keeps, so `cargo xtask chart DIR` draws its
-//! picture again), as an SVG by plotters: its SVG backend needs no fonts and no C.
+//! The picture of a run: for each side, its latency and goodput second by second, the
+//! fault's window shaded. Drawn from the per-second series in `timeseries.json` (all a
+//! published run keeps, so `cargo xtask chart DIR` draws it again), as an SVG by plotters,
+//! whose SVG backend needs no fonts and no C.
 
 use std::path::Path;
 
@@ -18,17 +16,15 @@ use crate::scenario::Load;
 use crate::stats::Second;
 use crate::summary::Summary;
 
-/// One run's series, as `timeseries.json` keeps it.
+/// One run's series, as `timeseries.json` keeps it: its side (`mode`), its repeat
+/// (0-based), and arrivals, goodput and latency per second of arrivals.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Series {
-    /// The side (`legacy`, `propagate`, or what else the run compared).
     pub mode: String,
-    /// Which repeat (0-based).
     pub repeat: usize,
     /// When the fault was on, in seconds since the load started (the link cut, for
     /// `partition`); `None` for a run without one.
     pub fault: Option<[f64; 2]>,
-    /// Arrivals, goodput and latency per second of arrivals.
     pub seconds: Vec<Second>,
 }
 
@@ -45,8 +41,7 @@ impl Series {
 }
 
 /// When the fault of `run` was on: the link's cut, else the catalog's (or pricing's)
-/// fault from its start (the load's start unless it begins later) to its removal (the
-/// load's end unless it was removed before).
+/// fault from its start (or the load's) to its removal (or the load's end).
 fn fault_window(load: &Load, run: &ModeRun) -> Option<[f64; 2]> {
     if run.partition_at.is_some() {
         return run.partition_at;
@@ -62,15 +57,13 @@ fn fault_window(load: &Load, run: &ModeRun) -> Option<[f64; 2]> {
     Some([from, until])
 }
 
-/// The colours of the two sides, in table order: the one without the technique warm.
+/// The colours of the two sides, in table order (the one without the technique warm),
+/// of the fault's window and of the budget's line.
 const COLOURS: [RGBColor; 2] = [RGBColor(214, 69, 65), RGBColor(38, 110, 196)];
-/// The fault's window.
 const FAULT: RGBColor = RGBColor(253, 238, 204);
-/// The budget's line.
 const BUDGET: RGBColor = RGBColor(110, 110, 110);
 
-/// Draws the first repeat of each side of `series` as an SVG: latency (p99, and p50
-/// where the run kept it) above, goodput below, the budget as a line.
+/// Draws the first repeat of each side as an SVG: latency above, goodput below.
 pub fn svg(summary: &Summary, series: &[Series]) -> anyhow::Result<String> {
     let budget_ms = summary.load["budget_ms"].as_f64().unwrap_or(0.0);
     let first: Vec<&Series> = summary

@@ -9,8 +9,7 @@ use crate::diagnosis::{self, Answer};
 use crate::stats::spread;
 use crate::summary::{MODES, Summary};
 
-/// The least goodput propagate must reach, as a multiple of legacy's, under `goodput`
-/// and `pricing-slow`.
+/// `goodput`, `pricing-slow`: propagate's least goodput, as a multiple of legacy's.
 pub const MIN_GOODPUT_RATIO: f64 = 1.5;
 /// The most orders-service's memory may grow during a propagate load, MiB.
 pub const MAX_RSS_GROWTH_MIB: f64 = 32.0;
@@ -20,11 +19,9 @@ pub const MAX_RECOVERY_MS: f64 = 1000.0;
 pub const MAX_P999_RATIO: f64 = 0.1;
 /// `stragglers`: the most catalog calls per order hedging may add, as a ratio.
 pub const MAX_CALLS_RATIO: f64 = 1.02;
-/// `stragglers`: the least goodput with hedging, as a share of without (a percent of
-/// run-to-run noise).
+/// `stragglers`: the least goodput with hedging, as a share of without (noise allowed).
 pub const MIN_GOODPUT_WITH_HEDGING: f64 = 0.99;
-/// `tight`: the most attempts cut by the deadline the rule may leave, as a share of the
-/// deadline-blind variant's.
+/// `tight`: the most attempts cut the rule may leave, as a share of the blind variant's.
 pub const MAX_CUT_RATIO: f64 = 0.1;
 /// `tight`: how many fewer orders in time the rule may answer, as a share of orders.
 pub const MAX_IN_TIME_LOSS: f64 = 0.005;
@@ -35,21 +32,17 @@ pub const MAX_OUTAGE_CALLS_PER_ORDER: f64 = 1.05;
 pub const MAX_HOP_LATE_SHARE: f64 = 0.01;
 /// `pricing-down`: the most pricing calls per order when one layer owns retries.
 pub const MAX_PRICING_CALLS_PER_ORDER: f64 = 1.1;
-/// `partition`: how much of its goodput before the cut propagate must have back after
-/// the heal.
+/// `partition`: the share of its goodput before the cut propagate has back after the heal.
 pub const MIN_GOODPUT_AFTER_HEAL: f64 = 0.9;
 /// `partition`: how long past the budget a transaction of propagate may hold its row
 /// locks on the server while the link is cut (the session bounds' time, docs/design.md §5).
 pub const MAX_LOCK_HOLD_PAST_BUDGET_MS: f64 = 1000.0;
 
-/// One rule's outcome.
+/// One rule's outcome: whether it held, and the numbers behind it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
-    /// What was checked.
     pub rule: String,
-    /// Whether it held.
     pub ok: bool,
-    /// The numbers behind it.
     pub detail: String,
 }
 
@@ -61,8 +54,7 @@ fn verdict(rule: &str, ok: bool, detail: String) -> Verdict {
     }
 }
 
-/// Per run of `side`, its values of `figures`, in that order; or the verdict failing
-/// `rule` when there is no run or a run lacks one of them.
+/// Per run of `side`, its `figures`; or `rule` failed when there is no run or one lacks one.
 fn runs(
     summary: &Summary,
     rule: &str,
@@ -106,10 +98,8 @@ fn at_most(
     }
 }
 
-/// Every rule that applies to `summary`'s scenario. The rules of propagate apply to
-/// every side that runs the technique, which is every side but `legacy`; the
-/// scenario's own rules, which compare legacy with propagate, only when the sides are
-/// the modes.
+/// Every rule that applies to `summary`'s scenario: propagate's on every side but
+/// `legacy`; the scenario's own, comparing legacy with propagate, when the sides are those.
 pub fn check(summary: &Summary, budget_ms: f64, margin_ms: f64) -> Vec<Verdict> {
     let mut verdicts = vec![k6_passed(summary)];
     for side in summary.sides.iter().filter(|s| *s != "legacy") {
@@ -150,8 +140,7 @@ pub fn check(summary: &Summary, budget_ms: f64, margin_ms: f64) -> Vec<Verdict> 
     verdicts
 }
 
-/// k6 exits 0 in every run of both modes: no unexpected status, propagate's p99
-/// threshold held.
+/// k6 exits 0 in every run: no unexpected status, propagate's p99 threshold held.
 fn k6_passed(summary: &Summary) -> Verdict {
     const RULE: &str = "k6 exit code";
     if let Some(mode) = summary
@@ -177,9 +166,8 @@ fn k6_passed(summary: &Summary) -> Verdict {
     verdict(RULE, failed.is_empty(), detail)
 }
 
-/// The technique's own rules, in every run of `side`: p99 within the budget plus the
-/// margin, memory flat under load, the pool's queue within its limit, and no order left
-/// in flight once the load stops.
+/// The technique's own rules, in every run of `side`: p99 within budget + margin, memory
+/// flat, the pool's queue within its limit, no order in flight once the load stops.
 fn propagate_rules(summary: &Summary, side: &str, limit_ms: f64) -> [Verdict; 4] {
     let p99 = at_most(
         summary,
@@ -249,8 +237,7 @@ fn goodput_ratio(summary: &Summary) -> Verdict {
     )
 }
 
-/// The three-hop scenarios: every hop of `side` answers by its own deadline + 10 ms at
-/// p99, read on its own `deadline_overrun_seconds`.
+/// Three hops: each of `side` answers by its deadline + 10 ms at p99 (its own metric).
 fn hops_in_time(summary: &Summary, side: &str) -> Vec<Verdict> {
     crate::sampler::HOPS
         .iter()
@@ -302,8 +289,7 @@ fn recovered(summary: &Summary) -> Verdict {
     v
 }
 
-/// The saturation run shows the third answer: in every run of both modes the metrics
-/// alone say the catalog's executor is saturated, and the pool's queue stays short.
+/// In every run of `saturation` the metrics say: the catalog's executor, no pool queue.
 fn executor_saturated(summary: &Summary, budget_ms: f64) -> Verdict {
     every_run_answers(
         summary,
@@ -318,8 +304,7 @@ fn executor_saturated(summary: &Summary, budget_ms: f64) -> Verdict {
     )
 }
 
-/// The pool-queue run shows the first answer: in every run of both modes the metrics
-/// alone say calls wait for a slot while the downstream answers at its normal speed.
+/// In every run of `pool-queue` the metrics say: calls wait for a slot, the call is fast.
 fn pool_queued(summary: &Summary, budget_ms: f64) -> Verdict {
     every_run_answers(
         summary,
@@ -330,9 +315,8 @@ fn pool_queued(summary: &Summary, budget_ms: f64) -> Verdict {
     )
 }
 
-/// `rule` holds when both modes ran and `expected(answer, pending_mean)` holds for the
-/// answer of every run; the detail names each run that broke it, or else propagate's
-/// median of `shown`.
+/// `rule` holds when both modes ran and `expected(answer, pending_mean)` holds in every
+/// run; the detail names each run that broke it, or else propagate's median of `shown`.
 fn every_run_answers(
     summary: &Summary,
     budget_ms: f64,
@@ -398,8 +382,7 @@ const TIGHT: [Comparison; 2] = [
      |blind, aware| format!("{:.2} % blind, {:.2} % aware", blind * 100.0, aware * 100.0)),
 ];
 
-/// The comparison of the medians of `figure` over the runs of the two `sides`: it holds
-/// when `holds(first, second)` does, and fails when a run of either lacks the figure.
+/// [`Comparison`] over the two `sides`; it fails when a run of either lacks the figure.
 fn compare(
     summary: &Summary,
     sides: [&str; 2],
@@ -416,9 +399,8 @@ fn compare(
     }
 }
 
-/// The rules of the hedging scenarios, each comparing its own two sides: `stragglers`
-/// and `outage` hedging off against on, `tight` the deadline rule off against on.
-/// `None` for any other scenario or pair of sides.
+/// The rules of the hedging scenarios, each over its own two sides (hedging, or the
+/// deadline rule, off against on); `None` for any other scenario or pair of sides.
 fn hedging_rules(summary: &Summary) -> Option<Vec<Verdict>> {
     let sides: Vec<&str> = summary.sides.iter().map(String::as_str).collect();
     let sides: [&str; 2] = sides.try_into().ok()?;
@@ -444,9 +426,8 @@ fn hedging_rules(summary: &Summary) -> Option<Vec<Verdict>> {
     }
 }
 
-/// `partition`: propagate's transactions hold their locks no longer than the budget plus
-/// a second whatever the network does; no transaction of either mode survives the heal;
-/// propagate's goodput comes back.
+/// `partition`: propagate's locks held no longer than budget + 1 s whatever the network
+/// does; no transaction of either mode survives the heal; propagate's goodput back.
 fn partition_bounded(summary: &Summary, budget_ms: f64) -> Vec<Verdict> {
     let limit = budget_ms + MAX_LOCK_HOLD_PAST_BUDGET_MS;
     let mut verdicts = vec![at_most(
@@ -481,45 +462,27 @@ fn partition_bounded(summary: &Summary, budget_ms: f64) -> Vec<Verdict> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
 
     /// A summary of `scenario` with one run per entry (`sides[0]`'s, then `sides[1]`'s
     /// alternating), each with `GOOD`'s figures and then its own (which win).
     fn summary_of(scenario: &str, sides: [&str; 2], runs: &[(usize, &[(&str, f64)])]) -> Summary {
-        let mut s = Summary {
-            scenario: scenario.into(),
-            commit: String::new(),
-            profile: String::new(),
-            load: serde_json::Value::Null,
-            sides: sides.map(str::to_owned).to_vec(),
-            answers: BTreeMap::new(),
-            repeats: 1,
-            modes: BTreeMap::new(),
-            runs: Vec::new(),
-        };
-        for (i, (side, own)) in runs.iter().enumerate() {
+        let runs = runs.iter().enumerate().map(|(i, (side, own))| {
             let figures = GOOD.iter().chain(own.iter());
-            s.runs.push(crate::summary::RunFigures {
+            crate::summary::RunFigures {
                 mode: sides[*side].into(),
                 repeat: i / 2,
                 figures: figures.map(|(k, v)| ((*k).to_owned(), *v)).collect(),
-            });
-        }
-        for side in sides {
-            let names: Vec<String> = s
-                .runs
-                .iter()
-                .flat_map(|r| r.figures.keys().cloned())
-                .collect();
-            let spreads = names
-                .into_iter()
-                .filter_map(|n| spread(&s.values(side, &n)).map(|sp| (n, sp)))
-                .collect();
-            s.modes.insert(side.into(), spreads);
-        }
-        s
+            }
+        });
+        Summary::new(
+            scenario,
+            String::new(),
+            "",
+            serde_json::Value::Null,
+            sides,
+            runs,
+        )
     }
 
     /// Legacy with `GOOD` alone, propagate with `own` too.
@@ -528,14 +491,16 @@ mod tests {
     }
 
     fn find(verdicts: &[Verdict], rule: &str) -> Verdict {
-        let found = verdicts.iter().find(|v| v.rule.starts_with(rule));
-        found
-            .unwrap_or_else(|| panic!("no rule {rule}: {verdicts:?}"))
-            .clone()
+        let found = verdicts.iter().find(|v| v.rule.starts_with(rule)).cloned();
+        found.unwrap_or_else(|| panic!("no rule {rule}: {verdicts:?}"))
     }
 
     fn holds(s: &Summary, rule: &str) -> bool {
         find(&check(s, 700.0, 100.0), rule).ok
+    }
+
+    fn all_ok(verdicts: &[Verdict]) -> bool {
+        verdicts.iter().all(|v| v.ok)
     }
 
     const GOOD: &[(&str, f64)] = &[
@@ -600,26 +565,18 @@ mod tests {
 
     #[test]
     fn goodput_needs_one_and_a_half_times_a_legacy_figure_that_exists() {
-        let goodput = |legacy: f64| {
-            modes(
-                "goodput",
-                &[("goodput_per_s", legacy)],
-                &[("goodput_per_s", 81.0)],
-            )
-        };
+        let propagate = [("goodput_per_s", 81.0)];
+        let goodput = |legacy| modes("goodput", &[("goodput_per_s", legacy)], &propagate);
         assert!(holds(&goodput(40.0), "goodput"));
         assert!(!holds(&goodput(60.0), "goodput"));
         assert!(!holds(&goodput(f64::NAN), "goodput"));
         assert!(holds(&goodput(0.0), "goodput"), "a legacy zero counts");
-        assert!(!holds(
-            &modes("goodput", &[], &[("goodput_per_s", 81.0)]),
-            "goodput"
-        ));
+        assert!(!holds(&modes("goodput", &[], &propagate), "goodput"));
     }
 
     #[test]
     fn the_seed_run_must_show_legacy_queueing_and_recovery_take_at_most_a_second() {
-        let seed = |pending: f64| {
+        let seed = |pending| {
             modes(
                 "seed",
                 &[("pending_peak", pending), ("p99_ms", 4000.0)],
@@ -693,13 +650,13 @@ mod tests {
 
     #[test]
     fn other_sides_than_the_modes_each_get_the_propagate_rules_and_no_scenario_rule() {
-        let s = summary_of(
-            "goodput",
-            ["metrics-off", "metrics-on"],
-            &[(0, &[]), (1, &[])],
+        let sides = ["metrics-off", "metrics-on"];
+        let verdicts = check(
+            &summary_of("goodput", sides, &[(0, &[]), (1, &[])]),
+            700.0,
+            100.0,
         );
-        let verdicts = check(&s, 700.0, 100.0);
-        assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
+        assert!(all_ok(&verdicts), "{verdicts:?}");
         assert_eq!(
             verdicts.len(),
             9,
@@ -721,28 +678,16 @@ mod tests {
             good.iter().copied().chain([(figure, value)]).collect()
         };
         let verdicts = check(&modes("partition", good, good), 700.0, 50.0);
-        assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
-        let held = with("longest_write_xact_ms", 20_000.0);
-        assert!(!holds(
-            &modes("partition", good, &held),
-            "propagate holds row locks"
-        ));
-        let ghost = with("clientless_xacts_after_heal", 1.0);
-        assert!(!holds(
-            &modes("partition", &ghost, good),
-            "legacy: no transaction left"
-        ));
-        let slow = with("goodput_after_heal_per_s", 40.0);
-        assert!(!holds(
-            &modes("partition", good, &slow),
-            "propagate's goodput comes back"
-        ));
+        assert!(all_ok(&verdicts), "{verdicts:?}");
+        let held = modes("partition", good, &with("longest_write_xact_ms", 20_000.0));
+        assert!(!holds(&held, "propagate holds row locks"));
+        let ghost = modes("partition", &with("clientless_xacts_after_heal", 1.0), good);
+        assert!(!holds(&ghost, "legacy: no transaction left"));
+        let slow = modes("partition", good, &with("goodput_after_heal_per_s", 40.0));
+        assert!(!holds(&slow, "propagate's goodput comes back"));
         let verdicts = check(&modes("partition", &[], &[]), 700.0, 50.0);
-        assert_eq!(
-            verdicts.iter().filter(|v| !v.ok).count(),
-            4,
-            "missing figures: {verdicts:?}"
-        );
+        let failed = verdicts.iter().filter(|v| !v.ok).count();
+        assert_eq!(failed, 4, "missing figures: {verdicts:?}");
     }
 
     #[test]
@@ -758,7 +703,7 @@ mod tests {
         };
         let legacy = [("goodput_per_s", 8.0), ("pricing_calls_per_order", 2.0)];
         let down = modes("pricing-down", &legacy, &hops(0.0, 1.04));
-        assert!(check(&down, 700.0, 100.0).iter().all(|v| v.ok));
+        assert!(all_ok(&check(&down, 700.0, 100.0)));
         let late = modes("pricing-down", &legacy, &hops(0.02, 1.04));
         assert!(!holds(&late, "propagate: pricing answers by its deadline"));
         let compounding = modes("pricing-down", &legacy, &hops(0.0, 2.08));
@@ -772,7 +717,7 @@ mod tests {
         let retry = ["every-hop", "one-hop"];
         let (every, one) = (hops(0.0, 2.08), hops(0.0, 1.04));
         let both = summary_of("pricing-down", retry, &[(0, &every), (1, &one)]);
-        assert!(check(&both, 700.0, 100.0).iter().all(|v| v.ok));
+        assert!(all_ok(&check(&both, 700.0, 100.0)));
     }
 
     #[test]
@@ -780,6 +725,7 @@ mod tests {
         let versus = |scenario, sides, a: &[(&str, f64)], b: &[(&str, f64)]| {
             check(&summary_of(scenario, sides, &[(0, a), (1, b)]), 700.0, 50.0)
         };
+        let ok = |verdicts: Vec<Verdict>, rule| find(&verdicts, rule).ok;
         let hedging = ["hedging-off", "hedging-on"];
         let off = [
             ("p999_ms", 1000.0),
@@ -791,55 +737,35 @@ mod tests {
             ("attempts_per_order", 1.015),
             ("goodput_per_s", 191.0),
         ];
-        assert!(
-            versus("stragglers", hedging, &off, &on)
-                .iter()
-                .all(|v| v.ok)
-        );
+        assert!(all_ok(&versus("stragglers", hedging, &off, &on)));
         let costly = [
             ("p999_ms", 60.0),
             ("attempts_per_order", 1.05),
             ("goodput_per_s", 191.0),
         ];
-        assert!(
-            !find(
-                &versus("stragglers", hedging, &off, &costly),
-                "hedging adds at most 2 %"
-            )
-            .ok
-        );
+        let costly = versus("stragglers", hedging, &off, &costly);
+        assert!(!ok(costly, "hedging adds at most 2 %"));
 
         let deadline = ["deadline-blind", "deadline-aware"];
         let blind = [("extra_attempts_cut_per_s", 5.0), ("in_time_share", 0.95)];
         let aware = [("extra_attempts_cut_per_s", 0.3), ("in_time_share", 0.948)];
-        assert!(
-            versus("tight", deadline, &blind, &aware)
-                .iter()
-                .all(|v| v.ok)
-        );
+        assert!(all_ok(&versus("tight", deadline, &blind, &aware)));
         let worse = [("extra_attempts_cut_per_s", 0.3), ("in_time_share", 0.94)];
-        assert!(
-            !find(
-                &versus("tight", deadline, &blind, &worse),
-                "the deadline rule costs"
-            )
-            .ok
-        );
+        assert!(!ok(
+            versus("tight", deadline, &blind, &worse),
+            "the deadline rule costs"
+        ));
 
-        let outage = versus(
-            "outage",
-            hedging,
-            &[("outage_calls_per_order", 1.04)],
-            &[("outage_calls_per_order", 1.06)],
+        let (off, on) = (
+            [("outage_calls_per_order", 1.04)],
+            [("outage_calls_per_order", 1.06)],
         );
+        let outage = versus("outage", hedging, &off, &on);
         assert!(find(&outage, "hedging-off: at most 1.05").ok);
         assert!(!find(&outage, "hedging-on: at most 1.05").ok);
-        assert!(
-            !find(
-                &versus("outage", hedging, &[], &[]),
-                "hedging-off: at most 1.05"
-            )
-            .ok
-        );
+        assert!(!ok(
+            versus("outage", hedging, &[], &[]),
+            "hedging-off: at most 1.05"
+        ));
     }
 }

@@ -1,14 +1,10 @@
 //! `cargo xtask compose-check`: docker-compose.yml's stack up for real, checked from the
-//! host through the ports it publishes, then taken down (docs/docker.md).
+//! host through its published ports, then taken down (docs/docker.md).
 //!
-//! The compose file is used as it is, with its health checks, `depends_on`, settings
-//! and published ports, and [`OVERRIDE`] pointing it at the stand-ins; only the services
-//! whose images [`crate::images`] can make without a registry are started ([`SERVICES`]:
-//! Grafana, Jaeger and k6 are left out). The images must exist: `cargo xtask images`.
-//!
-//! Each check (`checks()`, in order) is printed as it passes; after them, `down -v` must
-//! leave no container, volume or network behind. On a failure the containers' logs are
-//! printed.
+//! The compose file is used as it is, with [`OVERRIDE`] pointing it at the stand-ins; only
+//! the services [`crate::images`] can make without a registry are started ([`SERVICES`]).
+//! Each check (`checks()`) is printed as it passes; then `down -v` must leave no container,
+//! volume or network behind. On a failure the containers' logs are printed.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -22,11 +18,10 @@ use crate::images::{
 };
 use crate::prometheus::instant_query;
 use crate::run::set_fault;
-use crate::scenario::Fault;
+use crate::scenario::delay;
 use crate::stack::{run, workspace};
 
-/// The services started: those whose images `cargo xtask images` makes. Compose starts
-/// them and nothing else (Grafana, Jaeger and k6 have no Debian package).
+/// The services started: those `cargo xtask images` makes (not Grafana, Jaeger, k6).
 pub const SERVICES: [&str; 6] = [
     "postgres",
     "pricing",
@@ -35,15 +30,13 @@ pub const SERVICES: [&str; 6] = [
     "shipping",
     "prometheus",
 ];
-/// The compose project: its own name, so a stack a user started from the same folder is
-/// neither reused nor taken down.
+/// The compose project: its own, so a user's stack from this folder is left alone.
 const PROJECT: &str = "deadline-compose-check";
 /// The addresses docker-compose.yml publishes on the host.
 const ORDERS_URL: &str = "http://127.0.0.1:8080";
 const CATALOG_ADMIN_URL: &str = "http://127.0.0.1:9081";
 const PROMETHEUS_URL: &str = "http://127.0.0.1:9090";
-/// The budget of the slow order, and how long past it the 504 may take to arrive
-/// (docker's port forwarding and the client included).
+/// The slow order's budget, and how late its 504 may arrive (docker's forwarding too).
 const BUDGET_MS: u64 = 300;
 const BUDGET_SLACK: Duration = Duration::from_millis(50);
 /// How long the stack has to become healthy, and Prometheus to have its data.
@@ -86,11 +79,8 @@ pub async fn compose_check(args: &ComposeArgs) -> anyhow::Result<bool> {
             .filter(|v| inspect(v, "{{.Name}}").is_ok())
             .map(|v| format!("volume {v}")),
     );
-    ensure!(
-        left.is_empty(),
-        "`down --volumes` left behind: {}",
-        left.join(", ")
-    );
+    let left = left.join(", ");
+    ensure!(left.is_empty(), "`down --volumes` left behind: {left}");
     println!("compose-check: ok  down --volumes left no container, volume or network");
     println!(
         "compose-check: {} in {:.0} s",
@@ -128,18 +118,11 @@ async fn checks(compose: &Compose) -> anyhow::Result<()> {
         .send()
         .await?;
     let status = shipped.status();
-    ensure!(
-        status == 201,
-        "its shipment answered {status}: {}",
-        shipped.text().await?
-    );
+    let body = shipped.text().await?;
+    ensure!(status == 201, "its shipment answered {status}: {body}");
     ok("its shipment is booked through the queue by shipping-worker: 201");
 
-    let slow_catalog = Fault {
-        delay_ms: 1000,
-        ..Fault::default()
-    };
-    set_fault(CATALOG_ADMIN_URL, Some(slow_catalog)).await?;
+    set_fault(CATALOG_ADMIN_URL, Some(delay(1000))).await?;
     let slow = order(&client, Some(BUDGET_MS)).await;
     set_fault(CATALOG_ADMIN_URL, None).await?;
     let (status, elapsed, body) = slow?;
@@ -159,16 +142,14 @@ async fn checks(compose: &Compose) -> anyhow::Result<()> {
     scraped(&client).await
 }
 
-/// Prometheus has scraped the three services (`up == 1`) and the seed's p99 query
-/// returns a number. The query's `rate` needs the orders histogram to grow between two
-/// scrapes, so an order is placed on every poll.
+/// Prometheus scrapes the three services and the seed's p99 query returns a number (an
+/// order on every poll: its `rate` needs the histogram to grow between two scrapes).
 async fn scraped(client: &reqwest::Client) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut seen_up = false;
     loop {
-        let up = instant_query(PROMETHEUS_URL, "up == 1", None)
-            .await
-            .unwrap_or_default();
+        let up = instant_query(PROMETHEUS_URL, "up == 1", None).await;
+        let up = up.unwrap_or_default();
         let jobs: Vec<&str> = up
             .iter()
             .filter_map(|s| s["metric"]["job"].as_str())
@@ -180,9 +161,8 @@ async fn scraped(client: &reqwest::Client) -> anyhow::Result<()> {
             seen_up = true;
         }
         order(client, None).await?;
-        let p99 = instant_query(PROMETHEUS_URL, SEED_QUERY, None)
-            .await
-            .unwrap_or_default();
+        let p99 = instant_query(PROMETHEUS_URL, SEED_QUERY, None).await;
+        let p99 = p99.unwrap_or_default();
         let value = p99
             .first()
             .and_then(|s| s["value"][1].as_str())
@@ -206,8 +186,7 @@ async fn scraped(client: &reqwest::Client) -> anyhow::Result<()> {
     }
 }
 
-/// `POST /api/orders` for one item, with `budget_ms` as X-Request-Timeout-Ms when
-/// given: the status, the time to the answer and the body as JSON.
+/// `POST /api/orders` for one item, within `budget_ms`: status, time and JSON body.
 async fn order(
     client: &reqwest::Client,
     budget_ms: Option<u64>,
@@ -230,8 +209,7 @@ fn ok(what: &str) {
     println!("compose-check: ok  {what}");
 }
 
-/// The compose command of this machine, for docker-compose.yml and [`OVERRIDE`] under
-/// [`PROJECT`].
+/// The compose command of this machine, for docker-compose.yml and [`OVERRIDE`].
 struct Compose {
     /// `docker compose` (v2) where the plugin exists, else `docker-compose` (v1).
     program: Vec<&'static str>,
@@ -263,8 +241,7 @@ impl Compose {
         run(self.command().args(args))
     }
 
-    /// Waits until `service`'s container is healthy, or only running when its image
-    /// has no health check (Prometheus: then its readiness endpoint).
+    /// Waits until `service`'s container is healthy (Prometheus: running and ready).
     async fn wait_healthy(&self, service: &str) -> anyhow::Result<()> {
         let id = stdout(self.command().args(["ps", "--quiet", service]))?;
         ensure!(!id.is_empty(), "compose started no container for {service}");

@@ -1,11 +1,9 @@
 //! `cargo xtask copy-check`: the crate is copyable, proven by copying it.
 //!
-//! The README tells a reader to `cp -r shared/` into their own project. That works
-//! only while the crate's `Cargo.toml` names every version itself (nothing inherited
-//! from this workspace) and nothing in it reaches outside its folder. So the check
-//! does what the reader would: a new project in an empty directory, the folder copied
-//! in unchanged, a two-line `main` that uses it, `cargo build --offline` (no registry:
-//! only what this machine already has), and the program run.
+//! The README tells a reader to `cp -r shared/`. That works only while its `Cargo.toml`
+//! inherits nothing from this workspace and nothing reaches outside the folder. So the
+//! check does what the reader would: a new project, the folder copied in, a two-line
+//! `main`, `cargo build --offline`, and the program run.
 
 use std::path::Path;
 use std::process::Command;

@@ -1,30 +1,22 @@
 //! `cargo xtask cost`: what the server-side limits cost PostgreSQL, measured alone.
 //!
-//! The `happy` experiment measures the whole machine (k6, both services and PostgreSQL
-//! on two cores). This isolates the database's share: pgbench runs the order
-//! transaction as each mode sends it, with the service's own SQL ([`PLACE_ORDER`], a
-//! copy a test holds to orders-service's, [`begin_sql`], [`commit_sql`]), three round
-//! trips each:
+//! The `happy` experiment measures the whole machine; this isolates the database's share.
+//! pgbench runs the order transaction as each mode sends it, with the service's own SQL
+//! ([`PLACE_ORDER`], a copy a test holds to orders-service's, [`begin_sql`],
+//! [`commit_sql`]), three round trips each:
 //!
 //! - legacy: `BEGIN`; the statement; `COMMIT`;
-//! - propagate: what the service sends when budgets are alike (every order here has the
-//!   same): the session's limit is sent by a session's first transaction and is in
-//!   force for the next ones, so `BEGIN` alone; the statement; `COMMIT` (where the schema
-//!   can defer work to COMMIT, as the service learns from the catalog, the limit re-set
-//!   and that work fired before it);
-//! - propagate-each: the same with the limit sent by every transaction, as when each
-//!   budget differs from the last on its session by more than the limit's tolerance
-//!   (a sixteenth; see `shared/src/db/limit.rs`): the bound on what it can cost.
+//! - propagate: what the service sends when budgets are alike: the limit a session's first
+//!   transaction sent is in force for the next ones, so `BEGIN` alone; the statement;
+//!   `COMMIT` (where the schema defers work to COMMIT, the limit re-set before it);
+//! - propagate-each: the limit sent by every transaction, as when each budget differs from
+//!   the last on its session by more than the limit's tolerance: the bound on the cost.
 //!
-//! pgbench sends everything as simple queries (it cannot send two commands in one
-//! prepared query, as the service's batches do); the service prepares the statement.
-//! Both modes pay for parsing and planning it here, which the service does not, so
-//! the measured cost is, if anything, smaller than the real one.
-//!
-//! Each run gets a fresh database (a database bloated by the previous run would bias
-//! the next mode), the order rotates between repeats, and each figure is the ratio of
-//! the medians to legacy's, with the per-repeat ratios beside it. Results: `summary.json`,
-//! `summary.md`, both pgbench scripts and every pgbench output.
+//! pgbench sends simple queries, the service prepares the statement: both modes pay for
+//! parsing and planning here, so the measured cost is, if anything, the smaller. Each run
+//! gets a fresh database (bloat would bias the next mode), the order rotates between
+//! repeats, and each figure is the ratio of the medians to legacy's, the per-repeat ratios
+//! beside it. Results: `summary.json`, `summary.md`, the pgbench scripts and outputs.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -77,8 +69,7 @@ pub const PLACE_ORDER: &str = "\
     ) \
     SELECT placed.*, EXISTS (SELECT 1 FROM taken) AS stock_taken FROM placed";
 
-/// The orders schema, from orders-service's migrations as they are on disk, made in a
-/// new database on `cluster`; the connection that made it.
+/// A new database `name` with orders-service's migrations run, and its connection.
 async fn migrated(cluster: &PgCluster, name: &str) -> anyhow::Result<sqlx::PgConnection> {
     let migrations = workspace().join("orders-service/migrations");
     let mut conn = sqlx::PgConnection::connect(&fresh_database(cluster, name).await?).await?;
@@ -124,10 +115,9 @@ struct Summary {
     each_ratio_per_repeat: Option<Spread>,
 }
 
-/// The pgbench script for `mode`: the service's SQL with pgbench variables for the
-/// statement's parameters, and `\;` where the service sends two commands in one query.
-/// `deferred`: whether the schema can leave work to COMMIT, as the service learns it
-/// (then propagate's COMMIT fires that work first under the limit).
+/// The pgbench script for `mode`: the service's SQL, pgbench variables for parameters,
+/// `\;` where it sends two commands in one query; `deferred`: the schema leaves work to
+/// COMMIT (then propagate's COMMIT fires it first under the limit).
 pub fn script(mode: &str, deferred: bool) -> String {
     let statement = PLACE_ORDER
         .replace("$1", "('SKU-' || lpad(CAST(:sku AS text), 5, '0'))")
@@ -186,20 +176,12 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
             std::fs::write(out.join(format!("pgbench/run-{repeat}-{mode}.txt")), &text)?;
             anyhow::ensure!(output.status.success(), "pgbench failed:\n{text}");
             let tps = parse_tps(&text).with_context(|| format!("no tps in:\n{text}"))?;
-            eprintln!(
-                "cost run {}/{}: {mode} {tps:.0} transactions/s",
-                repeat + 1,
-                args.repeat
-            );
+            let of = format!("{}/{}", repeat + 1, args.repeat);
+            eprintln!("cost run {of}: {mode} {tps:.0} transactions/s");
             runs.push(Run { repeat, mode, tps });
         }
     }
-    let tps = |mode: &str| -> Vec<f64> {
-        runs.iter()
-            .filter(|r| r.mode == mode)
-            .map(|r| r.tps)
-            .collect()
-    };
+    let tps = |mode: &str| Vec::from_iter(runs.iter().filter(|r| r.mode == mode).map(|r| r.tps));
     let legacy = tps("legacy");
     let legacy_tps = spread(&legacy);
     let against_legacy = |mode: &str| {
@@ -228,10 +210,8 @@ pub async fn cost(args: CostArgs) -> anyhow::Result<()> {
         each_ratio,
         each_ratio_per_repeat,
     };
-    std::fs::write(
-        out.join("summary.json"),
-        serde_json::to_string_pretty(&summary)? + "\n",
-    )?;
+    let json = serde_json::to_string_pretty(&summary)? + "\n";
+    std::fs::write(out.join("summary.json"), json)?;
     let markdown = markdown(&summary);
     std::fs::write(out.join("summary.md"), &markdown)?;
     println!("{markdown}\nresults in {}", out.display());
@@ -262,11 +242,9 @@ fn markdown(s: &Summary) -> String {
         s.clients,
         s.seconds,
         s.runs.len() / MODES.len(),
-        if s.session_options.is_empty() {
-            "none"
-        } else {
-            &s.session_options
-        },
+        Some(s.session_options.as_str())
+            .filter(|o| !o.is_empty())
+            .unwrap_or("none"),
         cell(&s.legacy_tps, 0),
         cell(&s.propagate_tps, 0),
         cell(&s.propagate_each_tps, 0),

@@ -1,14 +1,12 @@
 //! CPU per order: what the technique costs the machine when nothing is slow, at a fixed
 //! open-loop rate well below saturation (docs/experiment.md, "How the cost is priced").
 //!
-//! One stack, orders-service's mode switched at run time (`PUT /admin/mode`) between
-//! the two sides; after each switch a settling pause, then a segment in which a
-//! [`Meter`] reads the CPU time of orders-service, catalog-service and PostgreSQL at
-//! both ends, and the table's largest order id counts the orders. Pairs of segments
-//! alternate which side goes first; the figure is the median of the pairs' ratios,
-//! first side over second, and the same divided by the control's (`cpu/reference.rs`):
-//! the machine's speed taken out. The A/A run (propagate against propagate) prices the
-//! instrument's own spread.
+//! One stack, orders-service's mode switched at run time between the sides; after each
+//! switch a settling pause, then a segment in which a [`Meter`] reads the CPU time of
+//! orders-service, catalog-service and PostgreSQL, and the largest order id counts the
+//! orders. Pairs alternate which side goes first; the figure is the median of the pairs'
+//! ratios, and the same divided by the control's (`cpu/reference.rs`): the machine's speed
+//! taken out. The A/A run prices the instrument's own spread.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -22,7 +20,7 @@ use test_support::PgCluster;
 use crate::meter::Meter;
 use crate::scenario::{Model, Scenario};
 use crate::stack::{Ports, ServiceEnv, Services, fresh_database, url, workspace};
-use crate::stats::{Request, Spread, quantile, spread, unix_ms};
+use crate::stats::{Request, Spread, alternate, median_range, quantile, spread, unix_ms};
 use reference::Reference;
 
 mod reference;
@@ -47,30 +45,24 @@ impl CpuVersus {
     }
 }
 
-/// How a CPU run is shaped.
+/// How a CPU run is shaped: orders/s (open loop), pairs, each segment's length, the pause
+/// after each switch, the orders before the first segment, every order's budget.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CpuPlan {
-    /// Orders per second, open loop.
     pub rate: u32,
-    /// Pairs of segments.
     pub pairs: u32,
-    /// Length of one segment.
     #[serde(with = "crate::stats::secs")]
     pub segment: Duration,
-    /// Pause after each switch before the segment starts.
     #[serde(with = "crate::stats::secs")]
     pub settle: Duration,
-    /// Orders before the first segment.
     #[serde(with = "crate::stats::secs")]
     pub warm_up: Duration,
-    /// The budget every order carries, ms.
     pub budget_ms: u64,
 }
 
 impl Default for CpuPlan {
-    /// 500 orders a second (well below what two cores serve), 20 pairs of 3 s: short
-    /// segments, so that the machine's own drift (other tenants, frequency) is nearly
-    /// the same within a pair, and many of them for the median.
+    /// Well below what two cores serve; short segments, so the machine's own drift is
+    /// nearly the same within a pair, and many of them for the median.
     fn default() -> Self {
         Self {
             rate: 500,
@@ -86,26 +78,18 @@ impl Default for CpuPlan {
 /// The processes whose CPU an order costs, in table order.
 pub const PROCESSES: [&str; 3] = ["orders-service", "catalog-service", "PostgreSQL"];
 
-/// One segment: which side, how many orders, and what they cost.
+/// One segment of a pair and a side: its length (s), orders created (from the table),
+/// CPU ms per order per process of [`PROCESSES`] and in all, latency (ms), non-201s.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Segment {
-    /// Which pair (0-based).
     pub pair: usize,
-    /// The side's name.
     pub side: String,
-    /// Orders created in the segment (from the table).
     pub orders: u64,
-    /// Length of the segment, s.
     pub seconds: f64,
-    /// CPU ms per order, per process of [`PROCESSES`].
     pub cpu_ms_per_order: [f64; 3],
-    /// All three.
     pub total_ms_per_order: f64,
-    /// Latency of the orders that arrived in the segment, ms.
     pub p50_ms: f64,
-    /// p99, ms.
     pub p99_ms: f64,
-    /// Answers other than 201 among them.
     pub not_created: u64,
     /// The control's CPU per call in the segment, ms (NaN when it answered none; 0 in
     /// runs made before there was a control).
@@ -116,14 +100,11 @@ pub struct Segment {
 /// Per side, a spread per figure.
 type BySide = BTreeMap<String, BTreeMap<String, Spread>>;
 
-/// A CPU run: its plan, its segments, and the figures.
+/// A CPU run: comparison, sides (first over second in ratios), plan, segments, figures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CpuReport {
-    /// Which comparison.
     pub versus: CpuVersus,
-    /// The two sides' names, first over second in the ratios.
     pub sides: [String; 2],
-    /// The run's shape.
     pub plan: CpuPlan,
     /// Where CPU time was read: `cgroup` (cpuacct, ns) or `proc` (clock ticks).
     pub source: String,
@@ -136,13 +117,12 @@ pub struct CpuReport {
     /// Per process and `total`; empty in runs made before there was a control.
     #[serde(default)]
     pub adjusted: BTreeMap<String, Spread>,
-    /// Per side, CPU per order, ms: per process, `total`, and `reference` (per call).
+    /// Per side, CPU per order, ms: per process, `total`, and `reference` (per call);
+    /// p50 and p99 latency, ms.
     pub per_order: BySide,
-    /// Per side, p50 and p99 latency, ms.
     pub latency: BySide,
     /// Per pair, the second side's p50 minus the first's, ms.
     pub p50_difference_ms: Option<Spread>,
-    /// k6's exit code.
     pub k6_exit: i32,
 }
 
@@ -156,11 +136,7 @@ impl CpuReport {
                 .and_then(|m| m.get(what))
                 .map_or(f64::NAN, |s| s.median)
         };
-        let shown = |s: Option<&Spread>| {
-            s.map_or("n/a".to_owned(), |s| {
-                format!("{:.3} ({:.3} to {:.3})", s.median, s.min, s.max)
-            })
-        };
+        let shown = |s: Option<&Spread>| median_range(s.copied(), 3);
         let mut out = format!(
             "CPU per order at {} orders/s, open loop ({} pairs of {} s, {a} then {b} alternating; \
              median of the pairs, min to max; the last column divides each pair's ratio by \
@@ -203,21 +179,18 @@ impl CpuReport {
     }
 }
 
-/// What is read at each end of a segment.
+/// What is read at each end of a segment: the CPU time (ns) of each process of
+/// [`PROCESSES`] and of the control, and the calls the control has answered.
 #[derive(Debug, Clone, Copy)]
 struct Reading {
     at_ms: u64,
     orders: u64,
-    /// CPU time of each process of [`PROCESSES`], ns.
     cpu_ns: [u64; 3],
-    /// The control's CPU time, ns.
     reference_ns: u64,
-    /// Calls the control has answered.
     reference_calls: u64,
 }
 
-/// Reads the three processes' CPU and the orders created so far, and the control's
-/// CPU and calls (the meter's fourth process).
+/// Reads the orders created so far and the [`Reading`] (the control: the meter's fourth).
 async fn read(
     meter: &Meter,
     reference: &Reference,
@@ -299,11 +272,7 @@ pub async fn measure(
     tokio::time::sleep(plan.warm_up).await;
     let mut readings: Vec<(usize, &str, Reading, Reading)> = Vec::new();
     for pair in 0..plan.pairs as usize {
-        let mut order = sides;
-        if pair % 2 == 1 {
-            order.reverse();
-        }
-        for (side, mode) in order {
+        for (side, mode) in alternate(pair, sides) {
             switch(&url(ports.orders_admin), mode).await?;
             tokio::time::sleep(plan.settle).await;
             let start = read(&meter, &reference, &mut watcher).await?;
@@ -390,8 +359,7 @@ fn report(
     summarize(versus, plan, source, segments, k6_exit)
 }
 
-/// A report's figures from its segments: each pair's ratios (first side over second),
-/// their medians, and each side's own figures.
+/// A report's figures from its segments: the pairs' ratios, and each side's own.
 fn summarize(
     versus: CpuVersus,
     plan: CpuPlan,
@@ -458,9 +426,8 @@ fn spreads(keys: &[&str], values: impl Fn(&str) -> Vec<f64>) -> BTreeMap<String,
 }
 
 /// The pairs of several runs of one comparison as one report, as if one run had made
-/// them all: how the docs pool runs of the same build, made on different days, into
-/// one median. Each run's pairs keep their own sides and control; only their numbers
-/// change, so that no two runs' pairs are taken for one.
+/// them all (how the docs pool runs of one build into one median). Each pair keeps its
+/// sides and control; only their numbers change, so no two runs' pairs are taken for one.
 pub fn pool(reports: &[&CpuReport]) -> anyhow::Result<CpuReport> {
     let Some(first) = reports.first() else {
         anyhow::bail!("no runs to pool");
@@ -493,12 +460,10 @@ pub fn pool(reports: &[&CpuReport]) -> anyhow::Result<CpuReport> {
     Ok(summarize(first.versus, plan, &sources, segments, k6_exit))
 }
 
-/// What `cpu.json` holds, read back by `cpu-pool`.
+/// What `cpu.json` holds, read back by `cpu-pool`: the commit measured, the comparisons.
 #[derive(Debug, Deserialize)]
 struct Published {
-    /// The commit measured.
     commit: String,
-    /// The comparisons.
     reports: Vec<CpuReport>,
 }
 
@@ -567,8 +532,7 @@ pub struct CpuArgs {
     pub out: Option<PathBuf>,
 }
 
-/// Runs `cargo xtask cpu`: the comparisons asked for, each on its own stack; writes
-/// `cpu.json` and `cpu.md`.
+/// Runs `cargo xtask cpu`: the comparisons asked for; writes `cpu.json` and `cpu.md`.
 pub async fn run(args: CpuArgs) -> anyhow::Result<Vec<CpuReport>> {
     let out = args.out.unwrap_or_else(|| workspace().join("results/cpu"));
     let commit = crate::stack::commit();
@@ -595,8 +559,7 @@ pub async fn run(args: CpuArgs) -> anyhow::Result<Vec<CpuReport>> {
     Ok(reports)
 }
 
-/// Each comparison of `versus` in turn, each on a stack of its own, logs under
-/// `out/runs/cpu-<versus>`.
+/// Each comparison in turn on a stack of its own, logs in `out/runs/cpu-<versus>`.
 pub async fn measure_all(
     profile: &str,
     cluster: &PgCluster,
@@ -761,10 +724,8 @@ mod tests {
         ]);
         let report = report(CpuVersus::Modes, plan(2), "proc", &readings, &[], 0);
         let raw = report.ratios["orders-service"];
-        assert!(
-            (raw.min - 0.8).abs() < 1e-9 && (raw.max - 1.25).abs() < 1e-9,
-            "{raw:?}"
-        );
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(near(raw.min, 0.8) && near(raw.max, 1.25), "{raw:?}");
         let adjusted = report.adjusted["orders-service"];
         assert!((adjusted.min - 1.0).abs() < 1e-9 && (adjusted.max - 1.0).abs() < 1e-9);
         assert!((report.segments[0].reference_ms_per_call - 1.25).abs() < 1e-9);
@@ -780,10 +741,7 @@ mod tests {
         let report = report(CpuVersus::Modes, plan(1), "proc", &readings, &[], 0);
         assert!((report.ratios["total"].median - 1.0).abs() < 1e-9);
         assert!(report.segments[0].reference_ms_per_call.is_nan());
-        assert!(
-            !report.adjusted.contains_key("total"),
-            "{:?}",
-            report.adjusted
-        );
+        let adjusted = &report.adjusted;
+        assert!(!adjusted.contains_key("total"), "{adjusted:?}");
     }
 }

@@ -1,12 +1,11 @@
-//! The Grafana dashboards, checked without Grafana: their structure here, their
-//! queries against a real Prometheus in `experiment --prometheus`, which is also what says
-//! whether each metric a query selects exists (no list of names is kept here).
+//! The Grafana dashboards, checked without Grafana: their structure here, their queries
+//! against a real Prometheus in `experiment --prometheus` (which also says whether each
+//! selected metric exists: no list of names is kept here).
 //!
-//! Every dashboard has a `datasource` variable (a Prometheus datasource picker defaulting
-//! to the provisioned uid) and every panel, target and annotation uses it. Every panel
-//! needs a description and at least one query; every query's variables must resolve, it
-//! must not depend on the scrape job's name (`job`), and its range windows are
-//! `$__rate_interval`. The seed's p99 query must appear unchanged (docs/design.md §7).
+//! Every panel, target and annotation uses the `datasource` variable; every panel has a
+//! description and a query; every query's variables resolve, it does not depend on the
+//! scrape job's name, and its windows are `$__rate_interval`. The seed's p99 query stays
+//! unchanged (docs/design.md §7).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -18,27 +17,25 @@ use serde_json::Value;
 pub const SEED_QUERY: &str = r#"histogram_quantile(0.99, sum by (le) (rate(http_server_requests_seconds_bucket{uri="/api/orders"}[1m])))"#;
 /// The datasource uid grafana/provisioning/datasources provides.
 const DATASOURCE_UID: &str = "prometheus";
-/// How panels name their datasource: the dashboard's `datasource` variable, so the
-/// dashboard works with any Prometheus datasource (its default is [`DATASOURCE_UID`]).
+/// How panels name their datasource: the `datasource` variable, so any Prometheus will
+/// do (its default is [`DATASOURCE_UID`]).
 const DATASOURCE_REF: &str = "${datasource}";
 
-/// One query of one panel, its variables replaced by their defaults.
+/// One query of one panel (`dashboard file / panel title / refId`), as Prometheus gets
+/// it: its variables replaced by their defaults.
 #[derive(Debug, Clone)]
 pub struct Query {
-    /// `dashboard file / panel title / refId`.
     pub label: String,
-    /// The query as Prometheus gets it.
     pub expr: String,
     /// Whether it has data only while a catalog delay is injected (the annotation).
     pub during_fault: bool,
 }
 
-/// What the static check found in every dashboard.
+/// What the static check found in every dashboard: every query, resolved, and every
+/// problem, one line each.
 #[derive(Debug, Default)]
 pub struct Report {
-    /// Every query, resolved.
     pub queries: Vec<Query>,
-    /// Every problem, one line each.
     pub problems: Vec<String>,
 }
 
@@ -162,8 +159,8 @@ fn check_panel(
     seed
 }
 
-/// One query: its variables resolved, or every problem with it (an unknown variable, a
-/// `job` selector, a range window other than `$__rate_interval`).
+/// One query with its variables resolved, or its problems (an unknown variable, a `job`
+/// selector, a window other than `$__rate_interval`).
 fn check_expr(expr: &str, defaults: &BTreeMap<String, String>) -> Result<String, Vec<String>> {
     let mut problems = Vec::new();
     if expr.is_empty() {

@@ -1,23 +1,20 @@
 //! The three-way answer of a run: pool queue, slow downstream or saturated executor?
-//! (docs/operating.md, "Pool queue, slow downstream or saturated executor?").
+//! (docs/operating.md). From the services' metrics alone, as a reader of the dashboard
+//! would decide, never from k6's latencies: the share of time the tokio workers were busy,
+//! the catalog calls' time (pool wait excluded), and the calls that waited for a slot.
+//! Pure, so each case is unit-tested with made-up figures.
 //!
-//! Decided from the services' metrics alone, as a reader of the dashboard would, never
-//! from k6's latencies: the share of time each service's tokio workers were busy, the
-//! time orders-service's catalog calls took (pool wait excluded), and how many calls
-//! waited for a pool slot. Pure, so each case is unit-tested with made-up figures.
-//!
-//! The order of the questions matters. A saturated executor makes everything on it
-//! late, the futures that time the downstream call and wait for a slot included, so it
-//! is asked first; a slow downstream fills the pool's queue, so it comes before the
-//! queue. Only a queue with a downstream of normal speed is a pool queue.
+//! The order matters: a saturated executor makes everything on it late, the timing of the
+//! call and the wait for a slot included, so it is asked first; a slow downstream fills
+//! the pool's queue, so it comes next. Only a queue before a normal downstream is a pool queue.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 /// Workers busy at least this share of their time: the executor is saturated.
 pub const SATURATED_BUSY_RATIO: f64 = 0.9;
-/// A catalog call that takes at least this share of the budget, on average, is slow: a
-/// downstream at its normal speed takes a few milliseconds of a 700 ms budget.
+/// A catalog call taking at least this share of the budget on average is slow (one at
+/// normal speed takes a few ms).
 pub const SLOW_CALL_SHARE_OF_BUDGET: f64 = 0.1;
 /// At least this many calls waiting for a slot, on average: the pool queues.
 pub const QUEUED_PENDING_MEAN: f64 = 1.0;
@@ -95,8 +92,7 @@ pub fn answer(figures: &BTreeMap<String, f64>, budget_ms: f64) -> Answer {
     }
 }
 
-/// One sentence per side: the answer of its runs, or each answer with its count when
-/// the runs disagree.
+/// One sentence per side: its runs' answer, or each answer with its count.
 pub fn of_runs(answers: &[Answer]) -> String {
     let mut counts: Vec<(String, usize)> = Vec::new();
     for answer in answers {

@@ -1,10 +1,9 @@
 //! `cargo xtask examples`: the crate's example ladder, each run and asked over HTTP.
 //!
-//! Compiling an example proves little: it can build and still answer 200 where the
-//! README promises a 504. So each example runs as its reader would run it (its own
-//! binary, a real port, the catalog and PostgreSQL where it needs them), and is asked
-//! what its doc comment says to ask, with the answer checked: the status, the stage in
-//! the problem body, `Server-Timing`, and how long the answer took.
+//! An example that compiles can still answer 200 where the README promises a 504. So each
+//! runs as its reader would run it (its binary, a real port, the catalog and PostgreSQL
+//! where needed) and is asked what its doc comment says, the answer checked: status, the
+//! stage in the problem body, `Server-Timing`, and how long it took.
 
 use std::path::Path;
 use std::process::Command;
@@ -16,7 +15,7 @@ use test_support::process::{binary_dir, free_port};
 use test_support::{PgCluster, ServiceProcess};
 
 use crate::run::set_fault;
-use crate::scenario::Fault;
+use crate::scenario::delay;
 use crate::stack::{fresh_database, run, start_catalog, wait_listening, workspace};
 
 /// How much later than its budget an answer may come on a loaded 2-core machine.
@@ -40,9 +39,8 @@ pub async fn examples(profile: &str, no_build: bool) -> anyhow::Result<()> {
     readme_shows_the_example(&workspace())?;
     ingress(&bin, &logs).await.context("example `ingress`")?;
     client(&bin, &logs).await.context("example `client`")?;
-    database(&bin, &logs)
-        .await
-        .context("examples `database` and `readme`")?;
+    let database = database(&bin, &logs).await;
+    database.context("examples `database` and `readme`")?;
     println!("examples: ingress, client, database and readme answered as documented");
     Ok(())
 }
@@ -50,8 +48,7 @@ pub async fn examples(profile: &str, no_build: bool) -> anyhow::Result<()> {
 /// The line before the README's Rust block that is `shared/examples/readme.rs`.
 const README_MARKER: &str = "<!-- the file shared/examples/readme.rs, without its doc comment -->";
 
-/// The README's Rust block is the `readme` example's text, so what a reader pastes is
-/// what CI compiles and runs.
+/// The README's Rust block is the `readme` example: what a reader pastes, CI runs.
 pub fn readme_shows_the_example(workspace: &Path) -> anyhow::Result<()> {
     let readme = std::fs::read_to_string(workspace.join("README.md"))?;
     let example = std::fs::read_to_string(workspace.join("shared/examples/readme.rs"))?;
@@ -73,8 +70,7 @@ pub fn readme_shows_the_example(workspace: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Step 1: a 300 ms budget on a 500 ms route is a 504 at 300 ms; no budget (1 s by
-/// default) lets it finish.
+/// Step 1: a 300 ms budget on a 500 ms route is a 504 at 300 ms; no budget (1 s) is 200.
 async fn ingress(bin: &Path, logs: &Path) -> anyhow::Result<()> {
     let (url, _example) = start(&bin.join("examples/ingress"), &[], logs).await?;
     let cut = ask(&format!("{url}/slow"), Some(300)).await?;
@@ -100,10 +96,9 @@ async fn client(bin: &Path, logs: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Step 3: against the real catalog and a throwaway PostgreSQL, a priced item; with a
-/// 1 s catalog fault, a 504 `catalog` at 300 ms; and the client's metrics. Beside it
-/// the README's example, on orders-service's tables: an order written at the catalog's
-/// price, then a 504 `catalog` that wrote nothing.
+/// Step 3, with the real catalog and PostgreSQL: a priced item; with the catalog 1 s
+/// slow, a 504 `catalog` at 300 ms; the client's metrics. And the README's example: an
+/// order written at the catalog's price, then a 504 `catalog` that wrote nothing.
 async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
     let cluster = tokio::task::spawn_blocking(PgCluster::start).await??;
     let database_url = fresh_database(&cluster, "examples").await?;
@@ -127,10 +122,6 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
         "{body}"
     );
 
-    let slow_catalog = Fault {
-        delay_ms: 1000,
-        ..Fault::default()
-    };
     // The README's order: 201, and its row in the table at the catalog's price.
     let order = post(&format!("{readme_url}/orders/SKU-00042"), Some(1000)).await?;
     ensure!(order.status == 201, "{order:?}");
@@ -149,15 +140,14 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
         "{row:?}, {body}"
     );
 
-    set_fault(&crate::stack::url(admin_port), Some(slow_catalog)).await?;
+    set_fault(&crate::stack::url(admin_port), Some(delay(1000))).await?;
     let cut = ask(&format!("{url}/price/SKU-00042"), Some(300)).await?;
     cut.expect_deadline(300, &["catalog"])?;
     // With the catalog slow: a 504 naming it, and no row written.
     let cut = post(&format!("{readme_url}/orders/SKU-00042"), Some(300)).await?;
     cut.expect_deadline(300, &["catalog"])?;
-    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-        .fetch_one(&orders)
-        .await?;
+    let count = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM orders").fetch_one(&orders);
+    let count = count.await?;
     ensure!(
         count == 1,
         "{count} orders after a 504: nothing may be written"
@@ -172,8 +162,7 @@ async fn database(bin: &Path, logs: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A pool on `url` after orders-service's migrations made its tables there, as the
-/// demo's database has them.
+/// A pool on `url` with orders-service's tables made there by its migrations.
 async fn orders_table(url: &str) -> anyhow::Result<sqlx::PgPool> {
     let pool = sqlx::PgPool::connect(url).await?;
     let migrations = workspace().join("orders-service/migrations");

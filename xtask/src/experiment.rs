@@ -16,7 +16,8 @@ use crate::prometheus::Prometheus;
 use crate::run::{self, Context, ModeRun};
 use crate::scenario::{Load, Scenario, Side, Versus};
 use crate::stack::{self, Ports, workspace};
-use crate::summary::{self, Summary};
+use crate::stats::alternate;
+use crate::summary::{self, RunFigures, Summary};
 
 /// The experiment's command line.
 #[derive(Debug, clap::Args)]
@@ -139,8 +140,7 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
         let name = format!("{}{}", args.scenario.name(), args.versus.suffix());
         workspace().join("results").join(name)
     });
-    // Stamped before anything is written: the figures speak for the code as it was
-    // when the run started.
+    // Stamped before anything is written: the code as it was when the run started.
     let commit = stack::commit();
     let ctx = prepare(&args, &out).await?;
     let prometheus = match args.prometheus {
@@ -149,8 +149,7 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
     };
     let sides = args.versus.sides();
     let runs = run_all(&ctx, &sides, args.repeat as usize).await?;
-    // Queried two seconds before the end of the last load, while the services were up
-    // and the fault, if the load ends with one, still on.
+    // Two seconds before the last load ended: the services up, a final fault still on.
     let at = runs.last().map_or(0.0, |r| r.load_ended_at) - 2.0;
     let delay = ctx
         .load
@@ -166,7 +165,7 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
         args.profile(),
         serde_json::to_value(&ctx.load)?,
         sides.clone().map(|s| s.name),
-        &runs,
+        runs.iter().map(RunFigures::from),
     );
     let mut verdicts = check::check(&summary, ctx.load.budget_ms as f64, args.margin() as f64);
     verdicts.extend(prometheus_problems.iter().map(|p| Verdict {
@@ -187,10 +186,8 @@ pub async fn experiment(args: ExperimentArgs) -> anyhow::Result<bool> {
     Ok(!args.check || verdicts.iter().all(|v| v.ok))
 }
 
-/// The `happy` scenario's second instrument: CPU per order of each process, legacy
-/// against propagate and propagate against itself (the instrument's own spread), at a
-/// fixed open-loop rate on one stack switched at run time ([`cpu`]); its table is added
-/// to `summary.md`.
+/// The `happy` scenario's second instrument, [`cpu`]: legacy against propagate, and
+/// propagate against itself (the instrument's spread); its table added to `summary.md`.
 async fn cpu_per_order(ctx: &Context, out: &Path, commit: &str, pairs: u32) -> anyhow::Result<()> {
     let versus = [CpuVersus::Modes, CpuVersus::Aa];
     let plan = CpuPlan {
@@ -239,16 +236,11 @@ async fn prepare(args: &ExperimentArgs, out: &Path) -> anyhow::Result<Context> {
     })
 }
 
-/// Every repeat, both sides each, the order alternated so neither side always runs on
-/// a machine the other has just warmed (or tired).
+/// Every repeat, both sides each, the order [`alternate`]d.
 async fn run_all(ctx: &Context, sides: &[Side; 2], repeats: usize) -> anyhow::Result<Vec<ModeRun>> {
     let mut runs = Vec::new();
     for repeat in 0..repeats {
-        let order = if repeat % 2 == 0 {
-            [&sides[0], &sides[1]]
-        } else {
-            [&sides[1], &sides[0]]
-        };
+        let order = alternate(repeat, [&sides[0], &sides[1]]);
         eprintln!(
             "{} run {}/{repeats}: {} then {}",
             ctx.load.scenario.name(),
@@ -263,8 +255,7 @@ async fn run_all(ctx: &Context, sides: &[Side; 2], repeats: usize) -> anyhow::Re
     Ok(runs)
 }
 
-/// The first run's flamegraphs of each side, as `flamegraphs/<side>-<service>.svg`
-/// beside the summary; the others stay under `runs/`.
+/// The first run's flamegraphs of each side, as `flamegraphs/<side>-<service>.svg`.
 fn keep_flamegraphs(out: &Path, sides: &[Side; 2]) -> anyhow::Result<()> {
     let dir = out.join("flamegraphs");
     std::fs::create_dir_all(&dir)?;
@@ -281,9 +272,8 @@ fn keep_flamegraphs(out: &Path, sides: &[Side; 2]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `summary.json`, `summary.md`, `timeseries.json` (each run's seconds), `chart.svg`
-/// and the k6 summaries: small files that can be committed (every sample of
-/// `/metrics`, the request logs and the service logs stay under `runs/`).
+/// `summary.json`, `summary.md`, `timeseries.json`, `chart.svg` and the k6 summaries:
+/// small files that can be committed (samples and logs stay under `runs/`).
 fn write_results(
     out: &Path,
     summary: &Summary,
@@ -291,20 +281,14 @@ fn write_results(
     load: &Load,
     verdicts: &[Verdict],
 ) -> anyhow::Result<()> {
-    std::fs::write(
-        out.join("summary.json"),
-        serde_json::to_string_pretty(summary)? + "\n",
-    )?;
+    let json = serde_json::to_string_pretty(summary)? + "\n";
+    std::fs::write(out.join("summary.json"), json)?;
     let series: Vec<Series> = runs.iter().map(|run| Series::of(run, load)).collect();
-    std::fs::write(
-        out.join("timeseries.json"),
-        serde_json::to_string(&series)? + "\n",
-    )?;
+    let json = serde_json::to_string(&series)? + "\n";
+    std::fs::write(out.join("timeseries.json"), json)?;
     std::fs::write(out.join("chart.svg"), chart::svg(summary, &series)?)?;
-    std::fs::write(
-        out.join("runs/timeseries.json"),
-        serde_json::to_string(runs)? + "\n",
-    )?;
+    let json = serde_json::to_string(runs)? + "\n";
+    std::fs::write(out.join("runs/timeseries.json"), json)?;
     std::fs::write(out.join("summary.md"), summary_markdown(summary, verdicts))?;
     std::fs::create_dir_all(out.join("k6"))?;
     for run in runs {

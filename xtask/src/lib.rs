@@ -1,18 +1,13 @@
 //! The harness of the deadline-propagation project, run as `cargo xtask <command>`.
-//! PostgreSQL, the services and `/metrics` parsing come from test-support, as in the
-//! tests.
+//! PostgreSQL, the services and `/metrics` parsing come from test-support, as in the tests.
 //!
-//! The experiment, in the order it runs: [`experiment`] runs every repeat of a
-//! [`scenario`]; [`run`] runs one side (database, services, warm-up, fault, k6 from
-//! [`k6`] with the [`sampler`] beside it, drain; [`partition`] cuts the link to
-//! PostgreSQL); [`stats`] turns k6's request log into figures; [`summary`] aggregates
-//! them, [`chart`] draws the seconds, [`diagnosis`] answers "pool queue, slow
-//! downstream or saturated executor?", [`check`] applies the acceptance rules; [`prometheus`] runs the
-//! [`dashboards`]' queries against real series. [`tables`] renders
-//! the committed summaries into the docs. [`cost`] prices the technique in PostgreSQL
-//! alone, with pgbench; [`cpu`] as CPU per order, read by a [`meter`]. [`images`] and
-//! [`compose`] are the Docker path; [`backlog`] runs the queue hop under a backlog; [`examples`] and [`copy_check`] prove the crate's
-//! ladder and its copy.
+//! [`experiment`] runs every repeat of a [`scenario`]; [`run`] runs one side (k6 from [`k6`],
+//! the [`sampler`] beside it, [`partition`] cutting PostgreSQL's link); [`stats`] turns k6's
+//! log into figures, [`summary`] aggregates them, [`chart`] draws them, [`diagnosis`] and
+//! [`check`] judge them; [`prometheus`] runs the [`dashboards`]' queries; [`tables`] renders
+//! the summaries into the docs. [`cost`] and [`cpu`] (read by a [`meter`]) price the
+//! technique; [`images`] and [`compose`] are the Docker path; [`backlog`] is the queue hop;
+//! [`examples`] and [`copy_check`] prove the crate's ladder and its copy.
 
 pub mod backlog;
 pub mod chart;

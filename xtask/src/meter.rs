@@ -1,12 +1,10 @@
 //! CPU time of a few processes, read at the ends of a measurement segment.
 //!
-//! Where it can, a [`Meter`] puts each process (a server with all its backends, for
-//! PostgreSQL) into a cpuacct cgroup of its own and reads `cpuacct.usage`: nanoseconds,
-//! and a child that exits (a PostgreSQL backend, an autovacuum worker) keeps its share.
-//! Where no cgroup can be made (not root, no cgroup v1 cpuacct hierarchy), it reads
-//! `/proc/PID/stat`: clock ticks (10 ms) of each process and of its reaped children,
-//! plus the living processes below it. The cgroups are removed, and the processes put
-//! back where they were, when the meter is dropped.
+//! Where it can, a [`Meter`] puts each process (PostgreSQL with all its backends) into a
+//! cpuacct cgroup of its own and reads `cpuacct.usage`: nanoseconds, and a child that exits
+//! keeps its share. Else (not root, no cgroup v1 cpuacct) it reads `/proc/PID/stat`: clock
+//! ticks of each process, its reaped children and the living processes below it. Dropping
+//! the meter removes the cgroups and puts the processes back.
 
 use std::path::{Path, PathBuf};
 
@@ -73,8 +71,7 @@ impl Drop for Meter {
     }
 }
 
-/// A cgroup per tree, each tree's living processes moved into it (their children to
-/// come are born there).
+/// A cgroup per tree, its living processes moved in (their children are born there).
 fn cgroups(roots: &[u32]) -> anyhow::Result<Vec<PathBuf>> {
     let base = Path::new(CPUACCT);
     anyhow::ensure!(
@@ -110,9 +107,8 @@ fn release(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
-/// The numeric fields of `/proc/PID/stat` from field 4 of proc(5) (the parent) on, at
-/// index 0 here; `None` for one that is not a `u64`. The command before them may hold
-/// spaces and parentheses: they follow the last `)` and the state.
+/// The numeric fields of `/proc/PID/stat` from field 4 of proc(5) on (the parent, at 0);
+/// they follow the last `)` and the state, as the command may hold spaces and `)`.
 fn stat(pid: u32) -> Option<Vec<Option<u64>>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let fields = stat.rsplit_once(')')?.1.split_whitespace().skip(1);
@@ -186,8 +182,7 @@ mod tests {
 
     #[test]
     fn a_meter_sees_a_child_spin_and_puts_it_back() {
-        // A child that spins for a second, then sleeps: its time is read whichever way
-        // the meter reads, and a cgroup leaves no trace behind.
+        // A child that spins a second, then sleeps: read either way, no cgroup left behind.
         let mut child = std::process::Command::new("sh")
             .args([
                 "-c",

@@ -19,9 +19,8 @@ use crate::stats::{Second, unix_ms};
 /// longer (`DEADLINE_MAX_MS`), so nothing a client still waits for runs this long.
 pub const STALE_AFTER: Duration = Duration::from_secs(2);
 
-/// The cut, running beside the load: the link is taken at once (so a machine where it
-/// cannot be fails before the load), cut after the partition's delay and healed after
-/// its length.
+/// The cut beside the load: the link taken at once (a machine where it cannot be fails
+/// before the load), cut after the partition's delay, healed after its length.
 pub struct Cut {
     task: JoinHandle<anyhow::Result<(u64, u64)>>,
 }
@@ -57,17 +56,13 @@ impl Cut {
     }
 }
 
-/// One reading of the service's write transactions on the server: the ones that hold
-/// row locks (they have a transaction id).
+/// One reading, `t` s into the load, of the service's write transactions on the server
+/// (holding row locks); `stale`: older than [`STALE_AFTER`], left without a client.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Held {
-    /// Seconds since the load started.
     pub t: f64,
-    /// Write transactions open.
     pub writes: f64,
-    /// Of them, older than [`STALE_AFTER`]: left without a client.
     pub stale: f64,
-    /// The oldest one's age, ms (0 when none).
     pub oldest_ms: f64,
 }
 
@@ -130,12 +125,10 @@ impl Observer {
     }
 }
 
-/// The figures of a run with a cut from `cut_s` to `healed_s` (seconds after the load
-/// started), by their names in the summary: the longest a write transaction of the
-/// service was seen open (how long it held its row locks, at most), the most left
-/// without a client at once, the most of them from a second after the heal on (ghosts
-/// that survived it), and the goodput over the seconds of arrivals before the cut and
-/// from the heal to the end of the load.
+/// The figures of a run cut from `cut_s` to `healed_s` (s into the load): the longest a
+/// write transaction was seen open (its locks held), the most left without a client at
+/// once, and from a second after the heal (ghosts that survived it), and the goodput
+/// before the cut and from the heal to the end.
 pub fn figures(held: &[Held], seconds: &[Second], cut_s: f64, healed_s: f64) -> [(String, f64); 5] {
     let peak = |from_s: f64, value: fn(&Held) -> f64| {
         let after = held.iter().filter(|h| h.t >= from_s);

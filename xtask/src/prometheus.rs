@@ -13,9 +13,8 @@ use test_support::process::free_port;
 use crate::dashboards::{self, SEED_QUERY, list};
 use crate::stack::{Ports, workspace};
 
-/// A running Prometheus; stopped when dropped.
+/// A running Prometheus at its base `url`; stopped when dropped.
 pub struct Prometheus {
-    /// Its base URL.
     pub url: String,
     _process: ServiceProcess,
 }
@@ -84,10 +83,9 @@ impl Prometheus {
         )
     }
 
-    /// Every dashboard query and the seed's query must return data at `at` (a moment
-    /// when the services were up: after they stop, their series go stale); a query of a
-    /// metric that does not exist returns none. The annotation's only while a catalog
-    /// delay is on (`fault`); k6's own only under compose, where k6 writes them.
+    /// Every dashboard query and the seed's return data at `at` (services up: after,
+    /// their series go stale; a metric that does not exist returns none). The
+    /// annotation's only with a catalog delay (`fault`); k6's only under compose.
     pub async fn check_dashboards(&self, at: f64, fault: bool) -> anyhow::Result<Vec<String>> {
         let report = dashboards::check_dir(&workspace().join("grafana/dashboards"))?;
         let mut problems = report.problems;
@@ -114,11 +112,9 @@ impl Prometheus {
         Ok(problems)
     }
 
-    /// The rules Prometheus loaded from `prometheus/rules/` (that every file loads and
-    /// parses is `promtool check config`'s, their logic `promtool test rules`'): every
-    /// rule evaluates without error against the real series, and every recording rule's
-    /// series exists at `at`. An alert whose expression returns nothing is an alert not
-    /// firing: no problem.
+    /// The rules loaded from `prometheus/rules/` (parsing is promtool's): every rule
+    /// evaluates without error on real series, and every recording rule's series exists
+    /// at `at`. An alert whose expression returns nothing is not firing: no problem.
     pub async fn check_rules(&self, at: f64) -> anyhow::Result<Vec<String>> {
         let body: Value = reqwest::get(format!("{}/api/v1/rules", self.url))
             .await?

@@ -17,57 +17,45 @@ use crate::scenario::{Fault, Load, Side};
 use crate::stack::{Ports, ServiceEnv, Services, fresh_database, url};
 use crate::stats::{self, Second, unix_ms};
 
-/// What every run of one invocation shares.
+/// What every run of one invocation shares: build `profile`, k6, the `load`, where it
+/// writes, the `warm_up` before each load, orders-service's `CATALOG_ADMISSION`.
 pub struct Context {
-    /// `dev` or `release`.
     pub profile: String,
     /// The PostgreSQL server; each run gets a database of its own on it.
     pub cluster: PgCluster,
     /// The services' ports, the same for every run (Prometheus scrapes them).
     pub ports: Ports,
-    /// The k6 binary.
     pub k6: PathBuf,
-    /// The load both modes get.
     pub load: Load,
     /// Allowed lateness of an answer past the budget, for the p99 checks.
     pub margin_ms: u64,
-    /// Where this invocation writes.
     pub out: PathBuf,
-    /// Seconds of orders with no fault before each measured load.
     pub warm_up: Duration,
-    /// orders-service's `CATALOG_ADMISSION` (`predict` or `off`), in every run.
     pub admission: String,
     /// Record a CPU profile of each service during each load (services built with the
     /// `profiling` feature).
     pub profile_cpu: bool,
 }
 
-/// The figures of one run by name (`summary.rs` labels each in its table): rates per
-/// second of load, latencies in ms.
+/// The figures of one run by name (labelled in `summary.rs`): rates per s, times in ms.
 pub type Figures = BTreeMap<String, f64>;
 
-/// One mode's run: its figures and its time series.
+/// One side's run (`repeat` 0-based): its figures, gauges and memory four times a
+/// second, and arrivals, goodput and p99 per second of arrivals.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ModeRun {
-    /// `legacy` or `propagate`.
     pub mode: String,
-    /// Which repeat (0-based).
     pub repeat: usize,
-    /// The figures.
     pub figures: Figures,
-    /// Gauges and memory, four times a second.
     pub samples: Vec<Sample>,
-    /// Arrivals, goodput and p99 per second of arrivals.
     pub seconds: Vec<Second>,
     /// For `recovery`: seconds after the load's start when the fault was removed.
     pub fault_removed_at: Option<f64>,
     /// When k6 finished, in Unix seconds (Prometheus is queried just before).
     pub load_ended_at: f64,
-    /// For `partition`: seconds after the load's start when the link to PostgreSQL was
-    /// cut and when it was healed.
+    /// For `partition`: when (s into the load) the link was cut and healed, and the
+    /// write transactions on the server ten times a second.
     pub partition_at: Option<[f64; 2]>,
-    /// For `partition`: orders-service's write transactions on the server, ten times
-    /// a second.
     pub held: Vec<Held>,
 }
 
@@ -85,9 +73,8 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     }
     set_fault(&url(ctx.ports.admin), ctx.load.warm_up_fault).await?;
     warm_up(&url(ctx.ports.orders), ctx.load.budget_ms, ctx.warm_up).await;
-    // The profiler's table is allocated when it starts and again when it stops: both
-    // happen outside the measured window (the stop after the last memory reading), so
-    // the memory figures see the load alone, on top of the table.
+    // The profiler allocates its table at start and stop, both outside the measured
+    // window, so the memory figures see the load alone.
     if ctx.profile_cpu {
         for admin in profiled(&ctx.ports) {
             profile(&admin, "start", None).await?;
@@ -96,8 +83,7 @@ pub async fn run_mode(ctx: &Context, side: &Side, repeat: usize) -> anyhow::Resu
     let client = reqwest::Client::new();
     let catalog_before = sampler::scrape(&client, &metrics_url(ctx.ports.catalog)).await;
     let orders_before = sampler::scrape(&client, &metrics_url(ctx.ports.orders)).await;
-    // A fault that begins later (`outage`) is injected by the load's own timer; until
-    // then the catalog keeps its usual speed.
+    // A fault that begins later (`outage`) is injected by the load's own timer.
     let from_start = match ctx.load.fault_from {
         Some(_) => ctx.load.warm_up_fault,
         None => ctx.load.fault,
@@ -239,8 +225,7 @@ async fn start_services(
     Services::start(&ctx.profile, ctx.ports, database_url, &env, dir).await
 }
 
-/// Makes every stock update spend `ms` on the server, holding its row lock: a `BEFORE
-/// UPDATE` trigger that sleeps.
+/// Makes every stock update hold its row lock `ms` on the server (a trigger sleeps).
 async fn slow_statements(database_url: &str, ms: u64) -> anyhow::Result<()> {
     use sqlx::Connection as _;
     let mut conn = sqlx::PgConnection::connect(database_url).await?;
@@ -260,8 +245,7 @@ async fn slow_statements(database_url: &str, ms: u64) -> anyhow::Result<()> {
 }
 
 /// Orders with no fault for `length`, 8 at a time: connections, pools, caches and a
-/// cold debug build settle before anything is measured (a cold start once measured
-/// p99 978 ms against an 800 ms limit).
+/// cold debug build settle before anything is measured.
 async fn warm_up(orders_url: &str, budget_ms: u64, length: Duration) {
     let client = reqwest::Client::new();
     let until = Instant::now() + length;
@@ -317,8 +301,7 @@ pub async fn set_fault(admin_url: &str, fault: Option<Fault>) -> anyhow::Result<
     Ok(())
 }
 
-/// What one load left: k6's run, the samples, when it started, and, where the scenario
-/// has them, when the fault was removed and when the link was cut and healed.
+/// What one load left; when the fault was removed and the link cut and healed, if so.
 struct Measured {
     k6: K6Run,
     samples: Vec<Sample>,
@@ -328,8 +311,7 @@ struct Measured {
     held: Vec<Held>,
 }
 
-/// k6 with the sampler beside it; for `recovery`, the fault is removed mid-load; for
-/// `partition`, the link to PostgreSQL is cut and healed while the database is watched.
+/// k6 with the sampler beside it, and the load's timed fault or cut.
 async fn measure_load(
     ctx: &Context,
     side: &Side,
@@ -424,8 +406,7 @@ async fn profile(admin: &str, action: &str, title: Option<&str>) -> anyhow::Resu
     Ok(body.to_vec())
 }
 
-/// Waits (at most 30 s) until no order is in flight; returns how long that took and
-/// the last in-flight count read (`None` if none could be).
+/// Waits (at most 30 s) until no order is in flight: how long, and the last count read.
 async fn wait_drained(client: &reqwest::Client, orders: u16) -> (Duration, Option<f64>) {
     let started = Instant::now();
     let mut in_flight = None;
@@ -440,9 +421,8 @@ async fn wait_drained(client: &reqwest::Client, orders: u16) -> (Duration, Optio
     (started.elapsed(), in_flight)
 }
 
-/// Calls the catalog received per order sent in `window` (seconds after the load's
-/// start): the growth of its own request count between the samples nearest the
-/// window's ends, over the orders that arrived between those samples.
+/// Calls the catalog received per order sent in `window` (s into the load), between the
+/// samples nearest the window's ends.
 pub fn outage_calls_per_order(
     samples: &[Sample],
     requests: &[stats::Request],
@@ -463,8 +443,7 @@ pub fn outage_calls_per_order(
         .then(|| (last.catalog_received - first.catalog_received) / orders as f64)
 }
 
-/// The share of `hop`'s answers later than its deadline + [`sampler::HOP_LATE_AFTER`]
-/// (0.01 at most: a p99 within it); `None` if it answered none under a deadline.
+/// The share of `hop`'s answers later than its deadline + [`sampler::HOP_LATE_AFTER`].
 fn late_share(grown: &BTreeMap<String, f64>, hop: &str) -> Option<f64> {
     let answers = grown[&format!("{hop}_answers")];
     (answers > 0.0).then(|| grown[&format!("{hop}_late")] / answers)
@@ -475,17 +454,15 @@ fn mean(values: impl Iterator<Item = f64>) -> f64 {
     if n == 0 { 0.0 } else { sum / f64::from(n) }
 }
 
-/// The mean catalog call between the first and the last sample, ms: the growth of the
-/// histogram's sum over the growth of its count. `None` when no call ended between them.
+/// The mean catalog call (ms) between the first and the last sample, if one ended.
 pub fn call_mean_ms(samples: &[Sample]) -> Option<f64> {
     let (first, last) = (samples.first()?, samples.last()?);
     let calls = last.catalog_calls - first.catalog_calls;
     (calls > 0.0).then(|| (last.catalog_call_s - first.catalog_call_s) / calls * 1000.0)
 }
 
-/// The share of a runtime's worker time spent busy between its first and its last
-/// reading: busy seconds gained over elapsed seconds times workers. `None` without two
-/// readings apart in time. Workers add their busy time in steps (when they park, and
+/// The share of a runtime's worker time spent busy between its first and last reading
+/// (`None` without two apart in time). Workers add busy time in steps (when they park,
 /// every few dozen polls), so a short window can read a little above 1.
 pub fn busy_ratio(samples: &[Sample], runtime: fn(&Sample) -> Option<Runtime>) -> Option<f64> {
     let reading = |s: &Sample| runtime(s).map(|r| (s.t, r));
@@ -508,13 +485,11 @@ fn runtime_peak(
         .reduce(f64::max)
 }
 
-/// What [`figures`] computes from.
+/// What [`figures`] computes from: the load that ran, k6's exit code and request log,
+/// the sampler's samples, how long the drain took and the memory after it (MiB).
 pub struct FigureInputs<'a> {
-    /// The load that ran.
     pub load: &'a Load,
-    /// k6's exit code and request log.
     pub k6: &'a K6Run,
-    /// The sampler's samples.
     pub samples: &'a [Sample],
     /// What the services' [`sampler::counters`] grew by during the load and its drain.
     pub grown: BTreeMap<String, f64>,
@@ -522,11 +497,9 @@ pub struct FigureInputs<'a> {
     pub pending_limit: Option<f64>,
     /// How late past the budget an answer may be and still count as in time.
     pub margin_ms: u64,
-    /// How long the drain took.
     pub drain: Duration,
     /// In-flight orders when the drain ended, if they could be read.
     pub in_flight_end: Option<f64>,
-    /// Memory after the drain, MiB.
     pub rss_end: f64,
     /// When the fault was removed (recovery), ms since the epoch.
     pub removed_ms: Option<u64>,
@@ -539,13 +512,8 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
     let count =
         |keep: &dyn Fn(&stats::Request) -> bool| requests.iter().filter(|r| keep(r)).count() as f64;
     let per_s = |status: u16| count(&|r| r.status == status) / secs;
-    let per_order = |n: f64| {
-        if requests.is_empty() {
-            0.0
-        } else {
-            n / requests.len() as f64
-        }
-    };
+    let orders = requests.len() as f64;
+    let per_order = |n: f64| if orders > 0.0 { n / orders } else { 0.0 };
     let latencies: Vec<f64> = requests.iter().map(|r| r.elapsed_ms as f64).collect();
     let quantile = |q| stats::quantile(&latencies, q).unwrap_or(0.0);
     let peak = |f: fn(&Sample) -> f64| samples.iter().map(f).fold(0.0, f64::max);
@@ -592,8 +560,7 @@ pub fn figures(input: &FigureInputs<'_>) -> Figures {
     let orders = |s: &Sample| s.orders_runtime;
     let catalog = |s: &Sample| s.catalog_runtime;
     let recovery = |removed| stats::recovery_ms(requests, removed, budget_ms, 0.95);
-    // Left out where they could not be read: no runtime metrics, no call ended, no fault
-    // removed, orders-service unreadable.
+    // Left out where they could not be read.
     #[rustfmt::skip]
     let known = [
         ("catalog_call_mean_ms", call_mean_ms(samples)),

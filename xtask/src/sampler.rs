@@ -15,20 +15,16 @@ use test_support::process::rss_kib;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// One moment of orders-service.
+/// One moment of orders-service, `t` seconds into the load: catalog calls waiting for
+/// a bulkhead slot and slots in use, `POST /api/orders` requests being handled, callers
+/// waiting for a PostgreSQL connection, and resident memory (MiB).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Sample {
-    /// Seconds since the load started.
     pub t: f64,
-    /// Catalog calls waiting for a bulkhead slot.
     pub pending: f64,
-    /// Bulkhead slots in use.
     pub active: f64,
-    /// `POST /api/orders` requests being handled.
     pub in_flight: f64,
-    /// Callers waiting for a PostgreSQL connection.
     pub db_pending: f64,
-    /// Resident memory, MiB.
     pub rss_mib: f64,
     /// catalog-service's requests in flight: its busy slots, useful or not.
     pub catalog_in_flight: f64,
@@ -36,25 +32,20 @@ pub struct Sample {
     pub catalog_received: f64,
     /// orders-service's catalog calls so far (`http_client_requests_seconds_count`).
     pub catalog_calls: f64,
-    /// Their time so far, seconds (`http_client_requests_seconds_sum`): the call, pool
-    /// wait excluded.
+    /// Their time so far, s (`http_client_requests_seconds_sum`): pool wait excluded.
     pub catalog_call_s: f64,
-    /// orders-service's tokio runtime; `None` without the `tokio_*` families.
+    /// Each service's tokio runtime; `None` without the `tokio_*` families.
     pub orders_runtime: Option<Runtime>,
-    /// catalog-service's tokio runtime; `None` without the `tokio_*` families.
     pub catalog_runtime: Option<Runtime>,
 }
 
-/// One reading of a service's tokio runtime (docs/design.md §7).
+/// One reading of a service's tokio runtime (docs/design.md §7): worker threads, their
+/// busy time so far (s, summed), tasks alive, tasks waiting in the shared queue.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Runtime {
-    /// Worker threads.
     pub workers: f64,
-    /// Busy time so far, summed over the workers, seconds.
     pub busy_s: f64,
-    /// Tasks alive.
     pub alive_tasks: f64,
-    /// Tasks waiting in the shared queue for a worker.
     pub global_queue: f64,
 }
 
@@ -108,18 +99,15 @@ pub fn pending_limit(series: &[Series]) -> Option<f64> {
 /// The hops of the chain, in order, as the counters of [`counters`] name them.
 pub const HOPS: [&str; 3] = ["orders", "catalog", "pricing"];
 
-/// How late past its own deadline an answer may leave and still be in time: the
-/// three-hop scenarios' rule for every hop (docs/design.md §9). A bucket of
-/// `deadline_overrun_seconds`, so the share later than it is exact.
+/// How late past its deadline a hop's answer may leave and be in time (docs/design.md
+/// §9): a bucket of `deadline_overrun_seconds`, so the share later than it is exact.
 pub const HOP_LATE_AFTER: &str = "0.01";
 
-/// The counters a load grows, by name, in one scrape of each service: catalog-service's
-/// time on calls it answered 200 and calls answered; orders-service's catalog attempts
-/// (`cancelled` too), those cut or answered 504, hedges sent, hedges and retries cut,
-/// extra attempts the deadline rule refused, calls admission refused as predicted late;
-/// and for each hop (`hops`, in [`HOPS`]' order, empty for one that is not there) the
-/// requests it took under a deadline, its answers, and those later than
-/// [`HOP_LATE_AFTER`] past its deadline.
+/// The counters a load grows, by name, in one scrape of each service (`hops`, in
+/// [`HOPS`]' order, empty for one not there): the catalog's time on calls answered 200
+/// and its answers; orders-service's catalog attempts, cut ones, hedges, extra attempts
+/// cut or refused, admission's refusals; each hop's answers under a deadline and those
+/// later than [`HOP_LATE_AFTER`] past it.
 pub fn counters(hops: [&[Series]; 3]) -> BTreeMap<String, f64> {
     let [orders, catalog, _] = hops;
     let sum = |series, family: &str, labels: &[(&str, &str)]| {
@@ -192,8 +180,7 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// Samples orders' `metrics_url`, the catalog's in-flight gauge from
-    /// `catalog_metrics_url` and the memory of process `pid` every 250 ms from now on.
+    /// Samples both services' `/metrics` and the memory of `pid` every 250 ms.
     pub fn start(metrics_url: String, catalog_metrics_url: String, pid: u32) -> Self {
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {

@@ -56,18 +56,11 @@ pub enum Scenario {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "model")]
 pub enum Model {
-    /// `rate` arrivals per second whatever the service does (constant-arrival-rate).
-    Open {
-        /// Orders per second.
-        rate: u32,
-    },
-    /// `vus` users, each sending its next order `think_ms` after its last answer.
-    Closed {
-        /// Users.
-        vus: u32,
-        /// Pause after every answer, the same in both modes (randomised ±1/3).
-        think_ms: u64,
-    },
+    /// `rate` orders per second whatever the service does (constant-arrival-rate).
+    Open { rate: u32 },
+    /// `vus` users, each sending its next order `think_ms` after its last answer (the
+    /// same in both modes, randomised ±1/3).
+    Closed { vus: u32, think_ms: u64 },
 }
 
 /// The catalog fault injected through its admin API.
@@ -81,55 +74,44 @@ pub struct Fault {
     pub busy_ms: u64,
     /// Share of calls that wait `straggler_ms` more.
     pub straggler_rate: f64,
-    /// How much longer a straggler waits.
     pub straggler_ms: u64,
     /// Share of calls refused at once with 503.
     pub unavailable_rate: f64,
 }
 
-/// Everything that defines the load of one run.
+/// Everything that defines the load of one run: its scenario, how orders arrive, and
+/// for how long k6 sends them.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Load {
-    /// The scenario.
     pub scenario: Scenario,
-    /// How orders arrive.
     pub model: Model,
-    /// How long k6 sends orders.
     #[serde(with = "crate::stats::secs")]
     pub duration: Duration,
     /// The budget each order carries (`X-Request-Timeout-Ms`).
     pub budget_ms: u64,
-    /// When the client gives up (k6's request timeout): [`CLIENT_PATIENCE_MS`] past the
-    /// budget, unless the scenario says otherwise.
+    /// When the client gives up (k6's timeout): by default [`CLIENT_PATIENCE_MS`] late.
     pub timeout_ms: u64,
     /// The catalog fault during the load, if any.
     pub fault: Option<Fault>,
-    /// The catalog's usual speed, in force during the warm-up (and so in the history
-    /// hedging is timed from) where it is not 0 (`stragglers`, `tight`, `outage`).
+    /// The catalog's usual speed during the warm-up (the history hedging is timed from).
     pub warm_up_fault: Option<Fault>,
-    /// For `outage`: the fault is injected this long after the load starts (else from
-    /// the start).
+    /// For `outage`: the fault is injected this long into the load (else at the start).
     #[serde(with = "opt_secs")]
     pub fault_from: Option<Duration>,
-    /// For `recovery` and `outage`: the fault is removed this long after the load
-    /// starts.
+    /// For `recovery` and `outage`: the fault is removed this long into the load.
     #[serde(with = "opt_secs")]
     pub fault_removed_after: Option<Duration>,
-    /// For `tight`: each order's budget drawn uniformly from this range (ms), instead of
-    /// `budget_ms` for all.
+    /// For `tight`: each order's budget drawn uniformly from this range (ms).
     pub budget_range_ms: Option<(u64, u64)>,
     /// orders-service's catalog bulkhead: slots in flight.
     pub pool_max_connections: u32,
     /// For `partition`: the link to PostgreSQL cut during the load.
     pub partition: Option<Partition>,
-    /// Time the order's statement spends on the server holding its row locks (a
-    /// `BEFORE UPDATE` trigger that sleeps), ms; 0 for none.
+    /// Time (ms) the order's statement spends on the server holding its row locks.
     pub db_statement_ms: u64,
-    /// For the three-hop scenarios: pricing-service behind the catalog, with this fault
-    /// during the load (`None`: two hops).
+    /// Three hops: pricing-service behind the catalog, with this fault (`None`: two hops).
     pub pricing_fault: Option<Fault>,
-    /// orders-service hedges its catalog calls (`CATALOG_HEDGE=on`), so that retries and
-    /// hedges are on at both hops.
+    /// orders-service hedges its catalog calls too (`CATALOG_HEDGE=on`).
     pub hedging: bool,
 }
 
@@ -137,22 +119,18 @@ pub struct Load {
 /// packet dropped both ways from `after` into the load, for `length`, then healed.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Partition {
-    /// When the cut starts, after the load's start.
     #[serde(with = "crate::stats::secs")]
     pub after: Duration,
-    /// How long it lasts.
     #[serde(with = "crate::stats::secs")]
     pub length: Duration,
 }
 
-/// How long past its budget a client of the open scenarios waits before it gives up.
-/// A client that gave up *at* the budget would cut every latency there, and the p99
-/// check (budget + margin) could never fail; a second past it, a late answer shows.
+/// How long past its budget a client of the open scenarios waits before it gives up: one
+/// giving up *at* the budget would cut every latency there, and the p99 check pass.
 pub const CLIENT_PATIENCE_MS: u64 = 1000;
 
 impl Load {
-    /// The same load with `vus` users (closed loop) or `rate` arrivals (open model),
-    /// and `pool_slots` catalog pool slots.
+    /// The same load with `vus` users or `rate` arrivals, and `pool_slots` pool slots.
     pub fn with_overrides(
         mut self,
         vus: Option<u32>,
@@ -165,6 +143,19 @@ impl Load {
         }
         self.pool_max_connections = pool_slots.unwrap_or(self.pool_max_connections);
         self
+    }
+}
+
+/// A closed loop of `vus` users pausing `think_ms` after every answer.
+fn closed(vus: u32, think_ms: u64) -> Model {
+    Model::Closed { vus, think_ms }
+}
+
+/// A catalog that answers every call `delay_ms` late.
+pub fn delay(delay_ms: u64) -> Fault {
+    Fault {
+        delay_ms,
+        ..Fault::default()
     }
 }
 
@@ -196,10 +187,7 @@ impl Scenario {
             jitter_ms: 600,
             ..Fault::default()
         };
-        let seed_fault = Fault {
-            delay_ms: 1000,
-            ..Fault::default()
-        };
+        let seed_fault = delay(1000);
         // 10 to 30 ms per call, and one call in a hundred stalls a second more.
         let usual = Fault {
             delay_ms: 10,
@@ -216,13 +204,9 @@ impl Scenario {
                 fault: Some(variable),
                 ..base
             },
-            // Clients of the seed's run wait for their answer (60 s), so legacy's
-            // queue shows up as latency instead of being cut off by the client.
+            // Clients wait 60 s: legacy's queue shows as latency, not cut by the client.
             Self::Seed => Load {
-                model: Model::Closed {
-                    vus: 250,
-                    think_ms: 750,
-                },
+                model: closed(250, 750),
                 timeout_ms: 60_000,
                 fault: Some(seed_fault),
                 ..base
@@ -237,64 +221,36 @@ impl Scenario {
                 }
             }
             Self::Mixed => Load {
-                model: Model::Closed {
-                    vus: 250,
-                    think_ms: 750,
-                },
+                model: closed(250, 750),
                 timeout_ms: 60_000,
-                fault: Some(Fault {
-                    delay_ms: 400,
-                    ..Fault::default()
-                }),
+                fault: Some(delay(400)),
                 ..base
             },
             Self::Happy => Load {
-                model: Model::Closed {
-                    vus: 50,
-                    think_ms: 0,
-                },
+                model: closed(50, 0),
                 ..base
             },
-            // 20 ms of spinning per call: the catalog's workers can serve at most 100
-            // calls a second between them, so 30 users without a pause keep both busy
-            // and about 30 calls queued on them, within the 700 ms budget and under the
+            // 20 ms of spinning per call: 30 users without a pause keep the catalog's
+            // workers busy with calls queued on them, within the budget and under the
             // 50 slots of orders-service's pool.
             Self::Saturation => Load {
-                model: Model::Closed {
-                    vus: 30,
-                    think_ms: 0,
-                },
+                model: closed(30, 0),
                 fault: Some(Fault {
                     busy_ms: 20,
                     ..Fault::default()
                 }),
                 ..base
             },
-            // 20 ms per call through 2 slots: at most 100 calls a second, so 30 users
-            // without a pause keep about 28 calls waiting for a slot, under the pool's
-            // queue limit (50). Legacy's wait their turn (about 300 ms, within the
-            // budget); propagate's are refused (503 `catalog_pool`) once they have
-            // waited the pool's acquire timeout, and their users ask again at once.
-            // Either way the call itself (20 ms) stays far below a tenth of the budget
-            // and both executors stay mostly idle.
+            // 20 ms per call through 2 slots: 30 users without a pause keep most of their
+            // calls waiting for a slot, under the pool's queue limit (50). Legacy's wait
+            // their turn; propagate's are refused (503 `catalog_pool`) after the pool's
+            // acquire timeout. The call itself stays far below the budget.
             Self::PoolQueue => Load {
-                model: Model::Closed {
-                    vus: 30,
-                    think_ms: 0,
-                },
-                fault: Some(Fault {
-                    delay_ms: 20,
-                    ..Fault::default()
-                }),
+                model: closed(30, 0),
+                fault: Some(delay(20)),
                 pool_max_connections: 2,
                 ..base
             },
-            // 10 s of the goodput load, 20 s with the database cut off, and the minute
-            // after the heal (a shorter --duration keeps those shares). The order's
-            // statement takes 50 ms on the server, so about four write transactions are
-            // there, holding row locks, when the cut comes (with 2 ms statements it would
-            // mostly find none). A COMMIT on the wire when the cut starts is answered
-            // 500 outcome-unknown, true then.
             // 200 orders a second for 40 s: 8,000 orders, enough for a p99.9.
             Self::Stragglers => Load {
                 model: Model::Open { rate: 200 },
@@ -330,8 +286,7 @@ impl Scenario {
                     ..base
                 }
             }
-            // The catalog at its usual speed, its prices 200 to 800 ms away: the goodput
-            // load's fault, a hop further down.
+            // The goodput load's fault a hop further down, in the catalog's prices.
             Self::PricingSlow => Load {
                 warm_up_fault: Some(usual),
                 fault: Some(usual),
@@ -349,6 +304,10 @@ impl Scenario {
                 hedging: true,
                 ..base
             },
+            // 10 s of the goodput load, 20 s with the database cut off, and the minute
+            // after the heal (a shorter --duration keeps those shares). The statement's
+            // 50 ms on the server leave write transactions holding row locks when the
+            // cut comes; a COMMIT on the wire then is answered 500 outcome-unknown.
             Self::Partition => {
                 let duration = secs(90);
                 Load {
@@ -408,22 +367,18 @@ pub enum Versus {
     RetryHops,
 }
 
-/// One side of a comparison: its name in the tables, the `DEADLINE_MODE` it runs in
-/// (k6 checks p99 against the budget in `propagate`), and its extra setting, given to
-/// both services.
+/// One side of a comparison: its name in tables and folders, orders-service's
+/// `DEADLINE_MODE` (k6 checks p99 against the budget in `propagate`), and its extra
+/// settings, given to both services (each ignores the other's).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Side {
-    /// The name in tables and folders.
     pub name: &'static str,
-    /// orders-service's `DEADLINE_MODE`.
     pub mode: &'static str,
-    /// Settings for both services (each ignores the other's).
     pub env: &'static [(&'static str, &'static str)],
 }
 
 impl Versus {
-    /// The two sides, in the order the tables show them; ratios are the second's over
-    /// the first's.
+    /// The two sides, in table order; ratios are the second's over the first's.
     pub fn sides(self) -> [Side; 2] {
         let side = |name, mode, env| Side { name, mode, env };
         let bounds_off = &[

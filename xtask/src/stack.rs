@@ -22,9 +22,8 @@ pub fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
-/// The commit the figures speak for: `HEAD`, with `-dirty` when code differs from it.
-/// Results folders do not count: a run that publishes into `docs/results/` while an
-/// earlier scenario's results wait to be committed still ran the committed code.
+/// The commit the figures speak for: `HEAD`, `-dirty` when code differs from it (results
+/// folders do not count: publishing a run while another's wait to be committed is fine).
 pub fn commit() -> String {
     let git = |args: &[&str]| {
         std::process::Command::new("git")
@@ -85,13 +84,11 @@ pub fn which(program: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The loopback ports of one stack, chosen once so a Prometheus started beside it can
-/// scrape every run of an experiment at the same addresses.
+/// The loopback ports of one stack, chosen once so a Prometheus beside it scrapes every
+/// run at the same addresses: each service's public port, shipping-worker's `/metrics`.
 #[derive(Debug, Clone, Copy)]
 pub struct Ports {
-    /// orders-service's public port.
     pub orders: u16,
-    /// catalog-service's public port.
     pub catalog: u16,
     /// catalog-service's admin port (fault injection).
     pub admin: u16,
@@ -101,7 +98,6 @@ pub struct Ports {
     pub pricing: u16,
     /// pricing-service's admin port: its faults and its `/metrics`.
     pub pricing_admin: u16,
-    /// shipping-worker's `/metrics`.
     pub shipping: u16,
 }
 
@@ -125,39 +121,30 @@ pub fn url(port: u16) -> String {
     format!("http://127.0.0.1:{port}")
 }
 
-/// The services running against one database.
+/// The services on one database, and where they listen; orders-service declared first:
+/// dropped, so stopped, first. pricing-service runs where the catalog calls it.
 pub struct Services {
-    /// orders-service (declared first: dropped, so stopped, first).
     pub orders: ServiceProcess,
-    /// shipping-worker, on the queue in orders-service's database.
     pub shipping: Option<ServiceProcess>,
-    /// catalog-service.
     pub catalog: ServiceProcess,
-    /// pricing-service, where the catalog calls it.
     pub pricing: Option<ServiceProcess>,
-    /// Where they listen.
     pub ports: Ports,
-    /// The database orders-service uses.
     pub database_url: String,
 }
 
-/// What differs between two starts of the services.
+/// What differs between two starts of the services: each one's extra settings, and
+/// whether pricing-service starts, the catalog pointed at it (`PRICING_URL`).
 #[derive(Debug, Clone, Default)]
 pub struct ServiceEnv {
-    /// Extra orders-service settings (`DEADLINE_MODE`, pool sizes, ...).
     pub orders: Vec<(String, String)>,
-    /// Extra catalog-service settings.
     pub catalog: Vec<(String, String)>,
-    /// Start pricing-service and point the catalog at it (`PRICING_URL`).
     pub pricing: bool,
-    /// Extra shipping-worker settings.
     pub shipping: Vec<(String, String)>,
 }
 
 impl Services {
-    /// Starts pricing-service (if asked), catalog-service then orders-service from
-    /// `profile`'s binaries, logs in `log_dir`, and waits until orders-service's
-    /// `/readyz` answers 200.
+    /// Starts pricing-service (if asked), catalog-service then orders-service, logs in
+    /// `log_dir`, and waits until orders-service's `/readyz` answers 200.
     pub async fn start(
         profile: &str,
         ports: Ports,
@@ -264,8 +251,7 @@ impl Services {
         )
     }
 
-    /// Graceful stop: SIGTERM to orders (it drains), then to the worker, the catalog,
-    /// then pricing.
+    /// Graceful stop: SIGTERM to orders (it drains), the worker, the catalog, pricing.
     pub fn stop(mut self) {
         self.orders.stop(Duration::from_secs(5));
         if let Some(shipping) = &mut self.shipping {
@@ -278,8 +264,7 @@ impl Services {
     }
 }
 
-/// catalog-service from `bin` on loopback `port` and `admin` (its fault API), with
-/// `env` besides, its log in `log`; once it accepts connections.
+/// catalog-service on `port` and `admin` (its fault API), once it accepts connections.
 pub async fn start_catalog(
     bin: &Path,
     (port, admin): (u16, u16),
@@ -296,23 +281,24 @@ pub async fn start_catalog(
     Ok(process)
 }
 
-/// pricing-service from `bin` on the loopback ports of `ports`, its log in `log`; once
-/// it accepts connections.
+/// pricing-service on its `ports`, once it accepts connections.
 async fn start_pricing(bin: &Path, ports: Ports, log: PathBuf) -> anyhow::Result<ServiceProcess> {
-    let env = [
-        (
-            "PRICING_LISTEN_ADDR",
-            format!("127.0.0.1:{}", ports.pricing),
-        ),
-        (
-            "PRICING_ADMIN_ADDR",
-            format!("127.0.0.1:{}", ports.pricing_admin),
-        ),
-        ("RUST_LOG", "warn".to_owned()),
-    ];
+    let env = pricing_env(ports);
     let mut process = ServiceProcess::start(&bin.join("pricing-service"), &env, log)?;
     wait_listening(ports.pricing, &mut process).await?;
     Ok(process)
+}
+
+/// pricing-service's settings. Only the catalog calls it, so it honours the observe
+/// marker as compose and Kubernetes run it: else observe mode meets pricing's budget.
+fn pricing_env(ports: Ports) -> Vec<(&'static str, String)> {
+    let addr = |port| format!("127.0.0.1:{port}");
+    vec![
+        ("PRICING_LISTEN_ADDR", addr(ports.pricing)),
+        ("PRICING_ADMIN_ADDR", addr(ports.pricing_admin)),
+        ("PRICING_HONOUR_OBSERVE", "true".to_owned()),
+        ("RUST_LOG", "warn".to_owned()),
+    ]
 }
 
 /// Waits until `process` accepts connections on `port`; fails if it exits first.
@@ -340,9 +326,8 @@ pub async fn fresh_database(cluster: &PgCluster, name: &str) -> anyhow::Result<S
     create_database(&cluster.url("postgres"), name).await
 }
 
-/// `cargo xtask stack -- <command>`: starts PostgreSQL and both services, runs the
-/// command with `ORDERS_URL`, `ORDERS_ADMIN_URL`, `ORDERS_PID`, `CATALOG_URL`,
-/// `CATALOG_ADMIN_URL` and `DATABASE_URL` set, stops everything and returns the command's exit code.
+/// `cargo xtask stack -- <command>`: the command run with the stack's addresses in its
+/// environment; stops everything and returns the command's exit code.
 pub async fn run_with_stack(
     profile: &str,
     env: &ServiceEnv,
@@ -372,8 +357,7 @@ pub async fn run_with_stack(
         .status()
         .await
         .with_context(|| format!("cannot run {program}"))?;
-    // A service that died during the command fails the run even if the command
-    // passed: an outside check must not pass against a crashed stack.
+    // An outside check must not pass against a service that died during it.
     let mut services = services;
     let mut code = status.code().unwrap_or(1);
     for (name, process) in [
@@ -391,4 +375,20 @@ pub async fn run_with_stack(
     services.stop();
     drop(cluster);
     Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The harness starts pricing as docker-compose.yml does: it honours the marker.
+    #[test]
+    fn pricing_honours_the_observe_marker_as_in_compose() {
+        let compose = std::fs::read_to_string(super::workspace().join("docker-compose.yml"));
+        assert!(
+            compose
+                .unwrap()
+                .contains("PRICING_HONOUR_OBSERVE: \"true\"")
+        );
+        let env = super::pricing_env(super::Ports::free());
+        assert!(env.contains(&("PRICING_HONOUR_OBSERVE", "true".to_owned())));
+    }
 }

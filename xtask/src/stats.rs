@@ -24,15 +24,13 @@ pub struct Request {
 }
 
 impl Request {
-    /// An order created and answered within the client's budget (its own, else
-    /// `budget_ms`): goodput.
+    /// An order created within the client's budget (its own, else `budget_ms`): goodput.
     pub fn good(&self, budget_ms: u64) -> bool {
         self.status == 201 && self.elapsed_ms <= self.budget_ms.unwrap_or(budget_ms)
     }
 }
 
-/// Parses k6's request log (`arrival_ms,status,elapsed_ms[,budget_ms]` per line);
-/// other lines (k6's own warnings, if any reach the file) are skipped.
+/// Parses k6's request log (`arrival_ms,status,elapsed_ms[,budget_ms]`), other lines skipped.
 pub fn parse_request_log(text: &str) -> Vec<Request> {
     text.lines()
         .filter_map(|line| {
@@ -62,14 +60,12 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Median, smallest and largest of a figure over the repeats of one mode.
+/// Median (the mean of the middle two for an even count), smallest and largest of a
+/// figure over the repeats of one side.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Spread {
-    /// The median (the mean of the middle two for an even count).
     pub median: f64,
-    /// The smallest value.
     pub min: f64,
-    /// The largest value.
     pub max: f64,
 }
 
@@ -93,8 +89,26 @@ pub fn spread(values: &[f64]) -> Option<Spread> {
     })
 }
 
-/// The `q` quantile (0..=1) of `values` by the nearest-rank method, as k6 and most
-/// load tools report it; `None` when empty.
+/// `median (min to max)` with `digits` decimals, or `n/a` for no spread.
+pub fn median_range(s: Option<Spread>, digits: usize) -> String {
+    s.map_or("n/a".into(), |s| {
+        format!(
+            "{:.d$} ({:.d$} to {:.d$})",
+            s.median,
+            s.min,
+            s.max,
+            d = digits
+        )
+    })
+}
+
+/// Two sides in the order of pair `n`: alternated, so that neither always runs on a
+/// machine the other has just warmed (or tired).
+pub fn alternate<T>(n: usize, [a, b]: [T; 2]) -> [T; 2] {
+    if n.is_multiple_of(2) { [a, b] } else { [b, a] }
+}
+
+/// The `q` quantile (0..=1) of `values` by nearest rank, as k6 reports it.
 pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
@@ -111,11 +125,10 @@ pub fn goodput(requests: &[Request], budget_ms: u64, seconds: f64) -> f64 {
 /// The requests of one second of arrivals.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Second {
-    /// Seconds since the first arrival.
+    /// Seconds since the first arrival; requests sent in this second; of them, orders
+    /// created within the budget.
     pub t: u64,
-    /// Requests sent in this second.
     pub arrivals: u64,
-    /// Of them, orders created within the budget.
     pub good: u64,
     /// p50 of their client-side latency, in ms (0 in runs published before it was kept).
     #[serde(default)]
@@ -150,9 +163,8 @@ pub fn per_second(requests: &[Request], start_ms: u64, budget_ms: u64) -> Vec<Se
     seconds
 }
 
-/// Recovery: the time from `removed_ms` (the fault removed) to the start of the first
-/// whole second of arrivals of which at least `share` (0.95) were served within the
-/// budget. The window slides in 50 ms steps; `None` when no such second came.
+/// Recovery: from `removed_ms` (the fault removed) to the first whole second of arrivals
+/// at least `share` served within the budget (the window slides in 50 ms steps).
 pub fn recovery_ms(
     requests: &[Request],
     removed_ms: u64,

@@ -9,24 +9,20 @@ use crate::diagnosis::{self, Answer};
 use crate::run::ModeRun;
 use crate::stats::{Spread, spread};
 
-/// The modes, in the order the tables show them: the sides of an invocation unless it
-/// compares something else ([`crate::scenario::Versus`]).
+/// The modes, in table order: the sides unless they are another [`crate::scenario::Versus`].
 pub const MODES: [&str; 2] = ["legacy", "propagate"];
 
 fn default_sides() -> Vec<String> {
     MODES.map(str::to_owned).to_vec()
 }
 
-/// What `summary.json` holds.
+/// What `summary.json` holds: the scenario, the commit that produced it, the build
+/// profile, and the load both sides got (as the scenario defined it).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Summary {
-    /// The scenario's name.
     pub scenario: String,
-    /// The commit that produced it (`git describe --always --dirty`).
     pub commit: String,
-    /// `dev` or `release`.
     pub profile: String,
-    /// The load both modes got (as the scenario defined it).
     pub load: serde_json::Value,
     /// The two sides compared, in table order (summaries written before there was a
     /// choice compared the modes).
@@ -36,23 +32,30 @@ pub struct Summary {
     /// saturated executor?" ([`crate::diagnosis`]); empty in older summaries.
     #[serde(default)]
     pub answers: BTreeMap<String, String>,
-    /// Runs per mode.
+    /// Runs per side; per side, per figure, the spread over the repeats; every run's
+    /// figures, in the order they ran.
     pub repeats: usize,
-    /// Per mode, per figure: median, min, max over the repeats.
     pub modes: BTreeMap<String, BTreeMap<String, Spread>>,
-    /// Every run's figures, in the order they ran.
     pub runs: Vec<RunFigures>,
 }
 
-/// One run's figures, without its time series.
+/// One run's figures by name, without its time series.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunFigures {
-    /// `legacy` or `propagate`.
     pub mode: String,
-    /// Which repeat.
     pub repeat: usize,
-    /// The figures, by name.
     pub figures: BTreeMap<String, f64>,
+}
+
+impl From<&ModeRun> for RunFigures {
+    fn from(r: &ModeRun) -> Self {
+        let (mode, figures) = (r.mode.clone(), r.figures.clone());
+        Self {
+            mode,
+            repeat: r.repeat,
+            figures,
+        }
+    }
 }
 
 impl Summary {
@@ -63,16 +66,9 @@ impl Summary {
         profile: &str,
         load: serde_json::Value,
         sides: [&str; 2],
-        runs: &[ModeRun],
+        runs: impl IntoIterator<Item = RunFigures>,
     ) -> Self {
-        let runs: Vec<RunFigures> = runs
-            .iter()
-            .map(|r| RunFigures {
-                mode: r.mode.clone(),
-                repeat: r.repeat,
-                figures: r.figures.clone(),
-            })
-            .collect();
+        let runs: Vec<RunFigures> = runs.into_iter().collect();
         let budget_ms = load["budget_ms"].as_f64().unwrap_or(f64::NAN);
         let mut modes = BTreeMap::new();
         let mut answers = BTreeMap::new();
@@ -127,9 +123,8 @@ impl Summary {
             .collect()
     }
 
-    /// Per repeat, the second side's `figure` over the first's: the two ran one after
-    /// the other, so each ratio compares runs under the same conditions. Repeats that
-    /// lack either value, or whose first is 0, are left out.
+    /// Per repeat, the second side's `figure` over the first's: adjacent runs, under the
+    /// same conditions. Repeats lacking either value, or whose first is 0, left out.
     pub fn pair_ratios(&self, figure: &str) -> Vec<f64> {
         let Some([first, second]) = self.side_names() else {
             return Vec::new();
@@ -230,8 +225,7 @@ pub fn markdown_table(summary: &Summary) -> String {
 }
 
 /// The figures of the first table (the printed report, the top of `summary.md`, a
-/// results block that names no rows): what the acceptance rules read. The rest stays
-/// in the whole table.
+/// results block naming no rows): what the acceptance rules read.
 pub const KEY_FIGURES: [&str; 11] = [
     "goodput_per_s",
     "sent_per_s",
@@ -276,8 +270,7 @@ fn table(summary: &Summary, keep: impl Fn(&str) -> bool) -> String {
     out
 }
 
-/// The answer of each side to "pool queue, slow downstream or saturated executor?",
-/// one markdown line each; empty for summaries that have none.
+/// Each side's answer to "pool queue, slow downstream or saturated executor?", if any.
 pub fn answers_markdown(summary: &Summary) -> String {
     let lines: Vec<String> = summary
         .sides
@@ -353,7 +346,7 @@ mod tests {
             "release",
             load,
             ["metrics-off", "metrics-on"],
-            &runs,
+            runs.iter().map(RunFigures::from),
         );
         assert_eq!(summary.repeats, 2);
         assert_eq!(summary.pair_ratios("created_per_s"), vec![0.98, 1.05]);

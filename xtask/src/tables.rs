@@ -1,11 +1,9 @@
-//! `cargo xtask readme-tables`: the result tables of the docs, numbers only, rendered
-//! from the summaries committed under `docs/results/`, so no published figure can drift
-//! from the run that made it. Every sentence around them is written by hand.
+//! `cargo xtask readme-tables`: the docs' result tables, numbers only, rendered from the
+//! summaries under `docs/results/` so no published figure drifts from its run.
 //!
 //! A table is the lines between `<!-- results:DIR [FIGURE ...] -->` and
-//! `<!-- results:end -->` in README.md or a page of docs/: the table of
-//! `docs/results/DIR/summary.json`: the rows of the figures named, or the first table
-//! of its `summary.md` ([`summary::KEY_FIGURES`]) when none is.
+//! `<!-- results:end -->` in README.md or docs/: the rows of the figures named from
+//! `docs/results/DIR/summary.json`, or its first table ([`summary::KEY_FIGURES`]).
 
 use std::path::{Path, PathBuf};
 
@@ -16,8 +14,7 @@ use crate::summary::{self, Summary};
 const BEGIN: &str = "<!-- results:";
 const END: &str = "<!-- results:end -->";
 
-/// Renders every table of README.md and docs/*.md under `workspace`; with `check`,
-/// writes nothing. Returns the files whose tables changed (or would).
+/// Renders the tables of README.md and docs/*.md (`check`: writes none); the files changed.
 pub fn update(workspace: &Path, check: bool) -> anyhow::Result<Vec<PathBuf>> {
     let mut files = vec![workspace.join("README.md")];
     for entry in std::fs::read_dir(workspace.join("docs"))? {
@@ -40,8 +37,7 @@ pub fn update(workspace: &Path, check: bool) -> anyhow::Result<Vec<PathBuf>> {
     Ok(changed)
 }
 
-/// Where the next block starts: a marker at the start of a line (one quoted in the
-/// prose is not), other than the end marker.
+/// Where the next block starts: a marker at a line's start (not quoted in prose).
 fn next_block(text: &str) -> Option<usize> {
     text.match_indices(BEGIN)
         .map(|(at, _)| at)

@@ -1,10 +1,8 @@
-//! The instrument's control (docs/experiment.md, "The control"): a second
-//! catalog-service that nothing but the instrument calls, at a fixed rate, with the same
-//! call whatever the mode. The machine runs faster or slower from one segment to the
-//! next (other tenants, caches, frequency) and every process moves with it; the
-//! control's CPU per call measures that speed, and a pair's ratio divided by the
-//! control's takes it out. It cannot be one of the measured processes: the catalog the
-//! orders call reads the deadline header in propagate.
+//! The instrument's control (docs/experiment.md, "The control"): a second catalog-service
+//! that only the instrument calls, at a fixed rate, the same call in every mode. The
+//! machine's speed drifts between segments and every process moves with it; the control's
+//! CPU per call measures that, and a pair's ratio over the control's takes it out. It
+//! cannot be a measured process: the orders' catalog reads the deadline header in propagate.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -24,8 +22,7 @@ pub(super) struct Reference {
 }
 
 impl Reference {
-    /// Starts the control from `profile`'s binary, its log in `dir`, and calls it
-    /// `rate` times a second from now on.
+    /// Starts the control, its log in `dir`, and calls it `rate` times a second.
     pub(super) async fn start(profile: &str, dir: &Path, rate: u32) -> anyhow::Result<Self> {
         let bin = binary_dir(&crate::stack::workspace(), profile);
         let port = free_port();

@@ -1,22 +1,18 @@
 //! `cargo xtask images`: every image `docker-compose.yml` runs (but Grafana, Jaeger and
-//! k6), made on a machine without a container registry, from Debian's packages and the
-//! binaries the host built (docs/docker.md). The stand-ins have names of their own,
-//! which `docker-compose.offline.yml` points the compose file at.
+//! k6), made without a container registry from Debian's packages and the host's binaries
+//! (docs/docker.md), under names of their own that `docker-compose.offline.yml` points at.
 //!
-//! 1. `debootstrap` a Debian bookworm root file system (the minbase variant) into the
-//!    cache, and download beside it the packages of PostgreSQL 15 and Prometheus with
-//!    their dependencies, resolved against that file system. Only when an image below
-//!    must be made, and once: the cache is reused while it exists.
-//! 2. `docker import` the file system as [`BASE_IMAGE`], unless the engine has it.
-//! 3. Build [`POSTGRES_IMAGE`] and [`PROMETHEUS_IMAGE`] on it from `xtask/images/`:
-//!    the downloaded packages are in the build context, so no build needs the network.
-//!    An image built from the same files (its recipe label) is kept.
-//! 4. Build the two service images from the Dockerfile's `*-prebuilt` targets, which
-//!    copy the host's binaries instead of compiling in a `rust` image, on
-//!    [`BASE_IMAGE`] (the Dockerfile's build argument `BASE_IMAGE`).
+//! 1. `debootstrap` a Debian bookworm root file system into the cache, with the packages of
+//!    PostgreSQL 15 and Prometheus downloaded beside it; only when an image below must be
+//!    made, and once: the cache is reused while it exists.
+//! 2. `docker import` it as [`BASE_IMAGE`], unless the engine has it.
+//! 3. Build [`POSTGRES_IMAGE`] and [`PROMETHEUS_IMAGE`] on it from `xtask/images/`, the
+//!    packages in the build context (no network); one built from the same files is kept.
+//! 4. Build the service images from the Dockerfile's `*-prebuilt` targets (the host's
+//!    binaries, no `rust` image) on [`BASE_IMAGE`].
 //!
-//! No stand-in takes the name of an image a registry serves: with a registry, compose
-//! without the override pulls the real ones, and never runs a stand-in by mistake.
+//! No stand-in takes the name of a registry's image: with a registry, compose without the
+//! override pulls the real ones and never runs a stand-in by mistake.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -51,18 +47,15 @@ pub const SERVICE_TARGETS: [&str; 4] = [
 pub fn image(service: &str) -> String {
     format!("deadline-propagation/{service}:dev")
 }
-/// The label on every image made here (`docker image ls --filter label=...` lists them).
-/// The Dockerfiles in `xtask/images/` set it too.
+/// The label on every image made here (the Dockerfiles in `xtask/images/` set it too).
 const MADE_HERE: &str = "dev.deadline-propagation.made-by=cargo-xtask-images";
-/// The label holding a hash of the files a stand-in was built from ([`recipe`]): an
-/// image built from other files is built again, an up-to-date one needs no root file
-/// system (a new clone on a machine that has the images skips debootstrap).
+/// The label holding the hash of a stand-in's files ([`recipe`]): one built from other
+/// files is built again, an up-to-date one needs no root file system (no debootstrap).
 const RECIPE_LABEL: &str = "dev.deadline-propagation.recipe";
 /// The Debian release of every image.
 const SUITE: &str = "bookworm";
 
-/// The stand-ins built on [`BASE_IMAGE`]: image, folder under `xtask/images/`, and the
-/// Debian packages installed in it.
+/// The stand-ins on [`BASE_IMAGE`]: image, folder in `xtask/images/`, Debian package.
 const STAND_INS: [(&str, &str, &str); 2] = [
     (POSTGRES_IMAGE, "postgres", "postgresql-15"),
     (PROMETHEUS_IMAGE, "prometheus", "prometheus"),
@@ -147,8 +140,7 @@ fn step(what: &str, work: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result
     Ok(())
 }
 
-/// Builds a stand-in image from `xtask/images/<folder>/` with `context` (which holds
-/// its `debs/`) as the build context, labelled with its `recipe`.
+/// Builds a stand-in from `xtask/images/<folder>/` in `context` (with its `debs/`).
 fn build_stand_in(image: &str, folder: &str, recipe: &str, context: &Path) -> anyhow::Result<()> {
     for path in recipe_files(folder)? {
         std::fs::copy(&path, context.join(path.file_name().expect("a file")))?;
@@ -180,8 +172,7 @@ fn recipe(folder: &str) -> anyhow::Result<String> {
     Ok(format!("{hash:016x}"))
 }
 
-/// Builds `image` from the Dockerfile's `<target>-prebuilt` stage, with a context of
-/// the services' binaries copied from `binaries`.
+/// Builds `image` from the Dockerfile's `<target>-prebuilt` stage and the binaries.
 fn build_service(binaries: &Path, context: &Path, target: &str, image: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(context)?;
     for name in SERVICE_TARGETS {

@@ -10,9 +10,8 @@ use anyhow::{Context as _, bail, ensure};
 use super::{BASE_IMAGE, MADE_HERE, STAND_INS, SUITE};
 use crate::stack::{run, which};
 
-/// Makes `tree`: the root file system in `rootfs/` and, for each stand-in, its packages
-/// in `<folder>/debs/`. Built under a temporary name and renamed when complete, so an
-/// interrupted run is started again rather than reused.
+/// Makes `tree`: the root file system in `rootfs/`, each stand-in's packages in
+/// `<folder>/debs/`; renamed into place when complete, so an interrupted run is redone.
 pub(super) fn bootstrap(cache: &Path, tree: &Path, mirror: &str) -> anyhow::Result<()> {
     ensure!(
         which("debootstrap").is_some(),
@@ -21,8 +20,7 @@ pub(super) fn bootstrap(cache: &Path, tree: &Path, mirror: &str) -> anyhow::Resu
     let partial = tree.with_extension("partial");
     remove_unmounted(&partial)?;
     std::fs::create_dir_all(&partial)?;
-    // The .deb files, kept so that a new tree after `rm -rf <cache>/bookworm` downloads
-    // nothing.
+    // The .deb files, kept: a new tree after `rm -rf <cache>/bookworm` downloads nothing.
     let debs = std::path::absolute(cache)?.join("debootstrap");
     std::fs::create_dir_all(&debs)?;
     let rootfs = partial.join("rootfs");
@@ -41,9 +39,8 @@ pub(super) fn bootstrap(cache: &Path, tree: &Path, mirror: &str) -> anyhow::Resu
     Ok(())
 }
 
-/// Downloads `package` and every dependency `rootfs` lacks into `dest`, with the host's
-/// apt but the tree's package lists, sources and installed packages, so the set is
-/// exactly what installing it in an image of that tree needs.
+/// Downloads `package` and every dependency `rootfs` lacks into `dest`: the host's apt on
+/// the tree's lists and packages, so exactly what installing it in that tree needs.
 fn download(rootfs: &Path, package: &str, dest: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dest)?;
     let tree = [
@@ -65,8 +62,7 @@ fn download(rootfs: &Path, package: &str, dest: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `docker import` of `rootfs` as [`BASE_IMAGE`], with `bash` as its command as in
-/// Debian's official images.
+/// `docker import` of `rootfs` as [`BASE_IMAGE`], `bash` its command (as Debian's).
 pub(super) fn import(rootfs: &Path) -> anyhow::Result<()> {
     let mut tar = Command::new("tar")
         .arg("--numeric-owner")
@@ -100,9 +96,8 @@ fn empty_files(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Removes what an interrupted debootstrap left at `dir`, unless something is still
-/// mounted under it (debootstrap mounts /proc and /sys in the tree while it installs):
-/// removing files through such a mount would reach the host's.
+/// Removes what an interrupted debootstrap left at `dir`, unless /proc or /sys is still
+/// mounted under it: removing files through such a mount would reach the host's.
 fn remove_unmounted(dir: &Path) -> anyhow::Result<()> {
     if !dir.exists() {
         return Ok(());
