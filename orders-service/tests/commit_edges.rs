@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use common::{MS, TestApp, json_of, own_cluster, sleep_on_server, spawn_app, spawn_app_on};
 use deadline_propagation::Deadline;
@@ -151,17 +151,22 @@ async fn transactions_with_alike_budgets_add_no_statement_and_each_connection_le
         .execute(&mut admin)
         .await
         .unwrap();
-    let app = spawn_app_on(database, |_| {}).await;
+    // This test is about what each transaction sends, not about the pool's early
+    // rejection: sqlx counts a whole connect (a backend forked and started) in the pool
+    // wait, and on a loaded machine one can take longer than the default acquire timeout,
+    // which answers 503 `db_pool` as it should (docs/design.md §8). Here only each
+    // order's budget bounds the wait.
+    let app = spawn_app_on(database, |config| config.db_pool_acquire_timeout_ms = 2_000).await;
     // Orders from 4 clients at once, so the pool opens several connections.
     let orders = (0..4).map(|client| {
         let app = &app;
         async move {
             for i in 0..10 {
                 let sku = format!("SKU-{:05}", 100 + client * 10 + i);
-                assert_eq!(
-                    app.order(&sku, 1, Some(2000)).await.status(),
-                    StatusCode::CREATED
-                );
+                let answer = app.order(&sku, 1, Some(2000)).await;
+                let status = answer.status();
+                let body = answer.text().await.unwrap_or_default();
+                assert_eq!(status, StatusCode::CREATED, "{sku}: {body}");
             }
         }
     });
@@ -190,31 +195,53 @@ async fn transactions_with_alike_budgets_add_no_statement_and_each_connection_le
     assert!(!identified.is_empty());
     // On those backends (not the migrations' or the test's), every transaction was
     // opened by BEGIN, with the session's limit where the one in force did not fit: no
-    // statement naming it. Every order carries the same budget, so a session's first
-    // transaction sends its limit and the ones after reuse it (one whose catalog call or
-    // pool wait took ~60 ms more or less than the last on its session sends another: on
-    // a loaded machine a few may, so the bound is half, where every transaction used to
-    // send one).
-    let begins: Vec<&str> = statements
+    // statement naming it.
+    let begins: Vec<(&str, &str)> = statements
         .iter()
         .filter(|(pid, sql)| identified.contains(pid) && sql.starts_with("BEGIN"))
-        .map(|(_, sql)| *sql)
+        .copied()
         .collect();
     assert_eq!(begins.len(), 40, "{begins:?}");
+    // Every order carries the same budget, but what is left of it at BEGIN is alike only
+    // as far as the catalog call and the pool wait took alike times: on a loaded machine
+    // they vary by more than the window in which a limit is reused (docs/design.md §5: the
+    // limit in force serves a transaction that wants `w` ms when it lies in
+    // `[w - w/16, w]`, and one sent is `w - w/32`). So the rule is held exactly, limit by
+    // limit, whatever the load: a session's first transaction sends its limit (the pool
+    // cannot know the one in force), and a later one sends its own only when the limit
+    // its session was last sent (all committed, so still in force) does not serve it.
+    let mut in_force: HashMap<&str, u64> = HashMap::new();
     let mut sent = 0;
-    for begin in &begins {
+    for (pid, begin) in &begins {
         if *begin == "BEGIN" {
+            assert!(
+                in_force.contains_key(pid),
+                "a session's first transaction sends its limit: {begins:?}"
+            );
             continue;
         }
-        let limit = begin.strip_prefix("BEGIN; SET statement_timeout = ");
-        assert!(
-            limit.is_some_and(|ms| ms.parse::<u64>().is_ok()),
-            "the batch that opens a transaction is BEGIN and at most the limit: {begin}"
-        );
+        let set = begin
+            .strip_prefix("BEGIN; SET statement_timeout = ")
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .unwrap_or_else(|| {
+                panic!("the batch that opens a transaction is BEGIN and at most the limit: {begin}")
+            });
+        if let Some(&prior) = in_force.get(pid) {
+            // The budgets `w` this limit was sent for (one or two, by the rounding).
+            let mut wanted = (set..=set + set / 16 + 1).filter(|w| w - w / 32 == set);
+            assert!(
+                wanted.any(|w| prior > w || prior < w - w / 16),
+                "session {pid} was sent {set} ms while {prior} ms, in force, served it: \
+                 {begins:?}"
+            );
+        }
+        in_force.insert(pid, set);
         sent += 1;
     }
+    // And alike budgets did reuse limits: some transactions sent none (every one used
+    // to send its own).
     assert!(
-        sent >= identified.len() && sent <= begins.len() / 2,
+        sent >= identified.len() && sent < begins.len(),
         "{sent} limits sent by {} sessions for 40 alike budgets: {begins:?}",
         identified.len()
     );
