@@ -4,7 +4,6 @@
 //! twice). Each is timed and told to the plugins. A write is waited for past the
 //! deadline, briefly, to learn its outcome (`request.rs`).
 
-use std::pin::pin;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -278,14 +277,19 @@ impl BudgetedClient {
             }
             // No more than what is kept back is left: the budget is spent, no I/O.
             DeadlineMode::Propagate if budget.is_none() => Err(deadline.exceeded(stage)),
+            // A read is cut at the deadline: boxed where it is made (`Deadline::run`), it
+            // is never moved, and what is dropped there is only a read.
+            DeadlineMode::Propagate if !body.write => {
+                deadline.run(stage, fetch(builder, body)).await
+            }
+            // A write may be acted on once sent, whatever happens here: at the deadline it
+            // is waited for a grace longer, for the downstream's answer (its own deadline
+            // came first), and the ingress, polled after this, waits with it instead of
+            // answering 504. Boxed, so that the read's path above stays small.
             DeadlineMode::Propagate => {
-                let mut fetch = pin!(fetch(builder, body));
+                let mut fetch = Box::pin(fetch(builder, body));
                 match deadline.run(stage, &mut fetch).await {
-                    // A write may be acted on once sent, whatever happens here: at the
-                    // deadline it is waited for a grace longer, for the downstream's
-                    // answer (its own deadline came first), and the ingress, polled after
-                    // this, waits with it instead of answering 504.
-                    Err(_) if body.write => {
+                    Err(_) => {
                         let _no_return = deadline.point_of_no_return();
                         let grace = deadline.instant() + OUTCOME_GRACE;
                         Ok(timeout_at(grace, fetch)
