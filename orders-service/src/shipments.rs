@@ -219,3 +219,19 @@ fn set_location(response: &mut Response, job: i64) {
 fn location(job: i64) -> HeaderValue {
     HeaderValue::from_str(&format!("/api/shipments/{job}")).expect("digits are a valid header")
 }
+
+#[cfg(test)]
+mod tests {
+    /// The demo's migration carries the crate's queue tables as `queue::SCHEMA` gives
+    /// them (a copier runs `SCHEMA` itself): the two copies cannot drift apart.
+    #[test]
+    fn the_migration_carries_the_crates_queue_schema_word_for_word() {
+        let migration = include_str!("../migrations/20261207000001_queue_and_shipments.sql");
+        let schema = deadline_propagation::queue::SCHEMA;
+        let tables = &schema[schema.find("CREATE TABLE").expect("the schema creates tables")..];
+        assert!(
+            migration.contains(tables.trim_end()),
+            "the migration's queue tables differ from queue::SCHEMA"
+        );
+    }
+}
