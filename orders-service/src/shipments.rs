@@ -228,7 +228,9 @@ mod tests {
     fn the_migration_carries_the_crates_queue_schema_word_for_word() {
         let migration = include_str!("../migrations/20261207000001_queue_and_shipments.sql");
         let schema = deadline_propagation::queue::SCHEMA;
-        let tables = &schema[schema.find("CREATE TABLE").expect("the schema creates tables")..];
+        let tables = &schema[schema
+            .find("CREATE TABLE")
+            .expect("the schema creates tables")..];
         assert!(
             migration.contains(tables.trim_end()),
             "the migration's queue tables differ from queue::SCHEMA"
