@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::response::IntoResponse as _;
 use common::{MS, TestApp, spawn_app, spawn_app_with};
 use deadline_propagation::db::End;
-use deadline_propagation::{Deadline, Problem, Stage};
+use deadline_propagation::{Deadline, DeadlineMode, Problem, Stage};
 use futures_util::future::BoxFuture;
 use orders_service::budget::Budget;
 use reqwest::StatusCode;
@@ -155,6 +155,49 @@ async fn a_serialization_failure_is_a_503_to_retry_and_writes_nothing() {
     assert_retry_later(answer.expect_err("40001 cannot commit"), "conflicted");
     assert_eq!(app.stock(sku).await, before - 1, "only the other's update");
     assert_eq!(app.order_rows().await, rows, "a 503 wrote an order");
+}
+
+/// A trigger run at COMMIT that fails as SERIALIZABLE fails there (most of its conflicts
+/// are found only at COMMIT): PostgreSQL's own words, deterministically.
+const CONFLICT_AT_COMMIT: &str = "
+    CREATE FUNCTION conflict_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        RAISE EXCEPTION 'could not serialize access' USING ERRCODE = '40001';
+    END $$;
+    CREATE CONSTRAINT TRIGGER conflict_at_commit AFTER UPDATE ON inventory
+        DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION conflict_at_commit();
+";
+
+/// A COMMIT that PostgreSQL refuses with 40001 wrote nothing: a 503 to retry in
+/// propagate and in observe alike (observe once answered it as a 500).
+#[tokio::test]
+async fn a_serialization_failure_at_commit_is_a_503_in_propagate_and_observe() {
+    let app = spawn_app().await;
+    sqlx::raw_sql(CONFLICT_AT_COMMIT)
+        .execute(&app.side)
+        .await
+        .unwrap();
+    let sku = "SKU-00037";
+    let before = app.stock(sku).await;
+    for mode in [DeadlineMode::Propagate, DeadlineMode::Observe] {
+        let deadline = Deadline::after(MS(5000)).with_mode(mode);
+        let answer = app
+            .state
+            .db
+            .transaction(&deadline, move |conn| {
+                Box::pin(async move {
+                    sqlx::query("UPDATE inventory SET available = available - 1 WHERE sku = $1")
+                        .bind(sku)
+                        .execute(&mut *conn)
+                        .await?;
+                    Ok(End::Commit(()))
+                })
+            })
+            .await;
+        let problem = Problem::from(answer.expect_err("40001 at COMMIT cannot commit"));
+        assert_retry_later(problem, "conflicted");
+        assert_eq!(app.stock(sku).await, before, "{mode:?}: a 503 took stock");
+    }
 }
 
 /// `NOWAIT`, or a `lock_timeout` the body set itself (the crate sets none: its

@@ -79,6 +79,7 @@ impl QueueMetrics {
         drop(metrics.done.get_or_create(&metrics.label()));
         drop(metrics.depth.get_or_create(&metrics.label()));
         drop(metrics.oldest.get_or_create(&metrics.label()));
+        drop(metrics.claim_latency.get_or_create(&metrics.label()));
         metrics
     }
 

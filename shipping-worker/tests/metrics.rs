@@ -8,6 +8,34 @@ use std::time::Duration;
 use common::{orders_service, worker_config};
 use test_support::{metric_value, scrape};
 
+/// Every family has its series from the first scrape, before any job: a dashboard's query
+/// (the claim latency's p99 among them) has data on a worker that has claimed nothing.
+#[tokio::test]
+async fn every_series_exists_before_the_first_job() {
+    let stack = orders_service(60).await;
+    let app = shipping_worker::Application::build(worker_config(&stack.url, 1, 0, 0))
+        .await
+        .unwrap();
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let worker = test_support::spawn(|shutdown| app.run_until(shutdown));
+    let text = scrape(&reqwest::Client::new(), &base).await;
+    let queue = r#"queue="shipments""#;
+    for name in [
+        "queue_depth",
+        "queue_oldest_job_age_seconds",
+        "queue_jobs_done_total",
+        "queue_claim_latency_seconds_count",
+    ] {
+        assert_eq!(metric_value(&text, name, queue), Some(0.0), "{name}");
+    }
+    for at in ["queue", "fence"] {
+        let labels = format!(r#"queue="shipments",at="{at}""#);
+        let expired = metric_value(&text, "queue_jobs_expired_total", &labels);
+        assert_eq!(expired, Some(0.0), "expired at {at}");
+    }
+    worker.shutdown().await;
+}
+
 #[tokio::test]
 async fn the_queue_metrics_say_what_the_table_says() {
     let stack = orders_service(60).await;

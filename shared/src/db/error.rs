@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use sqlx::postgres::{PgDatabaseError, PgSeverity};
+
 use crate::deadline::{Deadline, DeadlineExceeded};
 use crate::problem::Problem;
 use crate::stage::Stage;
@@ -101,4 +103,21 @@ pub(crate) fn classify(err: sqlx::Error, deadline: &Deadline, stage: Stage) -> D
         | sqlx::Error::WorkerCrashed => DbError::Unavailable(Some(err)),
         _ => DbError::Query(err),
     }
+}
+
+/// Whether an error answered to COMMIT proves that nothing was committed: only an
+/// `ERROR` in a session that goes on (after the commit record PostgreSQL reports only
+/// `PANIC`); a lost connection, a `FATAL`, a protocol error prove nothing.
+pub(crate) fn proves_rollback(err: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = err else {
+        return false;
+    };
+    let Some(pg) = db.try_downcast_ref::<PgDatabaseError>() else {
+        return false;
+    };
+    let code = pg.code();
+    pg.severity() == PgSeverity::Error
+        && !code.starts_with("08")
+        && !code.starts_with("57P")
+        && !code.starts_with("XX")
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt as _;
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgDatabaseError, PgPool, PgSeverity};
+use sqlx::postgres::PgPool;
 use sqlx::{Connection as _, Postgres};
 use tokio::time::{Instant, timeout, timeout_at};
 use tracing::Instrument;
@@ -21,7 +21,7 @@ use super::error::exceeded;
 use super::handoff::Handoff;
 use super::session::{Backend, CANCEL, Change, IN_TRANSACTION, Session, SessionLimit, Sessions};
 use super::sql::{Access, begin_sql, commit_sql, run_batch};
-use super::{Check, DbError, End, PING_AFTER_IDLE, Statements, classify};
+use super::{Check, DbError, End, PING_AFTER_IDLE, Statements, classify, proves_rollback};
 use crate::deadline::Deadline;
 use crate::stage::Stage;
 
@@ -473,23 +473,6 @@ impl<T: Send> Job<T> {
             _ => conn.close_on_drop(),
         }
     }
-}
-
-/// Whether an error answered to COMMIT proves that nothing was committed: only an
-/// `ERROR` in a session that goes on (after the commit record PostgreSQL reports only
-/// `PANIC`); a lost connection, a `FATAL`, a protocol error prove nothing.
-fn proves_rollback(err: &sqlx::Error) -> bool {
-    let sqlx::Error::Database(db) = err else {
-        return false;
-    };
-    let Some(pg) = db.try_downcast_ref::<PgDatabaseError>() else {
-        return false;
-    };
-    let code = pg.code();
-    pg.severity() == PgSeverity::Error
-        && !code.starts_with("08")
-        && !code.starts_with("57P")
-        && !code.starts_with("XX")
 }
 
 /// The largest `statement_timeout` PostgreSQL takes (`INT_MAX` ms, about 24.8 days): a

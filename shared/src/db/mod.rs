@@ -47,7 +47,7 @@ use crate::deadline::Deadline;
 use crate::mode::DeadlineMode;
 
 pub use error::DbError;
-pub(crate) use error::classify;
+pub(crate) use error::{classify, proves_rollback};
 use handoff::Handoff;
 use job::Job;
 use session::Sessions;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use sqlx::Connection as _;
 use sqlx::postgres::PgConnection;
 
-use super::{Db, DbError, End, Statements, classify};
+use super::{Db, DbError, End, Statements, classify, proves_rollback};
 use crate::deadline::Deadline;
 use crate::stage::Stage;
 
@@ -47,7 +47,15 @@ impl Db {
         let _count_late_statements = reason.is_none().then_some(LateCheck(deadline));
         let value = match body(&mut tx).await {
             Ok(End::Commit(value) | End::CommitVerified(value, _)) => {
-                tx.commit().await.map_err(DbError::Query)?;
+                // What the server said proves a rollback (a serialization failure is
+                // a 503 to retry), or the outcome is unknown: never "nothing written"
+                // for a COMMIT whose connection failed.
+                tx.commit()
+                    .await
+                    .map_err(|err| match proves_rollback(&err) {
+                        true => classify(err, &unbounded, Stage::Db),
+                        false => DbError::OutcomeUnknown,
+                    })?;
                 value
             }
             Ok(End::Rollback(value)) => value,

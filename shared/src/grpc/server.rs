@@ -157,8 +157,8 @@ where
         let (requested, previous) = match (read_budget(headers), read_previous_attempts(headers)) {
             (Ok(requested), Ok(previous)) => (requested, previous),
             (Err(invalid), _) => return refuse(Status::invalid_argument(invalid.to_string())),
-            (_, Err(detail)) => {
-                let detail = format!("x-previous-attempts {detail}");
+            (_, Err((header, detail))) => {
+                let detail = format!("{header} {detail}");
                 return refuse(Status::invalid_argument(detail));
             }
         };

@@ -153,18 +153,22 @@ fn ceil_millis(budget: Duration) -> Duration {
 }
 
 /// The attempts a caller made before this one, if it says: `X-Previous-Attempts` or
-/// gRPC's `grpc-previous-rpc-attempts` (gRFC A6), the larger when both come; or why one
-/// is not a whole number (read with the grammar of milliseconds).
-pub(crate) fn read_previous_attempts(headers: &HeaderMap) -> Result<Option<u32>, String> {
+/// gRPC's `grpc-previous-rpc-attempts` (gRFC A6), the larger when both come; or which
+/// header is not a whole number, and why (read with the grammar of milliseconds).
+pub(crate) fn read_previous_attempts(
+    headers: &HeaderMap,
+) -> Result<Option<u32>, (&'static str, String)> {
     let mut attempts = None;
-    for name in [PREVIOUS_ATTEMPTS_HEADER, GRPC_PREVIOUS_ATTEMPTS_HEADER] {
+    for (name, shown) in [
+        (PREVIOUS_ATTEMPTS_HEADER, "X-Previous-Attempts"),
+        (GRPC_PREVIOUS_ATTEMPTS_HEADER, "grpc-previous-rpc-attempts"),
+    ] {
         let Some(raw) = headers.get(&name).map(|v| v.as_bytes()) else {
             continue;
         };
         let n = parse_millis(raw).ok().and_then(|n| u32::try_from(n).ok());
-        let n =
-            n.ok_or_else(|| format!("must be a whole number of attempts, got {:?}", echo(raw)))?;
-        attempts = attempts.max(Some(n));
+        let why = || format!("must be a whole number of attempts, got {:?}", echo(raw));
+        attempts = attempts.max(Some(n.ok_or_else(|| (shown, why()))?));
     }
     Ok(attempts)
 }
@@ -253,8 +257,13 @@ mod tests {
             read(&[(ours, "2"), (grpc, "4294967295")]),
             Ok(Some(u32::MAX))
         );
-        assert!(read(&[(ours, "2"), (grpc, "4294967296")]).is_err());
-        assert!(read(&[(ours, "x")]).is_err());
+        // The error names the header that is wrong, whichever it is.
+        let wrong = |pairs: &[(&HeaderName, &str)]| read(pairs).unwrap_err().0;
+        assert_eq!(
+            wrong(&[(ours, "2"), (grpc, "4294967296")]),
+            "grpc-previous-rpc-attempts"
+        );
+        assert_eq!(wrong(&[(ours, "x"), (grpc, "1")]), "X-Previous-Attempts");
     }
 
     #[test]

@@ -89,8 +89,8 @@ where
                 let problem = Problem::invalid_header(invalid.header(), invalid.to_string());
                 return ResponseFuture::refuse(problem, &log, arrived);
             }
-            (_, Err(detail)) => {
-                let problem = Problem::invalid_header("X-Previous-Attempts", detail);
+            (_, Err((header, detail))) => {
+                let problem = Problem::invalid_header(header, detail);
                 return ResponseFuture::refuse(problem, &log, arrived);
             }
         };
