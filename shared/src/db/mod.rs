@@ -182,8 +182,9 @@ pub struct Db {
     side_pool: PgPool,
     sessions: Arc<Sessions>,
     deferred: Arc<DeferredWork>,
-    /// The plain connection settings, for migrations.
-    options: PgConnectOptions,
+    /// The plain connection settings, for migrations; shared, so that a clone of `Db`
+    /// (one per request, in a handler's state) copies no strings.
+    options: Arc<PgConnectOptions>,
     config: DbConfig,
     /// Requests waiting for a connection now.
     pending: Arc<AtomicUsize>,
@@ -215,7 +216,7 @@ impl Db {
             side_pool,
             sessions: Arc::new(Sessions::new(config.max_connections)),
             deferred: Arc::default(),
-            options,
+            options: Arc::new(options),
             config,
             pending: Arc::default(),
         })
