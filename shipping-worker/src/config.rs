@@ -58,8 +58,9 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_attempts: u32,
 
-    /// How long an idle worker waits before it looks for a job again.
-    #[arg(long, env = "SHIPPING_IDLE_POLL_MS", default_value_t = 20,
+    /// How long an idle worker waits before it looks for a job again, if no notice of a
+    /// new job wakes it first (`LISTEN`: see `wake`).
+    #[arg(long, env = "SHIPPING_IDLE_POLL_MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub idle_poll_ms: u64,
 

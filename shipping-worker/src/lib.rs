@@ -9,6 +9,7 @@
 //! - [`config`]: settings from the environment and `--flags`.
 //! - [`booking`]: the job's work, the shipment row.
 //! - [`metrics`]: the queue's depth, its oldest job's age, jobs expired, claim latency.
+//! - [`wake`]: idle workers woken by the queue's notices, not by polling.
 //!
 //! The worker has no mode of its own: a job carries its deadline, or none (legacy), and
 //! the worker honours what it carries.
@@ -16,8 +17,11 @@
 pub mod booking;
 pub mod config;
 pub mod metrics;
+pub mod wake;
 
 use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -28,6 +32,7 @@ use deadline_propagation::db::{Db, DbConfig};
 use deadline_propagation::queue::{Queue, QueueConfig, Ran};
 use service_kit::server::{ServerOptions, serve};
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
@@ -96,11 +101,20 @@ impl Application {
         let routes = Router::new().route("/healthz", get(|| async { "ok" }));
         let routes = deadline_propagation::measure(routes, &self.metrics);
         let options = ServerOptions::default();
+        let idle = Arc::new(Notify::new());
+        let url = self.config.database_url.expose().to_owned();
+        let listener = tokio::spawn(wake::listen(
+            url,
+            booking::QUEUE,
+            idle.clone(),
+            stop.clone(),
+        ));
         let workers = (0..self.config.workers).map(|_| {
             tokio::spawn(work(
                 self.queue.clone(),
                 self.queue_metrics.clone(),
                 self.config.clone(),
+                idle.clone(),
                 stop.clone(),
             ))
         });
@@ -122,23 +136,38 @@ impl Application {
             let _ = worker.await;
         }
         let _ = housekeeping.await;
+        let _ = listener.await;
         self.db.close().await;
     }
 }
 
-/// One worker: claim, book, repeat; an idle or failing one waits a little.
-async fn work(queue: Queue, metrics: QueueMetrics, config: Config, stop: CancellationToken) {
-    let idle = Config::ms(config.idle_poll_ms);
+/// One worker: claim, book, repeat; an idle one waits for a notice (or its own next
+/// look), a failing one a little.
+async fn work(
+    queue: Queue,
+    metrics: QueueMetrics,
+    config: Config,
+    idle: Arc<Notify>,
+    stop: CancellationToken,
+) {
+    let poll = Config::ms(config.idle_poll_ms);
     while !stop.is_cancelled() {
+        // Waiting for a notice from before the claim looks: a job enqueued while it
+        // looks wakes this worker too.
+        let mut notified = pin!(idle.notified());
+        notified.as_mut().enable();
         let job = match queue.claim().await {
             Ok(Some(job)) => job,
             Ok(None) => {
-                pause(idle, &stop).await;
+                tokio::select! {
+                    () = notified => {}
+                    () = pause(poll, &stop) => {}
+                }
                 continue;
             }
             Err(err) => {
                 tracing::warn!(error = %err, "cannot claim a job");
-                pause(idle, &stop).await;
+                pause(poll, &stop).await;
                 continue;
             }
         };

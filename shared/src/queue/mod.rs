@@ -22,6 +22,11 @@
 //!    same row lock, and under READ COMMITTED the one that waits re-checks the row as
 //!    the other left it, so "expired" and "done" can never both succeed.
 //!
+//! An idle worker need not poll: each enqueue notifies [`CHANNEL`] (PostgreSQL's
+//! `NOTIFY`, sent at COMMIT) with the queue's name, so a worker that `LISTEN`s claims
+//! at once and looks on its own only now and then (a notice can be lost with its
+//! connection, and an abandoned job's lease lapses without one).
+//!
 //! A job enqueued without a deadline is the same queue in legacy mode: it runs
 //! whenever a worker reaches it, which is what the experiment compares against.
 //!
@@ -44,6 +49,10 @@ use crate::deadline::Deadline;
 /// The tables the queue expects (`queue_jobs`, `queue_attempts`), to put into a
 /// migration of your own.
 pub const SCHEMA: &str = include_str!("schema.sql");
+
+/// The channel every enqueue notifies when it commits, the queue's name the payload:
+/// `LISTEN` to it (sqlx's `PgListener`) to wake idle workers instead of polling.
+pub const CHANNEL: &str = "queue_jobs";
 
 /// The longest a claim, a release or a sweep may take: each is one short statement.
 const HOUSEKEEPING: Duration = Duration::from_secs(2);

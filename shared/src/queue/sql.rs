@@ -3,10 +3,15 @@
 //! (`now()` would be its transaction's start).
 
 /// `$1` queue, `$2` payload (JSON text), `$3` milliseconds left (NULL: no deadline).
+/// The notice to [`CHANNEL`](super::CHANNEL), the queue's name its payload, is sent
+/// when the transaction commits, never for a job that did not.
 pub(super) const ENQUEUE: &str = "\
-INSERT INTO queue_jobs (queue, payload, deadline_at)
-VALUES ($1, $2::jsonb, clock_timestamp() + $3::float8 * interval '1 millisecond')
-RETURNING id";
+WITH job AS (
+    INSERT INTO queue_jobs (queue, payload, deadline_at)
+    VALUES ($1, $2::jsonb, clock_timestamp() + $3::float8 * interval '1 millisecond')
+    RETURNING id
+)
+SELECT job.id FROM job, pg_notify('queue_jobs', $1)";
 
 /// `$1` queue, `$2` minimum useful milliseconds, `$3` lease milliseconds. The clock is
 /// read once (`now`), so the start recorded is the very instant the deadline was
