@@ -1,7 +1,8 @@
 //! Wakes idle workers when a job is enqueued, instead of each polling the table: one
 //! connection `LISTEN`s to the queue's channel (every enqueue notifies it at COMMIT),
-//! and each notice for this queue wakes every idle worker to claim. A notice can be lost
-//! with its connection, and an abandoned job's lease lapses without one, so a worker
+//! and each notice for this queue wakes one idle worker to claim: a notice is one job,
+//! and waking every idle worker for it would send the database a herd of claims that
+//! find nothing. A notice can be lost with its connection, and an abandoned job's lease lapses without one, so a worker
 //! still looks on its own every `SHIPPING_IDLE_POLL_MS`; after a lost connection every
 //! idle worker looks at once.
 
@@ -16,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 /// How long after a failed `LISTEN` it is tried again.
 const RETRY: Duration = Duration::from_secs(1);
 
-/// Listens until `stop`, waking `idle` workers for each notice naming `queue`.
+/// Listens until `stop`, waking an `idle` worker for each notice naming `queue`.
 pub async fn listen(url: String, queue: &'static str, idle: Arc<Notify>, stop: CancellationToken) {
     while !stop.is_cancelled() {
         if let Err(err) = listen_once(&url, queue, &idle, &stop).await {
@@ -47,7 +48,9 @@ async fn listen_once(
             () = stop.cancelled() => return Ok(()),
         };
         match notice {
-            Some(notice) if notice.payload() == queue => idle.notify_waiters(),
+            // With no worker idle, the wake is kept for the next one to wait (it then
+            // looks once more): a worker that finished a job looks again anyway.
+            Some(notice) if notice.payload() == queue => idle.notify_one(),
             Some(_) => {}
             // The connection was lost (the next call reconnects): notices may be gone.
             None => idle.notify_waiters(),
