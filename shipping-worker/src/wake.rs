@@ -2,9 +2,9 @@
 //! connection `LISTEN`s to the queue's channel (every enqueue notifies it at COMMIT),
 //! and each notice for this queue wakes one idle worker to claim: a notice is one job,
 //! and waking every idle worker for it would send the database a herd of claims that
-//! find nothing. A notice can be lost with its connection, and an abandoned job's lease lapses without one, so a worker
-//! still looks on its own every `SHIPPING_IDLE_POLL_MS`; after a lost connection every
-//! idle worker looks at once.
+//! find nothing. A notice can be lost with its connection, and an abandoned job's lease
+//! lapses without one, so a worker still looks on its own every
+//! `SHIPPING_IDLE_POLL_MS`; after a lost connection every idle worker looks at once.
 
 use std::sync::Arc;
 use std::time::Duration;
