@@ -7,7 +7,9 @@ mod common;
 
 use std::collections::{BTreeSet, HashMap};
 
-use common::{MS, TestApp, json_of, own_cluster, sleep_on_server, spawn_app, spawn_app_on};
+use common::{
+    MS, TestApp, json_of, own_cluster, sleep_on_server, spawn_app, spawn_app_on, take_one,
+};
 use deadline_propagation::Deadline;
 use deadline_propagation::db::{DbError, End};
 use reqwest::StatusCode;
@@ -347,22 +349,6 @@ async fn a_commit_still_waiting_at_the_deadline_is_cancelled_there() {
         100_000_000 - 1,
         "the commit happened"
     );
-}
-
-/// One unit of `sku`'s stock taken in a transaction under `deadline`, committed.
-async fn take_one(app: &TestApp, deadline: &Deadline, sku: &'static str) -> Result<(), DbError> {
-    app.state
-        .db
-        .transaction(deadline, move |conn| {
-            Box::pin(async move {
-                sqlx::query("UPDATE inventory SET available = available - 1 WHERE sku = $1")
-                    .bind(sku)
-                    .execute(&mut *conn)
-                    .await?;
-                Ok(End::Commit(()))
-            })
-        })
-        .await
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use axum::response::IntoResponse as _;
-use common::{MS, TestApp, spawn_app, spawn_app_with};
+use common::{MS, TestApp, spawn_app, spawn_app_with, take_one};
 use deadline_propagation::db::End;
 use deadline_propagation::{Deadline, DeadlineMode, Problem, Stage};
 use futures_util::future::BoxFuture;
@@ -181,19 +181,7 @@ async fn a_serialization_failure_at_commit_is_a_503_in_propagate_and_observe() {
     let before = app.stock(sku).await;
     for mode in [DeadlineMode::Propagate, DeadlineMode::Observe] {
         let deadline = Deadline::after(MS(5000)).with_mode(mode);
-        let answer = app
-            .state
-            .db
-            .transaction(&deadline, move |conn| {
-                Box::pin(async move {
-                    sqlx::query("UPDATE inventory SET available = available - 1 WHERE sku = $1")
-                        .bind(sku)
-                        .execute(&mut *conn)
-                        .await?;
-                    Ok(End::Commit(()))
-                })
-            })
-            .await;
+        let answer = take_one(&app, &deadline, sku).await;
         let problem = Problem::from(answer.expect_err("40001 at COMMIT cannot commit"));
         assert_retry_later(problem, "conflicted");
         assert_eq!(app.stock(sku).await, before, "{mode:?}: a 503 took stock");

@@ -100,6 +100,26 @@ pub async fn own_cluster() -> (test_support::PgCluster, TestDatabase) {
     (cluster, database)
 }
 
+/// One unit of `sku`'s stock taken in a transaction under `deadline`, committed.
+pub async fn take_one(
+    app: &TestApp,
+    deadline: &deadline_propagation::Deadline,
+    sku: &'static str,
+) -> Result<(), deadline_propagation::db::DbError> {
+    app.state
+        .db
+        .transaction(deadline, move |conn| {
+            Box::pin(async move {
+                sqlx::query("UPDATE inventory SET available = available - 1 WHERE sku = $1")
+                    .bind(sku)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(deadline_propagation::db::End::Commit(()))
+            })
+        })
+        .await
+}
+
 /// `SELECT pg_sleep(5)` under `deadline`, through the service's database.
 pub async fn sleep_on_server(
     db: &deadline_propagation::db::Db,
